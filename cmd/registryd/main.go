@@ -1,0 +1,66 @@
+// Command registryd is the worker-node registry of a GPU fleet.
+//
+//	registryd serve                    the HTTP server
+//	registryd migrate up|down|status   schema migrations
+//
+// Configuration comes from REGISTRY_* environment variables; see README.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		if !errors.Is(err, errUsage) {
+			fmt.Fprintln(os.Stderr, "registryd:", err)
+		}
+		os.Exit(1)
+	}
+}
+
+var errUsage = errors.New("usage")
+
+const usage = `usage: registryd <command> [flags]
+
+commands:
+  serve                    run the HTTP server (REGISTRY_LISTEN, default 127.0.0.1:8080)
+  migrate up|down|status   apply, roll back one, or list schema migrations
+
+Without REGISTRY_DATABASE_URL, registryd runs its own PostgreSQL in
+REGISTRY_DATA_DIR (default ./.data). See README.md for every setting.
+`
+
+// run is the whole program, minus process plumbing, so tests drive the real
+// wiring in-process.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return errUsage
+	}
+	cfg, err := loadConfig(getenv)
+	if err != nil {
+		return err
+	}
+	switch args[0] {
+	case "serve":
+		return serve(ctx, cfg, args[1:], stdout, stderr)
+	case "migrate":
+		return migrate(ctx, cfg, args[1:], stdout, stderr)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	default:
+		fmt.Fprintf(stderr, "registryd: unknown command %q\n\n%s", args[0], usage)
+		return errUsage
+	}
+}

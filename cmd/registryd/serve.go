@@ -1,0 +1,196 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	registryd "github.com/registryd/registryd"
+	"github.com/registryd/registryd/internal/api"
+	"github.com/registryd/registryd/internal/pglocal"
+	"github.com/registryd/registryd/internal/store"
+)
+
+func newLogger(cfg config, w io.Writer) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: cfg.LogLevel}
+	if cfg.LogFormat == "text" {
+		return slog.New(slog.NewTextHandler(w, opts))
+	}
+	return slog.New(slog.NewJSONHandler(w, opts))
+}
+
+// database is an open store plus whatever must be stopped after it.
+type database struct {
+	store    *store.Store
+	embedded bool
+	close    func()
+}
+
+// openDatabase connects to REGISTRY_DATABASE_URL, or starts the embedded
+// PostgreSQL when it is unset.
+func openDatabase(ctx context.Context, cfg config, logger *slog.Logger) (*database, error) {
+	url := cfg.DatabaseURL
+	stopCluster := func() {}
+	embedded := url == ""
+	if embedded {
+		c, err := startEmbedded(ctx, cfg, logger)
+		if err != nil {
+			return nil, err
+		}
+		url = c.URL()
+		stopCluster = func() {
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer cancel()
+			if err := c.Stop(ctx); err != nil {
+				logger.Error("stop embedded PostgreSQL", "err", err)
+			}
+		}
+	}
+	st, err := store.Open(ctx, url, store.Options{MaxConns: cfg.MaxConns})
+	if err != nil {
+		stopCluster()
+		return nil, err
+	}
+	return &database{store: st, embedded: embedded, close: func() { st.Close(); stopCluster() }}, nil
+}
+
+// startEmbedded runs registryd's own PostgreSQL in the data directory.
+func startEmbedded(ctx context.Context, cfg config, logger *slog.Logger) (*pglocal.Cluster, error) {
+	if _, err := pglocal.FindBinDir(); err != nil {
+		return nil, err
+	}
+	dir, err := filepath.Abs(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	if err := pglocal.CheckAccess(dir); err != nil {
+		if cfg.DataDirSet || os.Geteuid() != 0 {
+			return nil, err
+		}
+		// As root the server runs as the postgres user, which may not be able
+		// to enter the checkout (under /root, say). Rather than fail on a
+		// fresh clone, keep the data in a directory of its own, named after
+		// the checkout so each checkout keeps its own data.
+		sum := sha256.Sum256([]byte(dir))
+		alt := filepath.Join("/var/tmp", "registryd-"+hex.EncodeToString(sum[:6]))
+		logger.Warn("data directory is not reachable by the postgres user; using another",
+			"wanted", dir, "using", alt, "reason", err.Error(), "hint", "set REGISTRY_DATA_DIR to choose")
+		dir = alt
+	}
+	logger.Info("starting embedded PostgreSQL", "data_dir", dir)
+	c, err := pglocal.Start(ctx, pglocal.Options{DataDir: dir, Database: "registry", Logger: logger})
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// prepareSchema migrates when allowed, otherwise refuses a schema that is
+// not exactly the one this binary knows.
+func prepareSchema(ctx context.Context, db *database, migrate bool, logger *slog.Logger) error {
+	if migrate || db.embedded {
+		m, err := db.store.NewMigrator(logger)
+		if err != nil {
+			return err
+		}
+		defer m.Close()
+		res, err := m.Up(ctx)
+		if err != nil {
+			return err
+		}
+		for _, r := range res {
+			logger.Info("migrated", "migration", r.String())
+		}
+	}
+	st, err := db.store.CheckSchema(ctx)
+	if err != nil {
+		return err
+	}
+	if !st.OK() {
+		return errors.New(st.Problem())
+	}
+	return nil
+}
+
+func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "address to listen on (REGISTRY_LISTEN)")
+	fs.BoolVar(&cfg.Migrate, "migrate", cfg.Migrate, "apply pending migrations at start (REGISTRY_MIGRATE)")
+	if err := fs.Parse(args); err != nil {
+		return errUsage
+	}
+	logger := newLogger(cfg, stderr)
+
+	// Listen before starting anything slow, so a taken port fails at once.
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen on %s (set REGISTRY_LISTEN to another address): %w", cfg.Listen, err)
+	}
+	defer ln.Close()
+
+	db, err := openDatabase(ctx, cfg, logger)
+	if err != nil {
+		return err
+	}
+	defer db.close()
+	if err := prepareSchema(ctx, db, cfg.Migrate, logger); err != nil {
+		return err
+	}
+
+	handler := api.New(api.Config{
+		Store:   db.store,
+		Logger:  logger,
+		OpenAPI: registryd.OpenAPI,
+		Ready: func(ctx context.Context) error {
+			st, err := db.store.CheckSchema(ctx)
+			if err != nil {
+				return errors.New("database unreachable")
+			}
+			if !st.OK() {
+				return errors.New(st.Problem())
+			}
+			return nil
+		},
+	})
+	srv := &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      5 * time.Minute, // long lists stream; each batch flushes
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+	}
+	addr := "http://" + ln.Addr().String()
+	logger.Info("registryd listening", "addr", addr, "embedded_postgres", db.embedded)
+	fmt.Fprintf(stdout, "registryd is serving on %s\n  try: curl -s -X POST %s/v1/nodes/list\n", addr, addr)
+
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	logger.Info("shutting down", "timeout", cfg.ShutdownTimeout.String())
+	shutCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(shutCtx); err != nil {
+		logger.Warn("shutdown did not finish in time; closing connections", "err", err)
+		srv.Close()
+	}
+	logger.Info("stopped")
+	return nil
+}

@@ -1,0 +1,261 @@
+// Package api serves the registry over HTTP: the Nodes API, hardware
+// generations, health checks and the OpenAPI document. It speaks the
+// registry package's vocabulary and reaches storage only through the small
+// Store interface it declares.
+package api
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"regexp"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/registryd/registryd/internal/registry"
+)
+
+// Store is the storage the API needs. *store.Store implements it.
+type Store interface {
+	CreateNode(ctx context.Context, spec registry.NodeSpec) (registry.Node, error)
+	GetNode(ctx context.Context, pk int64) (registry.Node, error)
+	UpdateNode(ctx context.Context, pk int64, fn func(cur registry.Node) (registry.NodeSpec, error)) (registry.Node, error)
+	DeleteNode(ctx context.Context, pk int64) (registry.Node, error)
+	ListNodes(ctx context.Context, f registry.NodeFilter) ([]registry.Node, error)
+
+	CreateHardware(ctx context.Context, spec registry.HardwareSpec) (registry.Hardware, error)
+	GetHardware(ctx context.Context, pk int64) (registry.Hardware, error)
+	UpdateHardware(ctx context.Context, pk int64, fn func(cur registry.Hardware) (registry.HardwareSpec, error)) (registry.Hardware, error)
+	DeleteHardware(ctx context.Context, pk int64) (registry.Hardware, error)
+	ListHardware(ctx context.Context) ([]registry.Hardware, error)
+}
+
+// Config wires a Server.
+type Config struct {
+	Store  Store
+	Logger *slog.Logger
+	// Ready reports whether the server can serve: database reachable and
+	// schema current. Its error text is shown on /readyz.
+	Ready func(ctx context.Context) error
+	// OpenAPI is the spec served at /openapi.yaml.
+	OpenAPI []byte
+	// ListBatch is how many nodes list reads per query while streaming;
+	// default 500.
+	ListBatch int
+}
+
+// Server is the registry's HTTP handler.
+type Server struct {
+	store     Store
+	logger    *slog.Logger
+	ready     func(ctx context.Context) error
+	openapi   []byte
+	listBatch int
+	router    chi.Router
+}
+
+// New builds the handler with every route and middleware.
+func New(cfg Config) *Server {
+	s := &Server{
+		store:     cfg.Store,
+		logger:    orDiscard(cfg.Logger),
+		ready:     cfg.Ready,
+		openapi:   cfg.OpenAPI,
+		listBatch: cfg.ListBatch,
+	}
+	if s.listBatch <= 0 {
+		s.listBatch = 500
+	}
+	if s.ready == nil {
+		s.ready = func(context.Context) error { return nil }
+	}
+	r := chi.NewRouter()
+	r.Use(s.requestID, s.accessLog, s.recoverer)
+	r.NotFound(s.problemHandler(http.StatusNotFound, "no such endpoint"))
+	r.MethodNotAllowed(s.methodNotAllowed)
+
+	// Open endpoints: probes and the contract.
+	r.Get("/healthz", s.handle(s.healthz))
+	r.Get("/readyz", s.handle(s.readyz))
+	r.Get("/openapi.yaml", s.serveOpenAPI)
+
+	// The API proper. Authentication and Node-Id slot in here as middleware
+	// of this group, so the open endpoints above stay open.
+	r.Route("/v1", func(r chi.Router) {
+		r.Route("/nodes", func(r chi.Router) {
+			r.NotFound(s.problemHandler(http.StatusNotFound, "no such endpoint; a node is addressed as /v1/nodes/{pk} with an integer pk"))
+			r.Post("/list", s.handle(s.listNodes))
+			r.Post("/create", s.handle(s.createNode))
+			r.Get("/ping", s.handle(s.ping))
+			r.Get("/{pk:-?[0-9]+}", s.handle(s.getNode))
+			r.Put("/{pk:-?[0-9]+}", s.handle(s.updateNode))
+			r.Patch("/{pk:-?[0-9]+}", s.handle(s.patchNode))
+			r.Delete("/{pk:-?[0-9]+}", s.handle(s.deleteNode))
+		})
+		r.Route("/hardware", func(r chi.Router) {
+			r.NotFound(s.problemHandler(http.StatusNotFound, "no such endpoint; a hardware generation is addressed as /v1/hardware/{pk} with an integer pk"))
+			r.Post("/list", s.handle(s.listHardware))
+			r.Post("/create", s.handle(s.createHardware))
+			r.Get("/{pk:-?[0-9]+}", s.handle(s.getHardware))
+			r.Put("/{pk:-?[0-9]+}", s.handle(s.updateHardware))
+			r.Patch("/{pk:-?[0-9]+}", s.handle(s.patchHardware))
+			r.Delete("/{pk:-?[0-9]+}", s.handle(s.deleteHardware))
+		})
+	})
+	s.router = r
+	return s
+}
+
+// methodNotAllowed answers 405 with the Allow header RFC 9110 asks for;
+// chi leaves it out when the handler is custom.
+func (s *Server) methodNotAllowed(w http.ResponseWriter, r *http.Request) {
+	var allowed []string
+	for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
+		if s.router.Match(chi.NewRouteContext(), m, r.URL.Path) {
+			allowed = append(allowed, m)
+		}
+	}
+	w.Header().Set("Allow", strings.Join(allowed, ", "))
+	s.writeError(w, r, &httpError{status: http.StatusMethodNotAllowed,
+		detail: "this endpoint does not support " + r.Method + "; it allows " + strings.Join(allowed, ", ")})
+}
+
+// ServeHTTP makes Server an http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.router.ServeHTTP(w, r) }
+
+// Router exposes the routes, e.g. for checking them against the spec.
+func (s *Server) Router() chi.Routes { return s.router }
+
+func (s *Server) healthz(w http.ResponseWriter, r *http.Request) error {
+	return writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) error {
+	ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
+	defer cancel()
+	if err := s.ready(ctx); err != nil {
+		s.logger.WarnContext(r.Context(), "not ready", "err", err)
+		return &httpError{status: http.StatusServiceUnavailable, detail: "not ready: " + err.Error()}
+	}
+	return writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+func (s *Server) serveOpenAPI(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/yaml")
+	http.ServeContent(w, r, "openapi.yaml", time.Time{}, bytes.NewReader(s.openapi))
+}
+
+func (s *Server) ping(w http.ResponseWriter, r *http.Request) error {
+	return writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "time": time.Now().UTC()})
+}
+
+// writeJSON encodes v before touching the response, so an encoding failure
+// still produces a clean 500 rather than half a body.
+func writeJSON(w http.ResponseWriter, status int, v any) error {
+	return writeJSONType(w, status, "application/json", v)
+}
+
+func writeJSONType(w http.ResponseWriter, status int, contentType string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("api: encode response: %w", err)
+	}
+	w.Header().Set("Content-Type", contentType)
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+	return nil
+}
+
+type ctxKey int
+
+const requestIDKey ctxKey = iota
+
+var validRequestID = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,64}$`)
+
+// requestID tags each request with an id: the caller's X-Request-Id when it
+// is sane (so ids follow a request through proxies), otherwise a fresh one.
+func (s *Server) requestID(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := r.Header.Get("X-Request-Id")
+		if !validRequestID.MatchString(id) {
+			var b [8]byte
+			_, _ = rand.Read(b[:])
+			id = hex.EncodeToString(b[:])
+		}
+		w.Header().Set("X-Request-Id", id)
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), requestIDKey, id)))
+	})
+}
+
+func requestID(ctx context.Context) string {
+	id, _ := ctx.Value(requestIDKey).(string)
+	return id
+}
+
+// statusWriter remembers the status for the access log.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+	bytes  int64
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	n, err := w.ResponseWriter.Write(b)
+	w.bytes += int64(n)
+	return n, err
+}
+
+// Unwrap lets http.ResponseController reach Flush and deadlines.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (s *Server) accessLog(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		sw := &statusWriter{ResponseWriter: w}
+		defer func() {
+			s.logger.InfoContext(r.Context(), "request",
+				"request_id", requestID(r.Context()), "method", r.Method, "path", r.URL.Path,
+				"status", sw.status, "bytes", sw.bytes, "duration_ms", float64(time.Since(start).Microseconds())/1000)
+		}()
+		next.ServeHTTP(sw, r)
+	})
+}
+
+// recoverer turns a panic into a logged 500. http.ErrAbortHandler passes
+// through: it is how a handler abandons a response it already started.
+func (s *Server) recoverer(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			rec := recover()
+			if rec == nil {
+				return
+			}
+			if err, ok := rec.(error); ok && errors.Is(err, http.ErrAbortHandler) {
+				panic(rec)
+			}
+			s.logger.ErrorContext(r.Context(), "panic", "request_id", requestID(r.Context()),
+				"panic", fmt.Sprint(rec), "stack", string(debug.Stack()))
+			s.writeError(w, r, fmt.Errorf("panic: %v", rec))
+		}()
+		next.ServeHTTP(w, r)
+	})
+}

@@ -1,0 +1,288 @@
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/registryd/registryd/internal/registry"
+)
+
+// MaxBodyBytes caps every request body; larger bodies get 413.
+const MaxBodyBytes = 1 << 20
+
+// object is a decoded JSON object whose members are still raw, so each field
+// can be checked for its exact JSON type and named in errors.
+type object map[string]json.RawMessage
+
+// decodeObject reads the request body as one JSON object. It refuses bodies
+// over MaxBodyBytes (413), media types other than JSON (415), malformed JSON,
+// anything but an object, duplicate members and trailing data (400). With
+// optional set, an empty body decodes as an empty object.
+func decodeObject(w http.ResponseWriter, r *http.Request, optional bool) (object, error) {
+	if err := checkContentType(r); err != nil {
+		return nil, err
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	if err != nil {
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			return nil, &httpError{status: http.StatusRequestEntityTooLarge,
+				detail: fmt.Sprintf("the request body is larger than %d bytes", MaxBodyBytes)}
+		}
+		return nil, &httpError{status: http.StatusBadRequest, detail: "the request body could not be read"}
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		if optional {
+			return object{}, nil
+		}
+		return nil, badRequest("the request body must be a JSON object")
+	}
+	return parseObject(body)
+}
+
+// parseObject decodes exactly one JSON object with no duplicate members.
+func parseObject(body []byte) (object, error) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, jsonSyntaxError(err)
+	}
+	if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return nil, badRequest("the request body must be a JSON object")
+	}
+	obj := object{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, jsonSyntaxError(err)
+		}
+		key := tok.(string) // inside an object the decoder only yields string keys
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return nil, jsonSyntaxError(err)
+		}
+		if _, dup := obj[key]; dup {
+			return nil, fieldError(key, "appears more than once")
+		}
+		obj[key] = raw
+	}
+	if _, err := dec.Token(); err != nil { // the closing brace
+		return nil, jsonSyntaxError(err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, badRequest("the request body must hold a single JSON object and nothing after it")
+	}
+	return obj, nil
+}
+
+func jsonSyntaxError(err error) error {
+	if se, ok := errors.AsType[*json.SyntaxError](err); ok {
+		return badRequest(fmt.Sprintf("the request body is not valid JSON (at byte %d: %s)", se.Offset, se.Error()))
+	}
+	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+		return badRequest("the request body is not valid JSON (it ends too early)")
+	}
+	return badRequest("the request body is not valid JSON")
+}
+
+// checkContentType accepts JSON media types (application/json, any
+// application/*+json such as merge-patch+json) and a missing header.
+func checkContentType(r *http.Request) error {
+	ct := r.Header.Get("Content-Type")
+	if ct == "" {
+		return nil
+	}
+	mt, _, err := mime.ParseMediaType(ct)
+	if err == nil && (mt == "application/json" || (len(mt) > 17 && mt[:12] == "application/" && mt[len(mt)-5:] == "+json")) {
+		return nil
+	}
+	return &httpError{status: http.StatusUnsupportedMediaType,
+		detail: fmt.Sprintf("the request body must be JSON; send Content-Type: application/json (got %q)", ct)}
+}
+
+func fieldError(field, msg string) error {
+	var fe registry.FieldErrors
+	fe.Add(field, "%s", msg)
+	return fe.Err()
+}
+
+// fields reads typed members out of an object, collecting one error per bad
+// member so a client learns about every mistake at once.
+type fields struct {
+	obj  object
+	errs registry.FieldErrors
+	used map[string]bool
+}
+
+func newFields(obj object) *fields {
+	return &fields{obj: obj, used: make(map[string]bool, len(obj))}
+}
+
+// raw returns the member's bytes and whether it is present, marking it known.
+func (f *fields) raw(name string) (json.RawMessage, bool) {
+	f.used[name] = true
+	v, ok := f.obj[name]
+	return v, ok
+}
+
+func isNull(v json.RawMessage) bool { return string(v) == "null" }
+
+// nullable records an error for a null member of a non-nullable field.
+func (f *fields) nullable(name string, v json.RawMessage, allowNull bool) (null, ok bool) {
+	if !isNull(v) {
+		return false, true
+	}
+	if !allowNull {
+		f.errs.Add(name, "must not be null")
+		return true, false
+	}
+	return true, true
+}
+
+// int64 reads an integer member. Fractions, exponents, strings and numbers
+// beyond int64 are errors, never silently rounded.
+func (f *fields) int64(name string, allowNull bool) registry.Optional[int64] {
+	v, ok := f.raw(name)
+	if !ok {
+		return registry.Optional[int64]{}
+	}
+	null, ok := f.nullable(name, v, allowNull)
+	if !ok {
+		return registry.Optional[int64]{}
+	}
+	if null {
+		return registry.Optional[int64]{Set: true, Null: true}
+	}
+	n, msg := parseInt(v)
+	if msg != "" {
+		f.errs.Add(name, "%s", msg)
+		return registry.Optional[int64]{}
+	}
+	return registry.Optional[int64]{Set: true, Value: n}
+}
+
+func parseInt(v json.RawMessage) (int64, string) {
+	s := string(v)
+	switch {
+	case s == "":
+		return 0, "must be an integer"
+	case s[0] == '"':
+		return 0, "must be an integer, not a string"
+	case s[0] != '-' && (s[0] < '0' || s[0] > '9'):
+		return 0, "must be an integer"
+	case bytes.ContainsAny(v, ".eE"):
+		return 0, "must be an integer, not a fractional or exponent number"
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		if errors.Is(err, strconv.ErrRange) {
+			return 0, "is out of range for a 64-bit integer"
+		}
+		return 0, "must be an integer"
+	}
+	return n, ""
+}
+
+// int reads an integer member that must also fit an int.
+func (f *fields) int(name string) registry.Optional[int] {
+	o := f.int64(name, false)
+	if !o.Set {
+		return registry.Optional[int]{}
+	}
+	if o.Value < -1<<31 || o.Value > 1<<31-1 {
+		f.errs.Add(name, "must be between 0 and %d", registry.MaxIndex)
+		return registry.Optional[int]{}
+	}
+	return registry.Optional[int]{Set: true, Value: int(o.Value)}
+}
+
+func (f *fields) string(name string, allowNull bool) registry.Optional[string] {
+	v, ok := f.raw(name)
+	if !ok {
+		return registry.Optional[string]{}
+	}
+	null, ok := f.nullable(name, v, allowNull)
+	if !ok {
+		return registry.Optional[string]{}
+	}
+	if null {
+		return registry.Optional[string]{Set: true, Null: true}
+	}
+	var s string
+	if len(v) == 0 || v[0] != '"' || json.Unmarshal(v, &s) != nil {
+		f.errs.Add(name, "must be a string")
+		return registry.Optional[string]{}
+	}
+	return registry.Optional[string]{Set: true, Value: s}
+}
+
+func (f *fields) bool(name string) registry.Optional[bool] {
+	v, ok := f.raw(name)
+	if !ok {
+		return registry.Optional[bool]{}
+	}
+	switch string(v) {
+	case "true":
+		return registry.Optional[bool]{Set: true, Value: true}
+	case "false":
+		return registry.Optional[bool]{Set: true}
+	}
+	f.errs.Add(name, "must be true or false")
+	return registry.Optional[bool]{}
+}
+
+// time reads an RFC 3339 timestamp member (nullable).
+func (f *fields) time(name string) registry.Optional[time.Time] {
+	s := f.string(name, true)
+	if !s.Set || s.Null {
+		return registry.Optional[time.Time]{Set: s.Set, Null: s.Null}
+	}
+	t, err := time.Parse(time.RFC3339Nano, s.Value)
+	if err != nil {
+		f.errs.Add(name, "must be an RFC 3339 timestamp")
+		return registry.Optional[time.Time]{}
+	}
+	return registry.Optional[time.Time]{Set: true, Value: t}
+}
+
+// require records an error for each named member that is absent.
+func (f *fields) require(names ...string) {
+	for _, n := range names {
+		if _, ok := f.obj[n]; !ok && !f.errs.Has(n) {
+			f.errs.Add(n, "is required")
+		}
+	}
+}
+
+// check merges the field errors of a domain validation, skipping fields
+// that already have one (a missing field need not also be "invalid").
+func (f *fields) check(err error) {
+	for _, fe := range registry.FieldsOf(err) {
+		if !f.errs.Has(fe.Field) {
+			f.errs = append(f.errs, fe)
+		}
+	}
+}
+
+// err flags members no reader asked for as unknown, then returns every
+// recorded problem.
+func (f *fields) err() error {
+	var unknown []string
+	for name := range f.obj {
+		if !f.used[name] {
+			unknown = append(unknown, name)
+		}
+	}
+	slices.Sort(unknown)
+	for _, name := range unknown {
+		f.errs.Add(name, "is not a known field")
+	}
+	return f.errs.Err()
+}

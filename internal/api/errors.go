@@ -1,0 +1,115 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+
+	"github.com/registryd/registryd/internal/registry"
+)
+
+// problem is an RFC 9457 problem details document.
+type problem struct {
+	Type       string                `json:"type"`
+	Title      string                `json:"title"`
+	Status     int                   `json:"status"`
+	Detail     string                `json:"detail,omitempty"`
+	Instance   string                `json:"instance,omitempty"`
+	RequestID  string                `json:"request_id,omitempty"`
+	Errors     []registry.FieldError `json:"errors,omitempty"`
+	ExistingPK int64                 `json:"existing_pk,omitempty"`
+}
+
+// httpError is an error that already knows its HTTP status; for failures
+// that belong to HTTP itself (body too large, wrong media type).
+type httpError struct {
+	status int
+	detail string
+}
+
+func (e *httpError) Error() string { return e.detail }
+
+func badRequest(detail string) error {
+	return &httpError{status: http.StatusBadRequest, detail: detail}
+}
+
+// handlerFunc is an HTTP handler that returns its failure instead of
+// writing it, so every error goes through writeError.
+type handlerFunc func(w http.ResponseWriter, r *http.Request) error
+
+func (s *Server) handle(h handlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if err := h(w, r); err != nil {
+			s.writeError(w, r, err)
+		}
+	}
+}
+
+// writeError maps err onto a status through one table and writes it as a
+// problem. Details of 5xx errors go to the log, never to the client.
+func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	p := problem{Type: "about:blank", Instance: r.URL.Path, RequestID: requestID(r.Context())}
+	var re *registry.Error
+	var he *httpError
+	switch {
+	case errors.As(err, &he):
+		p.Status, p.Detail = he.status, he.detail
+	case errors.Is(err, registry.ErrInvalid):
+		p.Status = http.StatusBadRequest
+		p.Detail = publicMessage(err)
+		p.Errors = registry.FieldsOf(err)
+	case errors.Is(err, registry.ErrNotFound):
+		p.Status, p.Detail = http.StatusNotFound, publicMessage(err)
+	case errors.Is(err, registry.ErrConflict):
+		p.Status, p.Detail = http.StatusConflict, publicMessage(err)
+		if errors.As(err, &re) {
+			p.ExistingPK = re.ExistingPK
+		}
+	case errors.Is(err, registry.ErrForbidden):
+		p.Status, p.Detail = http.StatusForbidden, publicMessage(err)
+	case errors.Is(err, registry.ErrUnavailable):
+		p.Status, p.Detail = http.StatusServiceUnavailable, "the database is unavailable; retry shortly"
+		w.Header().Set("Retry-After", "1")
+		s.logger.WarnContext(r.Context(), "database unavailable", "request_id", p.RequestID, "err", err)
+	case errors.Is(err, context.Canceled) && r.Context().Err() != nil:
+		// The client went away; nobody reads the answer.
+		s.logger.DebugContext(r.Context(), "request canceled by client", "request_id", p.RequestID)
+		return
+	default:
+		p.Status, p.Detail = http.StatusInternalServerError, "internal error; quote the request id when reporting it"
+		s.logger.ErrorContext(r.Context(), "internal error", "request_id", p.RequestID,
+			"method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	p.Title = http.StatusText(p.Status)
+	writeProblem(w, p)
+}
+
+// publicMessage is the client-safe text of a registry error: its message
+// without the wrapping context lower layers added for logs.
+func publicMessage(err error) string {
+	if re, ok := errors.AsType[*registry.Error](err); ok {
+		return re.Message
+	}
+	return err.Error()
+}
+
+func writeProblem(w http.ResponseWriter, p problem) {
+	writeJSONType(w, p.Status, "application/problem+json", p)
+}
+
+// problemHandler answers every request with the given status; for chi's
+// NotFound and MethodNotAllowed.
+func (s *Server) problemHandler(status int, detail string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		s.writeError(w, r, &httpError{status: status, detail: detail})
+	}
+}
+
+// logger is a tiny indirection so tests can pass nil.
+func orDiscard(l *slog.Logger) *slog.Logger {
+	if l == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return l
+}

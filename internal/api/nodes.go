@@ -1,0 +1,306 @@
+package api
+
+import (
+	"bufio"
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/registryd/registryd/internal/registry"
+)
+
+// nodeJSON is a node on the wire. Field names are the Nodes API's.
+type nodeJSON struct {
+	PK                 int64      `json:"pk"`
+	IP                 string     `json:"ip"`
+	Index              int        `json:"index"`
+	CPUMem             int64      `json:"cpu_mem"`
+	DriverVersion      string     `json:"driver_version"`
+	HardwareGeneration *int64     `json:"hardware_generation"`
+	GPUMem             *int64     `json:"gpu_mem"`
+	LastSeen           *time.Time `json:"last_seen"`
+	CurrentJob         *int64     `json:"current_job"`
+	CreatedAt          time.Time  `json:"created_at"`
+	UpdatedAt          time.Time  `json:"updated_at"`
+}
+
+func toNodeJSON(n registry.Node) nodeJSON {
+	j := nodeJSON{
+		PK:                 n.PK,
+		IP:                 n.IP,
+		Index:              n.Index,
+		CPUMem:             n.CPUMem,
+		DriverVersion:      n.DriverVersion,
+		HardwareGeneration: n.HardwareGeneration,
+		GPUMem:             n.GPUMem,
+		CurrentJob:         n.CurrentJob,
+		CreatedAt:          n.CreatedAt.UTC(),
+		UpdatedAt:          n.UpdatedAt.UTC(),
+	}
+	if n.LastSeen != nil {
+		t := n.LastSeen.UTC()
+		j.LastSeen = &t
+	}
+	return j
+}
+
+// Writable and read-only node fields, as the wire names them.
+var (
+	nodeWritable = []string{"ip", "index", "cpu_mem", "driver_version", "hardware_generation", "gpu_mem"}
+)
+
+// readNodePatch reads the writable fields that are present.
+func readNodePatch(f *fields) registry.NodePatch {
+	return registry.NodePatch{
+		IP:                 f.string("ip", false),
+		Index:              f.int("index"),
+		CPUMem:             f.int64("cpu_mem", false),
+		DriverVersion:      f.string("driver_version", false),
+		HardwareGeneration: f.int64("hardware_generation", true),
+		GPUMem:             f.int64("gpu_mem", true),
+	}
+}
+
+// readNodeEcho reads the read-only fields a client may send back.
+func readNodeEcho(f *fields) registry.NodeEcho {
+	return registry.NodeEcho{
+		PK:         f.int64("pk", true),
+		LastSeen:   f.time("last_seen"),
+		CurrentJob: f.int64("current_job", true),
+		CreatedAt:  f.time("created_at"),
+		UpdatedAt:  f.time("updated_at"),
+	}
+}
+
+func pathPK(r *http.Request, what string) (int64, error) {
+	raw := chi.URLParam(r, "pk")
+	pk, err := strconv.ParseInt(raw, 10, 64)
+	if err != nil {
+		return 0, badRequest(what + " pk must be an integer between 1 and 9223372036854775807, not " + strconv.Quote(raw))
+	}
+	if pk <= 0 {
+		return 0, registry.NotFoundf("%s %d does not exist", what, pk)
+	}
+	return pk, nil
+}
+
+func (s *Server) createNode(w http.ResponseWriter, r *http.Request) error {
+	obj, err := decodeObject(w, r, false)
+	if err != nil {
+		return err
+	}
+	f := newFields(obj)
+	p := readNodePatch(f)
+	f.require(nodeWritable...)
+	spec := p.Apply(registry.NodeSpec{})
+	f.check(spec.Normalize()) // report every bad field at once
+	// A create carries no read-only fields: there is nothing to echo yet.
+	if err := f.err(); err != nil {
+		return err
+	}
+	n, err := s.store.CreateNode(r.Context(), spec)
+	if err != nil {
+		return err
+	}
+	w.Header().Set("Location", "/v1/nodes/"+strconv.FormatInt(n.PK, 10))
+	return writeJSON(w, http.StatusCreated, toNodeJSON(n))
+}
+
+func (s *Server) getNode(w http.ResponseWriter, r *http.Request) error {
+	pk, err := pathPK(r, "node")
+	if err != nil {
+		return err
+	}
+	n, err := s.store.GetNode(r.Context(), pk)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, toNodeJSON(n))
+}
+
+// updateNode is PUT: every writable field must be present (the nullable ones
+// possibly null); read-only fields may be echoed unchanged.
+func (s *Server) updateNode(w http.ResponseWriter, r *http.Request) error {
+	return s.writeNode(w, r, true)
+}
+
+// patchNode is PATCH with JSON merge patch semantics (RFC 7396): absent
+// members stay, null clears a nullable field.
+func (s *Server) patchNode(w http.ResponseWriter, r *http.Request) error {
+	return s.writeNode(w, r, false)
+}
+
+func (s *Server) writeNode(w http.ResponseWriter, r *http.Request, full bool) error {
+	pk, err := pathPK(r, "node")
+	if err != nil {
+		return err
+	}
+	obj, err := decodeObject(w, r, false)
+	if err != nil {
+		return err
+	}
+	f := newFields(obj)
+	p := readNodePatch(f)
+	echo := readNodeEcho(f)
+	if full {
+		f.require(nodeWritable...)
+	}
+	if err := f.err(); err != nil {
+		return err
+	}
+	n, err := s.store.UpdateNode(r.Context(), pk, func(cur registry.Node) (registry.NodeSpec, error) {
+		if err := echo.Check(cur); err != nil {
+			return registry.NodeSpec{}, err
+		}
+		return p.Apply(cur.Spec()), nil
+	})
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, toNodeJSON(n))
+}
+
+func (s *Server) deleteNode(w http.ResponseWriter, r *http.Request) error {
+	pk, err := pathPK(r, "node")
+	if err != nil {
+		return err
+	}
+	if _, err := s.store.DeleteNode(r.Context(), pk); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// readNodeFilter reads the optional body of list.
+func readNodeFilter(obj object) (registry.NodeFilter, error) {
+	f := newFields(obj)
+	var nf registry.NodeFilter
+	if o := f.bool("free"); o.Set {
+		nf.Free = &o.Value
+	}
+	nf.CurrentJob = optPtr(f.int64("current_job", false))
+	nf.HardwareGeneration = optPtr(f.int64("hardware_generation", false))
+	nf.MinGPUMem = optPtr(f.int64("min_gpu_mem", false))
+	nf.MinCPUMem = optPtr(f.int64("min_cpu_mem", false))
+	if o := f.string("ip", false); o.Set {
+		nf.IP = &o.Value
+	}
+	if o := f.int("index"); o.Set {
+		nf.Index = &o.Value
+	}
+	if o := f.int64("seen_within", false); o.Set {
+		if o.Value <= 0 || o.Value > int64(100*365*24*time.Hour/time.Second) {
+			f.errs.Add("seen_within", "must be a positive number of seconds")
+		} else {
+			d := time.Duration(o.Value) * time.Second
+			nf.SeenWithin = &d
+		}
+	}
+	if o := f.int64("after", false); o.Set {
+		nf.After = o.Value
+	}
+	if o := f.int64("limit", false); o.Set {
+		if o.Value < 1 || o.Value > registry.MaxListLimit {
+			f.errs.Add("limit", "must be between 1 and %d", registry.MaxListLimit)
+		} else {
+			nf.Limit = int(o.Value)
+		}
+	}
+	if err := f.err(); err != nil {
+		return nf, err
+	}
+	return nf, nf.Normalize()
+}
+
+func optPtr[T any](o registry.Optional[T]) *T {
+	if !o.Set || o.Null {
+		return nil
+	}
+	return &o.Value
+}
+
+// listNodes streams the matching nodes as one JSON array. It reads them in
+// keyset batches so memory stays flat and no query holds a connection while
+// a slow client drains the response.
+func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) error {
+	obj, err := decodeObject(w, r, true)
+	if err != nil {
+		return err
+	}
+	filter, err := readNodeFilter(obj)
+	if err != nil {
+		return err
+	}
+	remaining := filter.Limit // 0: all
+	next := func() ([]registry.Node, error) {
+		page := filter
+		page.Limit = s.listBatch
+		if remaining > 0 {
+			page.Limit = min(page.Limit, remaining)
+		}
+		nodes, err := s.store.ListNodes(r.Context(), page)
+		if err != nil {
+			return nil, err
+		}
+		if len(nodes) > 0 {
+			filter.After = nodes[len(nodes)-1].PK
+		}
+		if remaining > 0 {
+			remaining -= len(nodes)
+		}
+		return nodes, nil
+	}
+	// The first batch is read before anything is written, so a failing
+	// database still gets a proper problem response.
+	nodes, err := next()
+	if err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	bw := bufio.NewWriterSize(w, 32<<10)
+	enc := json.NewEncoder(bw)
+	bw.WriteByte('[')
+	first := true
+	rc := http.NewResponseController(w)
+	for {
+		for _, n := range nodes {
+			if !first {
+				bw.WriteByte(',')
+			}
+			first = false
+			if err := enc.Encode(toNodeJSON(n)); err != nil {
+				return s.abortStream(r, err)
+			}
+		}
+		done := len(nodes) < s.listBatch || remaining == 0 && filter.Limit > 0
+		if done {
+			break
+		}
+		if err := bw.Flush(); err != nil {
+			return s.abortStream(r, err)
+		}
+		_ = rc.Flush()
+		if nodes, err = next(); err != nil {
+			return s.abortStream(r, err)
+		}
+	}
+	bw.WriteString("]\n")
+	if err := bw.Flush(); err != nil {
+		return s.abortStream(r, err)
+	}
+	return nil
+}
+
+// abortStream ends a response whose status line is already sent: the client
+// must see a broken response, not a short list that looks complete.
+func (s *Server) abortStream(r *http.Request, err error) error {
+	if r.Context().Err() == nil {
+		s.logger.ErrorContext(r.Context(), "list aborted mid-stream", "request_id", requestID(r.Context()), "err", err)
+	}
+	panic(http.ErrAbortHandler)
+}

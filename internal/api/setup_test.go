@@ -1,0 +1,190 @@
+package api_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	registryd "github.com/registryd/registryd"
+	"github.com/registryd/registryd/internal/api"
+	"github.com/registryd/registryd/internal/apitest"
+	"github.com/registryd/registryd/internal/pgtest"
+	"github.com/registryd/registryd/internal/store"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// bundle is what a test needs: a server on a fresh database, a validating
+// client and direct access to the store.
+type bundle struct {
+	t      *testing.T
+	url    string
+	client *http.Client
+	store  *store.Store
+	dbURL  string
+}
+
+type option func(*api.Config)
+
+// setup makes the test parallel and gives it a server on a fresh database.
+func setup(t *testing.T, opts ...option) *bundle {
+	t.Helper()
+	t.Parallel()
+	return another(t, opts...)
+}
+
+// another gives a test that already has a bundle a second, independent one.
+func another(t *testing.T, opts ...option) *bundle {
+	t.Helper()
+	dbURL := pgtest.New(t)
+	st, err := store.Open(context.Background(), dbURL, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	logger := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	cfg := api.Config{Store: st, OpenAPI: registryd.OpenAPI, Ready: st.Ping, Logger: logger}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	ts := httptest.NewServer(api.New(cfg))
+	t.Cleanup(ts.Close)
+	return &bundle{t: t, url: ts.URL, client: apitest.Client(t), store: st, dbURL: dbURL}
+}
+
+// response is one answer, read whole.
+type response struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (r response) json(t *testing.T, v any) {
+	t.Helper()
+	if err := json.Unmarshal(r.body, v); err != nil {
+		t.Fatalf("decode %s: %v", r.body, err)
+	}
+}
+
+// object decodes the body as a JSON object.
+func (r response) object(t *testing.T) map[string]any {
+	t.Helper()
+	var m map[string]any
+	r.json(t, &m)
+	return m
+}
+
+// problemFields lists the fields a problem response names.
+func (r response) problemFields(t *testing.T) []string {
+	t.Helper()
+	var p struct {
+		Errors []struct{ Field string } `json:"errors"`
+	}
+	r.json(t, &p)
+	var out []string
+	for _, e := range p.Errors {
+		out = append(out, e.Field)
+	}
+	return out
+}
+
+// do sends body (a string is sent as is, anything else as JSON) and
+// returns the whole response.
+func (b *bundle) do(method, path string, body any, headers ...string) response {
+	b.t.Helper()
+	var rd io.Reader
+	switch v := body.(type) {
+	case nil:
+	case string:
+		rd = strings.NewReader(v)
+	case []byte:
+		rd = bytes.NewReader(v)
+	default:
+		j, err := json.Marshal(v)
+		if err != nil {
+			b.t.Fatal(err)
+		}
+		rd = bytes.NewReader(j)
+	}
+	req, err := http.NewRequest(method, b.url+path, rd)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		if headers[i+1] == "" {
+			req.Header.Del(headers[i])
+		} else {
+			req.Header.Set(headers[i], headers[i+1])
+		}
+	}
+	resp, err := b.client.Do(req)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	return response{status: resp.StatusCode, header: resp.Header, body: data}
+}
+
+// must checks the status and fails with the body when it differs.
+func (b *bundle) must(want int, r response) response {
+	b.t.Helper()
+	if r.status != want {
+		b.t.Fatalf("status %d, want %d; body: %s", r.status, want, r.body)
+	}
+	return r
+}
+
+// createNode creates a node from the given fields and returns its pk.
+func (b *bundle) createNode(fields map[string]any) int64 {
+	b.t.Helper()
+	body := map[string]any{
+		"ip": "10.0.0.1", "index": 0, "cpu_mem": 1 << 30, "driver_version": "550.54.15",
+		"hardware_generation": nil, "gpu_mem": nil,
+	}
+	for k, v := range fields {
+		body[k] = v
+	}
+	r := b.must(http.StatusCreated, b.do("POST", "/v1/nodes/create", body))
+	var n struct{ PK int64 }
+	r.json(b.t, &n)
+	return n.PK
+}
+
+func (b *bundle) createHardware(name string) int64 {
+	b.t.Helper()
+	r := b.must(http.StatusCreated, b.do("POST", "/v1/hardware/create", map[string]any{"name": name}))
+	var h struct{ PK int64 }
+	r.json(b.t, &h)
+	return h.PK
+}
+
+// countNodes counts rows straight from the database.
+func (b *bundle) countNodes() int {
+	b.t.Helper()
+	var n int
+	if err := b.store.Pool().QueryRow(context.Background(), "SELECT count(*) FROM nodes").Scan(&n); err != nil {
+		b.t.Fatal(err)
+	}
+	return n
+}
+
+// exec runs SQL directly, for states the API cannot make yet.
+func (b *bundle) exec(sql string, args ...any) {
+	b.t.Helper()
+	if _, err := b.store.Pool().Exec(context.Background(), sql, args...); err != nil {
+		b.t.Fatal(err)
+	}
+}

@@ -1,0 +1,139 @@
+// Package apitest checks real HTTP traffic against openapi.yaml, so the
+// server and its contract cannot drift apart: every response a test
+// receives through Client is validated against the spec.
+package apitest
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/getkin/kin-openapi/openapi3"
+	"github.com/getkin/kin-openapi/openapi3filter"
+	"github.com/getkin/kin-openapi/routers"
+	"github.com/getkin/kin-openapi/routers/gorillamux"
+
+	registryd "github.com/registryd/registryd"
+)
+
+var (
+	loadOnce sync.Once
+	doc      *openapi3.T
+	router   routers.Router
+	loadErr  error
+)
+
+// Spec returns the parsed and validated openapi.yaml.
+func Spec(t testing.TB) (*openapi3.T, routers.Router) {
+	t.Helper()
+	loadOnce.Do(func() {
+		openapi3filter.RegisterBodyDecoder("application/yaml", func(r io.Reader, _ http.Header, _ *openapi3.SchemaRef, _ openapi3filter.EncodingFn) (any, error) {
+			b, err := io.ReadAll(r)
+			return string(b), err
+		})
+		loader := openapi3.NewLoader()
+		doc, loadErr = loader.LoadFromData(registryd.OpenAPI)
+		if loadErr != nil {
+			return
+		}
+		if loadErr = doc.Validate(context.Background()); loadErr != nil {
+			return
+		}
+		// Route on path alone: the spec's server URL names the default
+		// listen address, while tests listen on random ports.
+		doc.Servers = nil
+		router, loadErr = gorillamux.NewRouter(doc)
+	})
+	if loadErr != nil {
+		t.Fatalf("apitest: openapi.yaml: %v", loadErr)
+	}
+	return doc, router
+}
+
+// Client returns an HTTP client whose every response is validated against
+// the spec; a response the spec does not allow fails the test. Responses to
+// paths the spec does not know (deliberate 404 probes) are only checked to
+// be problem documents.
+func Client(t testing.TB) *http.Client {
+	t.Helper()
+	_, r := Spec(t)
+	return &http.Client{Transport: &validator{t: t, router: r, next: http.DefaultTransport}}
+}
+
+type validator struct {
+	t      testing.TB
+	router routers.Router
+	next   http.RoundTripper
+}
+
+func (v *validator) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := v.next.RoundTrip(req)
+	if err != nil {
+		return resp, err
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return nil, err
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	if msg := Check(v.router, req, resp.StatusCode, resp.Header, body); msg != "" {
+		v.t.Errorf("apitest: %s %s → %d: %s\nbody: %s", req.Method, req.URL.Path, resp.StatusCode, msg, truncate(body))
+	}
+	return resp, nil
+}
+
+// Check validates one exchange and returns what is wrong, or "".
+func Check(router routers.Router, req *http.Request, status int, header http.Header, body []byte) string {
+	if status >= 400 {
+		if ct := header.Get("Content-Type"); ct != "application/problem+json" {
+			return "error response has Content-Type " + ct + ", want application/problem+json"
+		}
+		for _, leak := range []string{"SQLSTATE", "pgx", "pgconn", "goroutine ", "panic:", "duplicate key"} {
+			if bytes.Contains(body, []byte(leak)) {
+				return "error response leaks internals (" + leak + ")"
+			}
+		}
+	}
+	if header.Get("X-Request-Id") == "" {
+		return "response lacks X-Request-Id"
+	}
+	route, params, err := router.FindRoute(req)
+	if err != nil {
+		if status == http.StatusNotFound || status == http.StatusMethodNotAllowed {
+			return "" // a probe of a path or method the API does not have
+		}
+		return fmt.Sprintf("the spec has no operation for this request: %v", err)
+	}
+	in := &openapi3filter.ResponseValidationInput{
+		RequestValidationInput: &openapi3filter.RequestValidationInput{
+			Request:    req,
+			PathParams: params,
+			Route:      route,
+		},
+		Status: status,
+		Header: header,
+		Body:   io.NopCloser(bytes.NewReader(body)),
+		Options: &openapi3filter.Options{
+			IncludeResponseStatus: true, // a status the spec does not list is an error
+			MultiError:            true,
+		},
+	}
+	if err := openapi3filter.ValidateResponse(context.Background(), in); err != nil {
+		return err.Error()
+	}
+	return ""
+}
+
+func truncate(b []byte) string {
+	s := string(b)
+	if len(s) > 2000 {
+		s = s[:2000] + "…"
+	}
+	return strings.TrimSpace(s)
+}

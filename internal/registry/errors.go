@@ -1,0 +1,111 @@
+// Package registry holds the registry's vocabulary: nodes, hardware
+// generations, the rules that make them valid, and the errors every other
+// package speaks. It imports only the standard library.
+package registry
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Sentinel errors. Every error the registry returns to a caller wraps one of
+// these, so adapters can map them to their own vocabulary (HTTP status codes,
+// exit codes) with errors.Is.
+var (
+	// ErrNotFound means the addressed row does not exist.
+	ErrNotFound = errors.New("not found")
+	// ErrConflict means the request collides with the current state: a taken
+	// (ip, index) pair, a node that holds a job, a hardware generation in use.
+	ErrConflict = errors.New("conflict")
+	// ErrInvalid means the input is malformed or breaks a rule; nothing was
+	// stored.
+	ErrInvalid = errors.New("invalid input")
+	// ErrForbidden means the principal may not do what it asked.
+	ErrForbidden = errors.New("forbidden")
+	// ErrUnavailable means a dependency (the database) cannot be reached right
+	// now; the same request may succeed later.
+	ErrUnavailable = errors.New("unavailable")
+)
+
+// FieldError names one bad field of a request and what is wrong with it.
+type FieldError struct {
+	Field   string `json:"field"`
+	Message string `json:"message"`
+}
+
+// Error is the registry's rich error: a sentinel kind, a human message and,
+// for validation failures, the fields at fault.
+type Error struct {
+	Kind    error        // one of the sentinel errors above
+	Message string       // safe to show to a client
+	Fields  []FieldError // validation failures, if any
+	// ExistingPK names the row a conflict collided with, when there is one.
+	ExistingPK int64
+}
+
+func (e *Error) Error() string {
+	if len(e.Fields) == 0 {
+		return e.Message
+	}
+	parts := make([]string, len(e.Fields))
+	for i, f := range e.Fields {
+		parts[i] = f.Field + ": " + f.Message
+	}
+	return e.Message + " (" + strings.Join(parts, "; ") + ")"
+}
+
+// Unwrap lets errors.Is match the sentinel kind.
+func (e *Error) Unwrap() error { return e.Kind }
+
+// NotFoundf returns an ErrNotFound error with a formatted message.
+func NotFoundf(format string, args ...any) error {
+	return &Error{Kind: ErrNotFound, Message: fmt.Sprintf(format, args...)}
+}
+
+// Conflictf returns an ErrConflict error with a formatted message.
+func Conflictf(format string, args ...any) error {
+	return &Error{Kind: ErrConflict, Message: fmt.Sprintf(format, args...)}
+}
+
+// Invalidf returns an ErrInvalid error with a formatted message.
+func Invalidf(format string, args ...any) error {
+	return &Error{Kind: ErrInvalid, Message: fmt.Sprintf(format, args...)}
+}
+
+// FieldErrors collects validation failures in the order they are found.
+type FieldErrors []FieldError
+
+// Add records that field is bad, with a formatted reason.
+func (fe *FieldErrors) Add(field, format string, args ...any) {
+	*fe = append(*fe, FieldError{Field: field, Message: fmt.Sprintf(format, args...)})
+}
+
+// Has reports whether field already has a recorded failure, so a later rule
+// does not pile a second message onto a field that is already wrong.
+func (fe FieldErrors) Has(field string) bool {
+	for _, f := range fe {
+		if f.Field == field {
+			return true
+		}
+	}
+	return false
+}
+
+// Err returns nil when nothing was recorded, otherwise an ErrInvalid *Error
+// listing every field.
+func (fe FieldErrors) Err() error {
+	if len(fe) == 0 {
+		return nil
+	}
+	return &Error{Kind: ErrInvalid, Message: "the request has invalid fields", Fields: fe}
+}
+
+// FieldsOf returns the field failures carried by err, if any.
+func FieldsOf(err error) []FieldError {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Fields
+	}
+	return nil
+}

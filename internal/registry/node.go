@@ -1,0 +1,234 @@
+package registry
+
+import (
+	"math"
+	"net/netip"
+	"strconv"
+	"time"
+	"unicode"
+	"unicode/utf8"
+)
+
+// Limits on field values. They are generous for real fleets and small enough
+// that nothing downstream (indexes, logs, UIs) has to cope with absurd input.
+const (
+	MaxIndex           = math.MaxInt32
+	MaxDriverVersion   = 128
+	MaxHardwareNameLen = 100
+)
+
+// Node is one schedulable unit of the fleet: a GPU of a host, or a CPU-only
+// host. Field meanings follow the Nodes API.
+type Node struct {
+	PK                 int64
+	IP                 string // canonical text form
+	Index              int
+	CPUMem             int64
+	DriverVersion      string
+	HardwareGeneration *int64
+	GPUMem             *int64
+	LastSeen           *time.Time // server-managed
+	CurrentJob         *int64     // server-managed
+	CreatedAt          time.Time  // server-managed
+	UpdatedAt          time.Time  // server-managed
+	// Version changes on every write except heartbeats; it backs ETags.
+	Version int64
+}
+
+// Spec returns the node's six writable fields.
+func (n Node) Spec() NodeSpec {
+	return NodeSpec{
+		IP:                 n.IP,
+		Index:              n.Index,
+		CPUMem:             n.CPUMem,
+		DriverVersion:      n.DriverVersion,
+		HardwareGeneration: n.HardwareGeneration,
+		GPUMem:             n.GPUMem,
+	}
+}
+
+// NodeSpec is the writable part of a node: what create and update take.
+type NodeSpec struct {
+	IP                 string
+	Index              int
+	CPUMem             int64
+	DriverVersion      string
+	HardwareGeneration *int64
+	GPUMem             *int64
+}
+
+// Normalize validates the spec and rewrites IP to its canonical form. The
+// error, if any, is an ErrInvalid *Error naming every bad field.
+func (s *NodeSpec) Normalize() error {
+	var fe FieldErrors
+	if ip, err := CanonicalIP(s.IP); err != nil {
+		fe.Add("ip", "%s", err.Error())
+	} else {
+		s.IP = ip
+	}
+	if s.Index < 0 || s.Index > MaxIndex {
+		fe.Add("index", "must be between 0 and %d", MaxIndex)
+	}
+	if s.CPUMem < 0 {
+		fe.Add("cpu_mem", "must not be negative")
+	}
+	if msg := checkText(s.DriverVersion, MaxDriverVersion); msg != "" {
+		fe.Add("driver_version", "%s", msg)
+	}
+	if s.HardwareGeneration != nil && *s.HardwareGeneration <= 0 {
+		fe.Add("hardware_generation", "must be the pk of a hardware generation (a positive integer) or null")
+	}
+	if s.GPUMem != nil && *s.GPUMem < 0 {
+		fe.Add("gpu_mem", "must not be negative")
+	}
+	return fe.Err()
+}
+
+// CanonicalIP parses an IPv4 or IPv6 address and returns its canonical text
+// (RFC 5952 for IPv6). IPv4-mapped IPv6 addresses become plain IPv4 so one host
+// has one identity. Zones and prefixes are refused: a node is one host.
+func CanonicalIP(s string) (string, error) {
+	if s == "" {
+		return "", errText("must be an IPv4 or IPv6 address")
+	}
+	addr, err := netip.ParseAddr(s)
+	if err != nil {
+		return "", errText("must be an IPv4 or IPv6 address")
+	}
+	if addr.Zone() != "" {
+		return "", errText("must not carry an IPv6 zone")
+	}
+	return addr.Unmap().String(), nil
+}
+
+// errText is a plain error whose text is meant for clients.
+type errText string
+
+func (e errText) Error() string { return string(e) }
+
+// checkText returns why s is not acceptable as a short label, or "".
+func checkText(s string, max int) string {
+	if !utf8.ValidString(s) {
+		return "must be valid UTF-8"
+	}
+	if utf8.RuneCountInString(s) > max {
+		return "must be at most " + strconv.Itoa(max) + " characters"
+	}
+	for _, r := range s {
+		if unicode.IsControl(r) {
+			return "must not contain control characters"
+		}
+	}
+	return ""
+}
+
+// Optional is a field of a partial update: absent (Set false), explicitly
+// null (Set true, Null true) or a value.
+type Optional[T any] struct {
+	Set   bool
+	Null  bool
+	Value T
+}
+
+// NodePatch is a JSON merge patch of a node's writable fields: absent fields
+// stay as they are.
+type NodePatch struct {
+	IP                 Optional[string]
+	Index              Optional[int]
+	CPUMem             Optional[int64]
+	DriverVersion      Optional[string]
+	HardwareGeneration Optional[int64]
+	GPUMem             Optional[int64]
+}
+
+// Apply returns s with the patch applied. Decoders refuse null for the
+// non-nullable fields, so Apply only has to honour null where it clears.
+func (p NodePatch) Apply(s NodeSpec) NodeSpec {
+	if p.IP.Set {
+		s.IP = p.IP.Value
+	}
+	if p.Index.Set {
+		s.Index = p.Index.Value
+	}
+	if p.CPUMem.Set {
+		s.CPUMem = p.CPUMem.Value
+	}
+	if p.DriverVersion.Set {
+		s.DriverVersion = p.DriverVersion.Value
+	}
+	s.HardwareGeneration = applyNullable(p.HardwareGeneration, s.HardwareGeneration)
+	s.GPUMem = applyNullable(p.GPUMem, s.GPUMem)
+	return s
+}
+
+func applyNullable(o Optional[int64], cur *int64) *int64 {
+	switch {
+	case !o.Set:
+		return cur
+	case o.Null:
+		return nil
+	default:
+		v := o.Value
+		return &v
+	}
+}
+
+// NodeEcho holds the read-only fields a client sent back with an update.
+// Clients may echo them (GET, edit, PUT) but not change them.
+type NodeEcho struct {
+	PK         Optional[int64]
+	LastSeen   Optional[time.Time]
+	CurrentJob Optional[int64]
+	CreatedAt  Optional[time.Time]
+	UpdatedAt  Optional[time.Time]
+}
+
+// Check compares the echoed read-only fields with the stored node and names
+// every field whose value differs.
+//
+// last_seen moves with every heartbeat, which does not change the node's
+// version, so a client that read the node a moment ago holds an older value.
+// An echo is accepted when it is a value the node has had: not null while the
+// node has been seen, and not later than the stored time.
+func (e NodeEcho) Check(cur Node) error {
+	var fe FieldErrors
+	if e.PK.Set && (e.PK.Null || e.PK.Value != cur.PK) {
+		fe.Add("pk", "is read-only; it is %d for this node", cur.PK)
+	}
+	if e.LastSeen.Set {
+		ok := false
+		switch {
+		case e.LastSeen.Null:
+			ok = true // a client that read the node before its first heartbeat
+		case cur.LastSeen != nil:
+			ok = !e.LastSeen.Value.After(*cur.LastSeen)
+		}
+		if !ok {
+			fe.Add("last_seen", "is read-only and managed by the server; send back the value you read or leave it out")
+		}
+	}
+	if e.CurrentJob.Set && !sameNullable(e.CurrentJob, cur.CurrentJob) {
+		fe.Add("current_job", "is read-only; jobs are assigned by claims, and this node's current_job is %s", formatNullable(cur.CurrentJob))
+	}
+	if e.CreatedAt.Set && (e.CreatedAt.Null || !e.CreatedAt.Value.Equal(cur.CreatedAt)) {
+		fe.Add("created_at", "is read-only")
+	}
+	if e.UpdatedAt.Set && (e.UpdatedAt.Null || !e.UpdatedAt.Value.Equal(cur.UpdatedAt)) {
+		fe.Add("updated_at", "is read-only; the node changed since you read it, or the value was edited")
+	}
+	return fe.Err()
+}
+
+func sameNullable(o Optional[int64], cur *int64) bool {
+	if o.Null {
+		return cur == nil
+	}
+	return cur != nil && *cur == o.Value
+}
+
+func formatNullable(v *int64) string {
+	if v == nil {
+		return "null"
+	}
+	return strconv.FormatInt(*v, 10)
+}
