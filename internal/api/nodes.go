@@ -263,7 +263,6 @@ func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) error {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusOK)
 	bw := bufio.NewWriterSize(w, 32<<10)
-	enc := json.NewEncoder(bw)
 	bw.WriteByte('[')
 	first := true
 	rc := http.NewResponseController(w)
@@ -273,9 +272,11 @@ func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) error {
 				bw.WriteByte(',')
 			}
 			first = false
-			if err := enc.Encode(toNodeJSON(n)); err != nil {
+			b, err := json.Marshal(toNodeJSON(n))
+			if err != nil {
 				return s.abortStream(r, err)
 			}
+			bw.Write(b)
 		}
 		done := len(nodes) < s.listBatch || remaining == 0 && filter.Limit > 0
 		if done {

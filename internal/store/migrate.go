@@ -94,10 +94,15 @@ func LatestVersion() (int64, error) {
 // SchemaVersion reads the applied schema version without creating anything:
 // 0 for a database goose has never touched.
 func (s *Store) SchemaVersion(ctx context.Context) (int64, error) {
+	var exists bool
+	if err := s.db.QueryRow(ctx, `SELECT to_regclass('goose_db_version') IS NOT NULL`).Scan(&exists); err != nil {
+		return 0, fmt.Errorf("store: schema version: %w", translate(err))
+	}
+	if !exists {
+		return 0, nil
+	}
 	var v int64
-	err := s.db.QueryRow(ctx, `
-		SELECT CASE WHEN to_regclass('goose_db_version') IS NULL THEN 0
-		ELSE (SELECT coalesce(max(version_id), 0) FROM goose_db_version WHERE is_applied) END`).Scan(&v)
+	err := s.db.QueryRow(ctx, `SELECT coalesce(max(version_id), 0) FROM goose_db_version WHERE is_applied`).Scan(&v)
 	if err != nil {
 		return 0, fmt.Errorf("store: schema version: %w", translate(err))
 	}

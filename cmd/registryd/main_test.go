@@ -1,0 +1,292 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/registryd/registryd/internal/apitest"
+	"github.com/registryd/registryd/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// syncBuffer is a bytes.Buffer safe for the server goroutine to write while
+// the test reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func envFunc(env map[string]string) func(string) string {
+	return func(k string) string { return env[k] }
+}
+
+var servingRE = regexp.MustCompile(`serving on (http://\S+)`)
+
+// server is registryd running in-process through run.
+type server struct {
+	url    string
+	stderr *syncBuffer
+	stop   func() error // cancels run and returns its error
+}
+
+// startServer runs `registryd serve` with env and waits until it listens.
+func startServer(t *testing.T, env map[string]string) *server {
+	t.Helper()
+	env["REGISTRY_LISTEN"] = "127.0.0.1:0"
+	ctx, cancel := context.WithCancel(context.Background())
+	stdout, stderr := &syncBuffer{}, &syncBuffer{}
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, []string{"serve"}, envFunc(env), stdout, stderr) }()
+	deadline := time.After(60 * time.Second)
+	for {
+		if m := servingRE.FindStringSubmatch(stdout.String()); m != nil {
+			s := &server{url: m[1], stderr: stderr}
+			var once sync.Once
+			var err error
+			s.stop = func() error {
+				once.Do(func() { cancel(); err = <-done })
+				return err
+			}
+			t.Cleanup(func() { s.stop() })
+			return s
+		}
+		select {
+		case err := <-done:
+			cancel()
+			t.Fatalf("serve exited before listening: %v\nstderr:\n%s", err, stderr.String())
+		case <-deadline:
+			cancel()
+			t.Fatalf("serve did not start in time; stderr:\n%s", stderr.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func runCmd(t *testing.T, env map[string]string, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	var out, errb syncBuffer
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	err = run(ctx, args, envFunc(env), &out, &errb)
+	return out.String(), errb.String(), err
+}
+
+func call(t *testing.T, method, url, body string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := apitest.Client(t).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func TestServeExternalDatabase(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewEmpty(t)
+
+	// An unmigrated database is refused with a message that says what to do.
+	_, _, err := runCmd(t, map[string]string{"REGISTRY_DATABASE_URL": db, "REGISTRY_LISTEN": "127.0.0.1:0"}, "serve")
+	if err == nil || !strings.Contains(err.Error(), "registryd migrate up") {
+		t.Fatalf("serve on an empty database: %v", err)
+	}
+
+	// REGISTRY_MIGRATE=true migrates, then serves the API end to end.
+	srv := startServer(t, map[string]string{"REGISTRY_DATABASE_URL": db, "REGISTRY_MIGRATE": "true"})
+	if code, body := call(t, "GET", srv.url+"/readyz", ""); code != 200 {
+		t.Fatalf("readyz %d %s", code, body)
+	}
+	code, body := call(t, "POST", srv.url+"/v1/nodes/create",
+		`{"ip":"10.0.0.1","index":0,"cpu_mem":1,"driver_version":"550","hardware_generation":null,"gpu_mem":null}`)
+	if code != 201 {
+		t.Fatalf("create %d %s", code, body)
+	}
+	if code, body := call(t, "POST", srv.url+"/v1/nodes/list", ""); code != 200 || !strings.Contains(body, `"10.0.0.1"`) {
+		t.Fatalf("list %d %s", code, body)
+	}
+	if err := srv.stop(); err != nil {
+		t.Fatalf("graceful stop: %v", err)
+	}
+	if !strings.Contains(srv.stderr.String(), `"msg":"stopped"`) {
+		t.Errorf("no clean stop in the log:\n%s", srv.stderr.String())
+	}
+
+	// The data outlives the server; a second start needs no migration.
+	srv = startServer(t, map[string]string{"REGISTRY_DATABASE_URL": db})
+	if code, body := call(t, "POST", srv.url+"/v1/nodes/list", ""); code != 200 || !strings.Contains(body, `"10.0.0.1"`) {
+		t.Fatalf("list after restart %d %s", code, body)
+	}
+}
+
+func TestServeRefusesNewerSchema(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	conn, err := pgx.Connect(context.Background(), db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = conn.Exec(context.Background(), `INSERT INTO goose_db_version (version_id, is_applied) VALUES (99999, true)`)
+	conn.Close(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = runCmd(t, map[string]string{"REGISTRY_DATABASE_URL": db, "REGISTRY_LISTEN": "127.0.0.1:0"}, "serve")
+	if err == nil || !strings.Contains(err.Error(), "newer than this registryd knows") {
+		t.Fatalf("serve on a newer schema: %v", err)
+	}
+}
+
+func TestMigrateCommands(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"REGISTRY_DATABASE_URL": pgtest.NewEmpty(t)}
+	out, _, err := runCmd(t, env, "migrate", "status")
+	if err != nil || !strings.Contains(out, "pending") {
+		t.Fatalf("status before: %v\n%s", err, out)
+	}
+	out, _, err = runCmd(t, env, "migrate", "up")
+	if err != nil || !strings.Contains(out, "00001_init.sql") {
+		t.Fatalf("up: %v\n%s", err, out)
+	}
+	out, _, err = runCmd(t, env, "migrate", "up")
+	if err != nil || !strings.Contains(out, "no pending migrations") {
+		t.Fatalf("second up: %v\n%s", err, out)
+	}
+	out, _, err = runCmd(t, env, "migrate", "status")
+	if err != nil || !strings.Contains(out, "applied") || strings.Contains(out, "pending") {
+		t.Fatalf("status after: %v\n%s", err, out)
+	}
+	out, _, err = runCmd(t, env, "migrate", "down")
+	if err != nil || !strings.Contains(out, "down") {
+		t.Fatalf("down: %v\n%s", err, out)
+	}
+	if _, _, err = runCmd(t, env, "migrate", "sideways"); !errors.Is(err, errUsage) {
+		t.Fatalf("bad subcommand: %v", err)
+	}
+}
+
+func TestUsageAndConfigErrors(t *testing.T) {
+	t.Parallel()
+	if _, stderr, err := runCmd(t, map[string]string{}); !errors.Is(err, errUsage) || !strings.Contains(stderr, "usage") {
+		t.Errorf("no args: %v %q", err, stderr)
+	}
+	if _, stderr, err := runCmd(t, map[string]string{}, "frobnicate"); !errors.Is(err, errUsage) || !strings.Contains(stderr, "unknown command") {
+		t.Errorf("unknown command: %v %q", err, stderr)
+	}
+	for _, env := range []map[string]string{
+		{"REGISTRY_MIGRATE": "maybe"},
+		{"REGISTRY_LOG_LEVEL": "loud"},
+		{"REGISTRY_LOG_FORMAT": "xml"},
+		{"REGISTRY_DB_MAX_CONNS": "0"},
+		{"REGISTRY_SHUTDOWN_TIMEOUT": "soon"},
+	} {
+		_, _, err := runCmd(t, env, "serve")
+		for k := range env {
+			if err == nil || !strings.Contains(err.Error(), k) {
+				t.Errorf("%v: error %v does not name %s", env, err, k)
+			}
+		}
+	}
+	// A taken port fails at once with the setting to change.
+	srv := startServer(t, map[string]string{"REGISTRY_DATABASE_URL": pgtest.New(t)})
+	addr := strings.TrimPrefix(srv.url, "http://")
+	_, _, err := runCmd(t, map[string]string{"REGISTRY_LISTEN": addr}, "serve")
+	if err == nil || !strings.Contains(err.Error(), "REGISTRY_LISTEN") {
+		t.Errorf("taken port: %v", err)
+	}
+}
+
+func TestServeUnreachableDatabase(t *testing.T) {
+	t.Parallel()
+	_, _, err := runCmd(t, map[string]string{
+		"REGISTRY_DATABASE_URL": "postgres://registry:s3cret-password@127.0.0.1:1/registry?connect_timeout=2",
+		"REGISTRY_LISTEN":       "127.0.0.1:0",
+	}, "serve")
+	if err == nil {
+		t.Fatal("serve started without a database")
+	}
+	if strings.Contains(err.Error(), "s3cret-password") {
+		t.Errorf("error leaks the password: %v", err)
+	}
+}
+
+// The embedded default: no database URL, a data directory, a cluster
+// started from the server binaries, data kept across restarts.
+func TestServeEmbedded(t *testing.T) {
+	t.Parallel()
+	dir, err := os.MkdirTemp("", "registryd-embedded-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil { // the postgres user must pass through
+		t.Fatal(err)
+	}
+	env := map[string]string{"REGISTRY_DATA_DIR": filepath.Join(dir, "data")}
+	srv := startServer(t, env)
+	code, body := call(t, "POST", srv.url+"/v1/hardware/create", `{"name":"H100"}`)
+	if code != 201 {
+		t.Fatalf("create hardware %d %s", code, body)
+	}
+	if err := srv.stop(); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	srv = startServer(t, map[string]string{"REGISTRY_DATA_DIR": filepath.Join(dir, "data")})
+	if code, body := call(t, "POST", srv.url+"/v1/hardware/list", ""); code != 200 || !strings.Contains(body, `"H100"`) {
+		t.Fatalf("after restart %d %s", code, body)
+	}
+	if err := srv.stop(); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	// Stopped cleanly: no server left holding the data directory.
+	if _, err := os.Stat(filepath.Join(dir, "data", "postmaster.pid")); !os.IsNotExist(err) {
+		t.Errorf("postmaster.pid left behind: %v", err)
+	}
+}
+
+func TestServeEmbeddedWithoutBinaries(t *testing.T) {
+	// Not parallel: it changes the environment of the whole process.
+	empty := t.TempDir()
+	t.Setenv("PG_BINDIR", empty)
+	_, _, err := runCmd(t, map[string]string{"REGISTRY_DATA_DIR": filepath.Join(empty, "data"), "REGISTRY_LISTEN": "127.0.0.1:0"}, "serve")
+	if err == nil {
+		t.Fatal("started without server binaries")
+	}
+	for _, way := range []string{"apt-get install postgresql", "REGISTRY_DATABASE_URL", "docker compose up"} {
+		if !strings.Contains(err.Error(), way) {
+			t.Errorf("error does not name %q: %v", way, err)
+		}
+	}
+}

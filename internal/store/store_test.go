@@ -1,0 +1,171 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/registryd/registryd/internal/pgtest"
+	"github.com/registryd/registryd/internal/registry"
+	"github.com/registryd/registryd/internal/store"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+func open(t *testing.T, url string) *store.Store {
+	t.Helper()
+	st, err := store.Open(context.Background(), url, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	return st
+}
+
+func TestSchemaLifecycle(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st := open(t, pgtest.NewEmpty(t))
+	state, err := st.CheckSchema(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if state.OK() || state.Current != 0 || !strings.Contains(state.Problem(), "migrate up") {
+		t.Fatalf("empty database: %+v %q", state, state.Problem())
+	}
+	m, err := st.NewMigrator(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if _, err := m.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if state, _ = st.CheckSchema(ctx); !state.OK() {
+		t.Fatalf("after up: %+v", state)
+	}
+	// Down really removes the schema, and up restores it.
+	if _, err := m.Down(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.ListNodes(ctx, registry.NodeFilter{}); err == nil {
+		t.Fatal("nodes table survived migrate down")
+	}
+	if _, err := m.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.ListNodes(ctx, registry.NodeFilter{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Concurrent read-modify-write updates of one node serialize on its row
+// lock: none is lost.
+func TestUpdateNodeSerializes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st := open(t, pgtest.New(t))
+	n, err := st.CreateNode(ctx, registry.NodeSpec{IP: "10.0.0.1", DriverVersion: "d"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const writers = 20
+	var wg sync.WaitGroup
+	for range writers {
+		wg.Go(func() {
+			_, err := st.UpdateNode(ctx, n.PK, func(cur registry.Node) (registry.NodeSpec, error) {
+				s := cur.Spec()
+				s.CPUMem++
+				return s, nil
+			})
+			if err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	got, err := st.GetNode(ctx, n.PK)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.CPUMem != writers || got.Version != 1+writers {
+		t.Errorf("cpu_mem %d version %d, want %d and %d", got.CPUMem, got.Version, writers, 1+writers)
+	}
+}
+
+func TestUpdateNodeCallbackErrorChangesNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st := open(t, pgtest.New(t))
+	n, err := st.CreateNode(ctx, registry.NodeSpec{IP: "10.0.0.1", DriverVersion: "d"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	refuse := registry.Invalidf("no")
+	_, err = st.UpdateNode(ctx, n.PK, func(cur registry.Node) (registry.NodeSpec, error) { return registry.NodeSpec{}, refuse })
+	if !errors.Is(err, refuse) {
+		t.Fatalf("error %v, want the callback's", err)
+	}
+	_, err = st.UpdateNode(ctx, n.PK, func(cur registry.Node) (registry.NodeSpec, error) {
+		s := cur.Spec()
+		s.IP = "not an ip"
+		return s, nil
+	})
+	if !errors.Is(err, registry.ErrInvalid) {
+		t.Fatalf("invalid spec: %v", err)
+	}
+	got, _ := st.GetNode(ctx, n.PK)
+	if got.Version != n.Version || got.IP != n.IP {
+		t.Errorf("node changed: %+v", got)
+	}
+	if _, err := st.UpdateNode(ctx, 999, func(cur registry.Node) (registry.NodeSpec, error) { return cur.Spec(), nil }); !errors.Is(err, registry.ErrNotFound) {
+		t.Errorf("missing node: %v", err)
+	}
+}
+
+func TestStoreErrorsAreTyped(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st := open(t, pgtest.New(t))
+	hw, err := st.CreateHardware(ctx, registry.HardwareSpec{Name: "H100"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.CreateHardware(ctx, registry.HardwareSpec{Name: "H100"}); !errors.Is(err, registry.ErrConflict) {
+		t.Errorf("duplicate name: %v", err)
+	}
+	a, err := st.CreateNode(ctx, registry.NodeSpec{IP: "10.0.0.1", DriverVersion: "d", HardwareGeneration: &hw.PK})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = st.CreateNode(ctx, registry.NodeSpec{IP: "10.0.0.1", DriverVersion: "e"})
+	var re *registry.Error
+	if !errors.As(err, &re) || !errors.Is(err, registry.ErrConflict) || re.ExistingPK != a.PK {
+		t.Errorf("duplicate pair: %v", err)
+	}
+	missing := int64(12345)
+	_, err = st.CreateNode(ctx, registry.NodeSpec{IP: "10.0.0.2", DriverVersion: "d", HardwareGeneration: &missing})
+	if f := registry.FieldsOf(err); len(f) != 1 || f[0].Field != "hardware_generation" {
+		t.Errorf("missing hardware: %v", err)
+	}
+	if _, err := st.DeleteHardware(ctx, hw.PK); !errors.Is(err, registry.ErrConflict) {
+		t.Errorf("delete used hardware: %v", err)
+	}
+	if _, err := st.DeleteNode(ctx, 424242); !errors.Is(err, registry.ErrNotFound) {
+		t.Errorf("delete missing node: %v", err)
+	}
+	if _, err := st.GetHardware(ctx, 424242); !errors.Is(err, registry.ErrNotFound) {
+		t.Errorf("get missing hardware: %v", err)
+	}
+}
+
+func TestUnavailable(t *testing.T) {
+	t.Parallel()
+	st := open(t, "postgres://postgres@127.0.0.1:1/x?connect_timeout=2")
+	_, err := st.GetNode(context.Background(), 1)
+	if !errors.Is(err, registry.ErrUnavailable) {
+		t.Errorf("unreachable database: %v, want ErrUnavailable", err)
+	}
+}
