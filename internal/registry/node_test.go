@@ -55,7 +55,7 @@ func TestNodeEchoCheck(t *testing.T) {
 		{PK: Optional[int64]{Set: true, Value: 5}},
 		{LastSeen: Optional[time.Time]{Set: true, Value: seen}},
 		{LastSeen: Optional[time.Time]{Set: true, Value: seen.Add(-time.Minute)}}, // read before a heartbeat
-		{LastSeen: Optional[time.Time]{Set: true, Null: true}},                   // read before the first one
+		{LastSeen: Optional[time.Time]{Set: true, Null: true}},                    // read before the first one
 		{CurrentJob: Optional[int64]{Set: true, Value: 9}},
 		{CreatedAt: Optional[time.Time]{Set: true, Value: seen.In(time.FixedZone("x", 3600))}},
 	}
