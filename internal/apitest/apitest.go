@@ -72,6 +72,14 @@ type validator struct {
 }
 
 func (v *validator) RoundTrip(req *http.Request) (*http.Response, error) {
+	var reqBody []byte
+	if req.GetBody != nil {
+		rc, err := req.GetBody()
+		if err == nil {
+			reqBody, _ = io.ReadAll(rc)
+			rc.Close()
+		}
+	}
 	resp, err := v.next.RoundTrip(req)
 	if err != nil {
 		return resp, err
@@ -85,7 +93,37 @@ func (v *validator) RoundTrip(req *http.Request) (*http.Response, error) {
 	if msg := Check(v.router, req, resp.StatusCode, resp.Header, body); msg != "" {
 		v.t.Errorf("apitest: %s %s → %d: %s\nbody: %s", req.Method, req.URL.Path, resp.StatusCode, msg, truncate(body))
 	}
+	// What the server accepted, the spec must accept too: otherwise the
+	// spec is stricter than the server and misleads client generators.
+	// A body without Content-Type is read as JSON, a leniency OpenAPI
+	// cannot express; such requests are not checked.
+	if resp.StatusCode < 300 && (len(reqBody) == 0 || req.Header.Get("Content-Type") != "") {
+		if msg := CheckRequest(v.router, req, reqBody); msg != "" {
+			v.t.Errorf("apitest: %s %s was accepted but the spec refuses it: %s\nrequest body: %s", req.Method, req.URL.Path, msg, truncate(reqBody))
+		}
+	}
 	return resp, nil
+}
+
+// CheckRequest validates a request against the spec and returns what is
+// wrong, or "".
+func CheckRequest(router routers.Router, req *http.Request, body []byte) string {
+	route, params, err := router.FindRoute(req)
+	if err != nil {
+		return err.Error()
+	}
+	r := req.Clone(context.Background())
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	in := &openapi3filter.RequestValidationInput{
+		Request:    r,
+		PathParams: params,
+		Route:      route,
+		Options:    &openapi3filter.Options{MultiError: true},
+	}
+	if err := openapi3filter.ValidateRequest(context.Background(), in); err != nil {
+		return err.Error()
+	}
+	return ""
 }
 
 // Check validates one exchange and returns what is wrong, or "".
