@@ -1,0 +1,122 @@
+package api_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	registryd "github.com/registryd/registryd"
+	"github.com/registryd/registryd/internal/api"
+	"github.com/registryd/registryd/internal/pgtest"
+	"github.com/registryd/registryd/internal/store"
+)
+
+// benchServer serves a fresh database holding n nodes (over n/8 hosts) and
+// returns its URL. Rows are made in SQL: the benchmark measures reads, not
+// seeding.
+func benchServer(b *testing.B, n int) string {
+	b.Helper()
+	ctx := context.Background()
+	st, err := store.Open(ctx, pgtest.New(b), store.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(st.Close)
+	_, err = st.Pool().Exec(ctx, `
+		INSERT INTO hardware_generations (name) VALUES ('H100');
+		INSERT INTO nodes (ip, gpu_index, cpu_mem, driver_version, hardware_generation, gpu_mem)
+		SELECT ('10.0.0.0'::inet + (g / 8)), g % 8, 2199023255552, '550.54.15', 1, 85899345920
+		FROM generate_series(0, `+fmt.Sprint(n-1)+`) g;
+		ANALYZE nodes;`)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ts := httptest.NewServer(api.New(api.Config{Store: st, OpenAPI: registryd.OpenAPI}))
+	b.Cleanup(ts.Close)
+	return ts.URL
+}
+
+// BenchmarkGetNode retrieves random nodes by pk out of 100,000, in parallel.
+func BenchmarkGetNode(b *testing.B) {
+	const n = 100_000
+	url := benchServer(b, n)
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			resp, err := client.Get(fmt.Sprintf("%s/v1/nodes/%d", url, 1+rand.IntN(n)))
+			if err != nil {
+				b.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				b.Fatalf("status %d", resp.StatusCode)
+			}
+		}
+	})
+}
+
+// BenchmarkCreateNode registers new nodes, in parallel.
+func BenchmarkCreateNode(b *testing.B) {
+	url := benchServer(b, 1)
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+	var seq atomic.Int64
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			i := seq.Add(1)
+			body := fmt.Sprintf(`{"ip":"10.%d.%d.%d","index":%d,"cpu_mem":1,"driver_version":"d","hardware_generation":1,"gpu_mem":1}`,
+				(i>>16)&255, (i>>8)&255, i&255, i>>24)
+			resp, err := client.Post(url+"/v1/nodes/create", "application/json", strings.NewReader(body))
+			if err != nil {
+				b.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusCreated {
+				b.Fatalf("status %d", resp.StatusCode)
+			}
+		}
+	})
+}
+
+// BenchmarkListFreePage reads one page of 100 free nodes out of 100,000.
+func BenchmarkListFreePage(b *testing.B) {
+	url := benchServer(b, 100_000)
+	client := &http.Client{}
+	b.ResetTimer()
+	for b.Loop() {
+		resp, err := client.Post(url+"/v1/nodes/list", "application/json",
+			strings.NewReader(`{"free":true,"hardware_generation":1,"min_gpu_mem":85899345920,"after":50000,"limit":100}`))
+		if err != nil {
+			b.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			b.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+}
+
+// BenchmarkListAll streams all 100,000 nodes in one response.
+func BenchmarkListAll(b *testing.B) {
+	url := benchServer(b, 100_000)
+	b.ResetTimer()
+	for b.Loop() {
+		resp, err := http.Post(url+"/v1/nodes/list", "application/json", nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		n, _ := io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		b.SetBytes(n)
+	}
+}
