@@ -1,11 +1,15 @@
 package main
 
 import (
+	"crypto"
 	"fmt"
 	"log/slog"
+	"os"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/registryd/registryd/internal/auth"
 )
 
 // config is every setting, loaded once from the environment and validated.
@@ -19,6 +23,11 @@ type config struct {
 	LogFormat       string        // REGISTRY_LOG_FORMAT: json or text
 	MaxConns        int32         // REGISTRY_DB_MAX_CONNS
 	ShutdownTimeout time.Duration // REGISTRY_SHUTDOWN_TIMEOUT
+
+	JWTSecret     []byte             // REGISTRY_JWT_SECRET or the file REGISTRY_JWT_SECRET_FILE names
+	JWTPublicKeys []crypto.PublicKey // from the PEM file REGISTRY_JWT_PUBLIC_KEYS names
+	JWTIssuer     string             // REGISTRY_JWT_ISSUER
+	JWTAudience   string             // REGISTRY_JWT_AUDIENCE
 }
 
 func loadConfig(getenv func(string) string) (config, error) {
@@ -59,6 +68,34 @@ func loadConfig(getenv func(string) string) (config, error) {
 			errs = append(errs, fmt.Sprintf("REGISTRY_SHUTDOWN_TIMEOUT=%q: want a duration such as 15s", v))
 		}
 		c.ShutdownTimeout = d
+	}
+	c.JWTIssuer = getenv("REGISTRY_JWT_ISSUER")
+	c.JWTAudience = getenv("REGISTRY_JWT_AUDIENCE")
+	secret, file := getenv("REGISTRY_JWT_SECRET"), getenv("REGISTRY_JWT_SECRET_FILE")
+	switch {
+	case secret != "" && file != "":
+		errs = append(errs, "set REGISTRY_JWT_SECRET or REGISTRY_JWT_SECRET_FILE, not both")
+	case secret != "":
+		c.JWTSecret = []byte(secret)
+	case file != "":
+		b, err := os.ReadFile(file)
+		if err != nil {
+			errs = append(errs, fmt.Sprintf("REGISTRY_JWT_SECRET_FILE: %v", err))
+		}
+		c.JWTSecret = []byte(strings.TrimRight(string(b), "\r\n"))
+	}
+	if c.JWTSecret != nil && len(c.JWTSecret) < auth.MinSecretBytes {
+		// Never print the secret itself, only its length.
+		errs = append(errs, fmt.Sprintf("the JWT secret (REGISTRY_JWT_SECRET or _FILE) is %d bytes; it must be at least %d (e.g. openssl rand -hex 32)", len(c.JWTSecret), auth.MinSecretBytes))
+	}
+	if path := getenv("REGISTRY_JWT_PUBLIC_KEYS"); path != "" {
+		b, err := os.ReadFile(path)
+		if err == nil {
+			c.JWTPublicKeys, err = auth.ParsePublicKeys(b)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Sprintf("REGISTRY_JWT_PUBLIC_KEYS: %v", err))
+		}
 	}
 	if len(errs) > 0 {
 		return c, fmt.Errorf("configuration: %s", strings.Join(errs, "; "))

@@ -2,6 +2,7 @@
 //
 //	registryd serve                    the HTTP server
 //	registryd migrate up|down|status   schema migrations
+//	registryd token --sub S --role R   a signed bearer token
 //
 // Configuration comes from REGISTRY_* environment variables; see README.md.
 package main
@@ -35,6 +36,8 @@ const usage = `usage: registryd <command> [flags]
 commands:
   serve                    run the HTTP server (REGISTRY_LISTEN, default 127.0.0.1:8080)
   migrate up|down|status   apply, roll back one, or list schema migrations
+  token --sub NAME --role ROLE [--ttl 24h]
+                           print a signed token (admin, scheduler, agent, reader)
 
 Without REGISTRY_DATABASE_URL, registryd runs its own PostgreSQL in
 REGISTRY_DATA_DIR (default ./.data). See README.md for every setting.
@@ -56,6 +59,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return serve(ctx, cfg, args[1:], stdout, stderr)
 	case "migrate":
 		return migrate(ctx, cfg, args[1:], stdout, stderr)
+	case "token":
+		return token(ctx, cfg, args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil

@@ -50,6 +50,7 @@ var servingRE = regexp.MustCompile(`serving on (http://\S+)`)
 // server is registryd running in-process through run.
 type server struct {
 	url    string
+	stdout *syncBuffer
 	stderr *syncBuffer
 	stop   func() error // cancels run and returns its error
 }
@@ -65,7 +66,7 @@ func startServer(t *testing.T, env map[string]string) *server {
 	deadline := time.After(60 * time.Second)
 	for {
 		if m := servingRE.FindStringSubmatch(stdout.String()); m != nil {
-			s := &server{url: m[1], stderr: stderr}
+			s := &server{url: m[1], stdout: stdout, stderr: stderr}
 			var once sync.Once
 			var err error
 			s.stop = func() error {
@@ -96,7 +97,21 @@ func runCmd(t *testing.T, env map[string]string, args ...string) (stdout, stderr
 	return out.String(), errb.String(), err
 }
 
-func call(t *testing.T, method, url, body string) (int, string) {
+// testSecret is the REGISTRY_JWT_SECRET of these tests.
+const testSecret = "cmd-test-secret-0123456789abcdef0123456789"
+
+// adminToken mints an admin token through the real `registryd token`.
+func adminToken(t *testing.T, env map[string]string) string {
+	t.Helper()
+	out, stderr, err := runCmd(t, env, "token", "--sub", "test-admin", "--role", "admin")
+	if err != nil {
+		t.Fatalf("token: %v\n%s", err, stderr)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	return lines[len(lines)-1]
+}
+
+func call(t *testing.T, method, url, body string, token ...string) (int, string) {
 	t.Helper()
 	req, err := http.NewRequest(method, url, strings.NewReader(body))
 	if err != nil {
@@ -104,6 +119,9 @@ func call(t *testing.T, method, url, body string) (int, string) {
 	}
 	if body != "" {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	if len(token) > 0 {
+		req.Header.Set("Authorization", "Bearer "+token[0])
 	}
 	resp, err := apitest.Client(t).Do(req)
 	if err != nil {
@@ -118,23 +136,29 @@ func TestServeExternalDatabase(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewEmpty(t)
 
+	env := map[string]string{"REGISTRY_DATABASE_URL": db, "REGISTRY_LISTEN": "127.0.0.1:0", "REGISTRY_JWT_SECRET": testSecret}
+	tok := adminToken(t, env)
+
 	// An unmigrated database is refused with a message that says what to do.
-	_, _, err := runCmd(t, map[string]string{"REGISTRY_DATABASE_URL": db, "REGISTRY_LISTEN": "127.0.0.1:0"}, "serve")
+	_, _, err := runCmd(t, env, "serve")
 	if err == nil || !strings.Contains(err.Error(), "registryd migrate up") {
 		t.Fatalf("serve on an empty database: %v", err)
 	}
 
 	// REGISTRY_MIGRATE=true migrates, then serves the API end to end.
-	srv := startServer(t, map[string]string{"REGISTRY_DATABASE_URL": db, "REGISTRY_MIGRATE": "true"})
+	srv := startServer(t, map[string]string{"REGISTRY_DATABASE_URL": db, "REGISTRY_MIGRATE": "true", "REGISTRY_JWT_SECRET": testSecret})
 	if code, body := call(t, "GET", srv.url+"/readyz", ""); code != 200 {
 		t.Fatalf("readyz %d %s", code, body)
 	}
+	if code, _ := call(t, "POST", srv.url+"/v1/nodes/list", ""); code != 401 {
+		t.Fatalf("list without a token: %d", code)
+	}
 	code, body := call(t, "POST", srv.url+"/v1/nodes/create",
-		`{"ip":"10.0.0.1","index":0,"cpu_mem":1,"driver_version":"550","hardware_generation":null,"gpu_mem":null}`)
+		`{"ip":"10.0.0.1","index":0,"cpu_mem":1,"driver_version":"550","hardware_generation":null,"gpu_mem":null}`, tok)
 	if code != 201 {
 		t.Fatalf("create %d %s", code, body)
 	}
-	if code, body := call(t, "POST", srv.url+"/v1/nodes/list", ""); code != 200 || !strings.Contains(body, `"10.0.0.1"`) {
+	if code, body := call(t, "POST", srv.url+"/v1/nodes/list", "", tok); code != 200 || !strings.Contains(body, `"10.0.0.1"`) {
 		t.Fatalf("list %d %s", code, body)
 	}
 	if err := srv.stop(); err != nil {
@@ -145,8 +169,8 @@ func TestServeExternalDatabase(t *testing.T) {
 	}
 
 	// The data outlives the server; a second start needs no migration.
-	srv = startServer(t, map[string]string{"REGISTRY_DATABASE_URL": db})
-	if code, body := call(t, "POST", srv.url+"/v1/nodes/list", ""); code != 200 || !strings.Contains(body, `"10.0.0.1"`) {
+	srv = startServer(t, map[string]string{"REGISTRY_DATABASE_URL": db, "REGISTRY_JWT_SECRET": testSecret})
+	if code, body := call(t, "POST", srv.url+"/v1/nodes/list", "", tok); code != 200 || !strings.Contains(body, `"10.0.0.1"`) {
 		t.Fatalf("list after restart %d %s", code, body)
 	}
 }
@@ -163,7 +187,7 @@ func TestServeRefusesNewerSchema(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, _, err = runCmd(t, map[string]string{"REGISTRY_DATABASE_URL": db, "REGISTRY_LISTEN": "127.0.0.1:0"}, "serve")
+	_, _, err = runCmd(t, map[string]string{"REGISTRY_DATABASE_URL": db, "REGISTRY_LISTEN": "127.0.0.1:0", "REGISTRY_JWT_SECRET": testSecret}, "serve")
 	if err == nil || !strings.Contains(err.Error(), "newer than this registryd knows") {
 		t.Fatalf("serve on a newer schema: %v", err)
 	}
@@ -220,7 +244,7 @@ func TestUsageAndConfigErrors(t *testing.T) {
 		}
 	}
 	// A taken port fails at once with the setting to change.
-	srv := startServer(t, map[string]string{"REGISTRY_DATABASE_URL": pgtest.New(t)})
+	srv := startServer(t, map[string]string{"REGISTRY_DATABASE_URL": pgtest.New(t), "REGISTRY_JWT_SECRET": testSecret})
 	addr := strings.TrimPrefix(srv.url, "http://")
 	_, _, err := runCmd(t, map[string]string{"REGISTRY_LISTEN": addr}, "serve")
 	if err == nil || !strings.Contains(err.Error(), "REGISTRY_LISTEN") {
@@ -254,24 +278,38 @@ func TestServeEmbedded(t *testing.T) {
 	if err := os.Chmod(dir, 0o755); err != nil { // the postgres user must pass through
 		t.Fatal(err)
 	}
-	env := map[string]string{"REGISTRY_DATA_DIR": filepath.Join(dir, "data")}
-	srv := startServer(t, env)
-	code, body := call(t, "POST", srv.url+"/v1/hardware/create", `{"name":"H100"}`)
+	data := filepath.Join(dir, "data")
+	srv := startServer(t, map[string]string{"REGISTRY_DATA_DIR": data})
+	// The embedded default hands out a working admin token at start.
+	m := regexp.MustCompile(`export REGISTRY_TOKEN=(\S+)`).FindStringSubmatch(srv.stdout.String())
+	if m == nil {
+		t.Fatalf("no admin token printed:\n%s", srv.stdout.String())
+	}
+	printed := m[1]
+	code, body := call(t, "POST", srv.url+"/v1/hardware/create", `{"name":"H100"}`, printed)
 	if code != 201 {
 		t.Fatalf("create hardware %d %s", code, body)
 	}
+	// The secret it signs with lives in the data directory, owner-only.
+	if fi, err := os.Stat(filepath.Join(data, "jwt-secret")); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("jwt-secret: %v %v", fi, err)
+	}
+	// `registryd token` uses the same secret without any configuration.
+	tok := adminToken(t, map[string]string{"REGISTRY_DATA_DIR": data})
 	if err := srv.stop(); err != nil {
 		t.Fatalf("stop: %v", err)
 	}
-	srv = startServer(t, map[string]string{"REGISTRY_DATA_DIR": filepath.Join(dir, "data")})
-	if code, body := call(t, "POST", srv.url+"/v1/hardware/list", ""); code != 200 || !strings.Contains(body, `"H100"`) {
-		t.Fatalf("after restart %d %s", code, body)
+	srv = startServer(t, map[string]string{"REGISTRY_DATA_DIR": data})
+	for _, tk := range []string{printed, tok} {
+		if code, body := call(t, "POST", srv.url+"/v1/hardware/list", "", tk); code != 200 || !strings.Contains(body, `"H100"`) {
+			t.Fatalf("after restart %d %s", code, body)
+		}
 	}
 	if err := srv.stop(); err != nil {
 		t.Fatalf("stop: %v", err)
 	}
 	// Stopped cleanly: no server left holding the data directory.
-	if _, err := os.Stat(filepath.Join(dir, "data", "postmaster.pid")); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(data, "postgres", "postmaster.pid")); !os.IsNotExist(err) {
 		t.Errorf("postmaster.pid left behind: %v", err)
 	}
 }
@@ -288,5 +326,58 @@ func TestServeEmbeddedWithoutBinaries(t *testing.T) {
 		if !strings.Contains(err.Error(), way) {
 			t.Errorf("error does not name %q: %v", way, err)
 		}
+	}
+}
+
+func TestServeRequiresTokenKeys(t *testing.T) {
+	t.Parallel()
+	_, _, err := runCmd(t, map[string]string{"REGISTRY_DATABASE_URL": pgtest.New(t), "REGISTRY_LISTEN": "127.0.0.1:0"}, "serve")
+	if err == nil || !strings.Contains(err.Error(), "REGISTRY_JWT_SECRET") {
+		t.Fatalf("serve without keys: %v", err)
+	}
+	// A weak secret is refused, and the message never repeats it.
+	_, _, err = runCmd(t, map[string]string{"REGISTRY_JWT_SECRET": "hunter2-hunter2"}, "serve")
+	if err == nil || !strings.Contains(err.Error(), "at least 32") || strings.Contains(err.Error(), "hunter2") {
+		t.Fatalf("short secret: %v", err)
+	}
+	file := filepath.Join(t.TempDir(), "secret")
+	os.WriteFile(file, []byte(testSecret+"\n"), 0o600)
+	if _, _, err := runCmd(t, map[string]string{"REGISTRY_JWT_SECRET": testSecret, "REGISTRY_JWT_SECRET_FILE": file}, "serve"); err == nil || !strings.Contains(err.Error(), "not both") {
+		t.Fatalf("secret and file: %v", err)
+	}
+}
+
+func TestTokenCommand(t *testing.T) {
+	t.Parallel()
+	file := filepath.Join(t.TempDir(), "secret")
+	os.WriteFile(file, []byte(testSecret+"\n"), 0o600)
+	env := map[string]string{"REGISTRY_DATABASE_URL": pgtest.New(t), "REGISTRY_JWT_SECRET_FILE": file}
+	out, _, err := runCmd(t, env, "token", "--sub", "sched-1", "--role", "scheduler", "--ttl", "1h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	tok := lines[len(lines)-1]
+	if strings.Count(tok, ".") != 2 || strings.Contains(tok, " ") {
+		t.Fatalf("last line is not a token alone: %q", tok)
+	}
+	srv := startServer(t, map[string]string{"REGISTRY_DATABASE_URL": env["REGISTRY_DATABASE_URL"], "REGISTRY_JWT_SECRET": testSecret})
+	if code, body := call(t, "POST", srv.url+"/v1/nodes/list", "", tok); code != 200 {
+		t.Fatalf("scheduler list: %d %s", code, body)
+	}
+	if code, _ := call(t, "POST", srv.url+"/v1/hardware/create", `{"name":"X"}`, tok); code != 403 {
+		t.Fatalf("scheduler creating hardware: %d", code)
+	}
+	for _, args := range [][]string{
+		{"token"}, {"token", "--sub", "x"}, {"token", "--role", "admin"}, {"token", "--sub", "x", "--role", "root"},
+		{"token", "--sub", "x", "--role", "admin", "--ttl", "-1h"},
+	} {
+		if _, _, err := runCmd(t, env, args...); err == nil {
+			t.Errorf("%v succeeded", args)
+		}
+	}
+	// With an external database and no secret there is nothing to sign with.
+	if _, _, err := runCmd(t, map[string]string{"REGISTRY_DATABASE_URL": env["REGISTRY_DATABASE_URL"]}, "token", "--sub", "x", "--role", "admin"); err == nil {
+		t.Error("token without a secret succeeded")
 	}
 }

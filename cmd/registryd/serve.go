@@ -17,7 +17,10 @@ import (
 
 	registryd "github.com/registryd/registryd"
 	"github.com/registryd/registryd/internal/api"
+	"github.com/registryd/registryd/internal/auth"
+	"github.com/registryd/registryd/internal/heartbeat"
 	"github.com/registryd/registryd/internal/pglocal"
+	"github.com/registryd/registryd/internal/registry"
 	"github.com/registryd/registryd/internal/store"
 )
 
@@ -64,35 +67,63 @@ func openDatabase(ctx context.Context, cfg config, logger *slog.Logger) (*databa
 	return &database{store: st, embedded: embedded, close: func() { st.Close(); stopCluster() }}, nil
 }
 
-// startEmbedded runs registryd's own PostgreSQL in the data directory.
-func startEmbedded(ctx context.Context, cfg config, logger *slog.Logger) (*pglocal.Cluster, error) {
-	if _, err := pglocal.FindBinDir(); err != nil {
-		return nil, err
-	}
+// embeddedDataDir resolves REGISTRY_DATA_DIR for the embedded default. It
+// holds the PostgreSQL cluster (postgres/) and the token secret
+// (jwt-secret). As root the server runs as the postgres user, which may not
+// be able to enter the checkout (under /root, say); rather than fail on a
+// fresh clone, the data then goes to a directory of its own, named after
+// the checkout so each checkout keeps its own data.
+func embeddedDataDir(cfg config, logger *slog.Logger) (string, error) {
 	dir, err := filepath.Abs(cfg.DataDir)
 	if err != nil {
-		return nil, err
+		return "", err
 	}
-	if err := pglocal.CheckAccess(dir); err != nil {
+	if err := pglocal.CheckAccess(filepath.Join(dir, "postgres")); err != nil {
 		if cfg.DataDirSet || os.Geteuid() != 0 {
-			return nil, err
+			return "", err
 		}
-		// As root the server runs as the postgres user, which may not be able
-		// to enter the checkout (under /root, say). Rather than fail on a
-		// fresh clone, keep the data in a directory of its own, named after
-		// the checkout so each checkout keeps its own data.
 		sum := sha256.Sum256([]byte(dir))
 		alt := filepath.Join("/var/tmp", "registryd-"+hex.EncodeToString(sum[:6]))
 		logger.Warn("data directory is not reachable by the postgres user; using another",
 			"wanted", dir, "using", alt, "reason", err.Error(), "hint", "set REGISTRY_DATA_DIR to choose")
 		dir = alt
 	}
-	logger.Info("starting embedded PostgreSQL", "data_dir", dir)
-	c, err := pglocal.Start(ctx, pglocal.Options{DataDir: dir, Database: "registry", Logger: logger})
+	// 0711: the postgres user passes through to its cluster; nobody else
+	// lists the directory, and the secret file itself is 0600.
+	if err := os.MkdirAll(dir, 0o711); err != nil {
+		return "", fmt.Errorf("create data directory: %w", err)
+	}
+	return dir, nil
+}
+
+// startEmbedded runs registryd's own PostgreSQL in the data directory.
+func startEmbedded(ctx context.Context, cfg config, logger *slog.Logger) (*pglocal.Cluster, error) {
+	if _, err := pglocal.FindBinDir(); err != nil {
+		return nil, err
+	}
+	dir, err := embeddedDataDir(cfg, logger)
 	if err != nil {
 		return nil, err
 	}
-	return c, nil
+	logger.Info("starting embedded PostgreSQL", "data_dir", dir)
+	return pglocal.Start(ctx, pglocal.Options{DataDir: filepath.Join(dir, "postgres"), Database: "registry", Logger: logger})
+}
+
+// tokenSecret returns the HS256 secret: the configured one, or for the
+// embedded default one kept in the data directory, made on first use.
+// created reports whether this call made it.
+func tokenSecret(cfg config, logger *slog.Logger) (secret []byte, created bool, err error) {
+	if cfg.JWTSecret != nil || len(cfg.JWTPublicKeys) > 0 {
+		return cfg.JWTSecret, false, nil
+	}
+	if cfg.DatabaseURL != "" {
+		return nil, false, errors.New("no token keys configured: with REGISTRY_DATABASE_URL set, set REGISTRY_JWT_SECRET (at least 32 bytes, e.g. `openssl rand -hex 32`), REGISTRY_JWT_SECRET_FILE or REGISTRY_JWT_PUBLIC_KEYS; every replica needs the same keys")
+	}
+	dir, err := embeddedDataDir(cfg, logger)
+	if err != nil {
+		return nil, false, err
+	}
+	return auth.LoadOrCreateSecret(filepath.Join(dir, "jwt-secret"))
 }
 
 // prepareSchema migrates when allowed, otherwise refuses a schema that is
@@ -148,10 +179,29 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 		return err
 	}
 
+	secret, _, err := tokenSecret(cfg, logger)
+	if err != nil {
+		return err
+	}
+	verifier, err := auth.NewVerifier(auth.Config{Secret: secret, PublicKeys: cfg.JWTPublicKeys,
+		Issuer: cfg.JWTIssuer, Audience: cfg.JWTAudience})
+	if err != nil {
+		return err
+	}
+
+	// Heartbeats outlive the HTTP server by one final flush.
+	beats := heartbeat.New(db.store, heartbeat.Options{Logger: logger})
+	beatCtx, stopBeats := context.WithCancel(context.WithoutCancel(ctx))
+	beatsDone := make(chan struct{})
+	go func() { beats.Run(beatCtx); close(beatsDone) }()
+	defer func() { stopBeats(); <-beatsDone }()
+
 	handler := api.New(api.Config{
-		Store:   db.store,
-		Logger:  logger,
-		OpenAPI: registryd.OpenAPI,
+		Store:      db.store,
+		Logger:     logger,
+		OpenAPI:    registryd.OpenAPI,
+		Auth:       verifier,
+		Heartbeats: beats,
 		Ready: func(ctx context.Context) error {
 			st, err := db.store.CheckSchema(ctx)
 			if err != nil {
@@ -175,7 +225,17 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 	}
 	addr := "http://" + ln.Addr().String()
 	logger.Info("registryd listening", "addr", addr, "embedded_postgres", db.embedded)
-	fmt.Fprintf(stdout, "registryd is serving on %s\n  try: curl -s -X POST %s/v1/nodes/list\n", addr, addr)
+	fmt.Fprintf(stdout, "registryd is serving on %s\n", addr)
+	if db.embedded && cfg.JWTSecret == nil && secret != nil {
+		// The embedded default is for a person at a terminal: hand them a
+		// working admin token (signed with the data directory's secret).
+		tok, err := auth.Signer{Secret: secret, Issuer: cfg.JWTIssuer, Audience: cfg.JWTAudience}.
+			Sign("admin", registry.RoleAdmin, 24*time.Hour, time.Now())
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "admin token (24h; more with `registryd token --sub NAME --role ROLE`):\n  export REGISTRY_TOKEN=%s\n  curl -s -X POST -H \"Authorization: Bearer $REGISTRY_TOKEN\" %s/v1/nodes/list\n", tok, addr)
+	}
 
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

@@ -25,18 +25,21 @@ import (
 )
 
 // Store is the storage the API needs. *store.Store implements it.
+// Writes take the actor so the store can audit them in the same transaction.
 type Store interface {
-	CreateNode(ctx context.Context, spec registry.NodeSpec) (registry.Node, error)
+	CreateNode(ctx context.Context, a registry.Actor, spec registry.NodeSpec) (registry.Node, error)
 	GetNode(ctx context.Context, pk int64) (registry.Node, error)
-	UpdateNode(ctx context.Context, pk int64, fn func(cur registry.Node) (registry.NodeSpec, error)) (registry.Node, error)
-	DeleteNode(ctx context.Context, pk int64) (registry.Node, error)
+	UpdateNode(ctx context.Context, a registry.Actor, pk int64, fn func(cur registry.Node) (registry.NodeSpec, error)) (registry.Node, error)
+	DeleteNode(ctx context.Context, a registry.Actor, pk int64) (registry.Node, error)
 	ListNodes(ctx context.Context, f registry.NodeFilter) ([]registry.Node, error)
 
-	CreateHardware(ctx context.Context, spec registry.HardwareSpec) (registry.Hardware, error)
+	CreateHardware(ctx context.Context, a registry.Actor, spec registry.HardwareSpec) (registry.Hardware, error)
 	GetHardware(ctx context.Context, pk int64) (registry.Hardware, error)
-	UpdateHardware(ctx context.Context, pk int64, fn func(cur registry.Hardware) (registry.HardwareSpec, error)) (registry.Hardware, error)
-	DeleteHardware(ctx context.Context, pk int64) (registry.Hardware, error)
+	UpdateHardware(ctx context.Context, a registry.Actor, pk int64, fn func(cur registry.Hardware) (registry.HardwareSpec, error)) (registry.Hardware, error)
+	DeleteHardware(ctx context.Context, a registry.Actor, pk int64) (registry.Hardware, error)
 	ListHardware(ctx context.Context) ([]registry.Hardware, error)
+
+	ListAudit(ctx context.Context, f registry.AuditFilter) ([]registry.AuditEntry, error)
 }
 
 // Config wires a Server.
@@ -51,26 +54,51 @@ type Config struct {
 	// ListBatch is how many nodes list reads per query while streaming;
 	// default 500.
 	ListBatch int
+	// Auth verifies bearer tokens. Without it every /v1 request is refused.
+	Auth Authenticator
+	// Heartbeats receives the nodes that act through Node-Id; optional.
+	Heartbeats Heartbeats
 }
+
+// refuseAll is the Authenticator of a server configured without one.
+type refuseAll struct{}
+
+func (refuseAll) Verify(string) (registry.Principal, error) {
+	return registry.Principal{}, errors.New("this server has no token keys configured")
+}
+
+type noHeartbeats struct{}
+
+func (noHeartbeats) Record(int64) {}
 
 // Server is the registry's HTTP handler.
 type Server struct {
-	store     Store
-	logger    *slog.Logger
-	ready     func(ctx context.Context) error
-	openapi   []byte
-	listBatch int
-	router    chi.Router
+	store      Store
+	logger     *slog.Logger
+	ready      func(ctx context.Context) error
+	openapi    []byte
+	listBatch  int
+	auth       Authenticator
+	heartbeats Heartbeats
+	router     chi.Router
 }
 
 // New builds the handler with every route and middleware.
 func New(cfg Config) *Server {
 	s := &Server{
-		store:     cfg.Store,
-		logger:    orDiscard(cfg.Logger),
-		ready:     cfg.Ready,
-		openapi:   cfg.OpenAPI,
-		listBatch: cfg.ListBatch,
+		store:      cfg.Store,
+		logger:     orDiscard(cfg.Logger),
+		ready:      cfg.Ready,
+		openapi:    cfg.OpenAPI,
+		listBatch:  cfg.ListBatch,
+		auth:       cfg.Auth,
+		heartbeats: cfg.Heartbeats,
+	}
+	if s.auth == nil {
+		s.auth = refuseAll{}
+	}
+	if s.heartbeats == nil {
+		s.heartbeats = noHeartbeats{}
 	}
 	if s.listBatch <= 0 {
 		s.listBatch = 500
@@ -88,28 +116,33 @@ func New(cfg Config) *Server {
 	r.Get("/readyz", s.handle(s.readyz))
 	r.Get("/openapi.yaml", s.serveOpenAPI)
 
-	// The API proper. Authentication and Node-Id slot in here as middleware
-	// of this group, so the open endpoints above stay open.
+	// The API proper: a bearer token on every request, then Node-Id, then
+	// the role's permission for the route, before any body is read.
+	read := s.require(registry.PermRead)
 	r.Route("/v1", func(r chi.Router) {
+		r.Use(s.authenticate, s.nodeID)
 		r.Route("/nodes", func(r chi.Router) {
 			r.NotFound(s.problemHandler(http.StatusNotFound, "no such endpoint; a node is addressed as /v1/nodes/{pk} with an integer pk"))
-			r.Post("/list", s.handle(s.listNodes))
-			r.Post("/create", s.handle(s.createNode))
-			r.Get("/ping", s.handle(s.ping))
-			r.Get("/{pk:-?[0-9]+}", s.handle(s.getNode))
-			r.Put("/{pk:-?[0-9]+}", s.handle(s.updateNode))
-			r.Patch("/{pk:-?[0-9]+}", s.handle(s.patchNode))
-			r.Delete("/{pk:-?[0-9]+}", s.handle(s.deleteNode))
+			write := s.require(registry.PermWriteNode)
+			r.With(read).Post("/list", s.handle(s.listNodes))
+			r.With(s.require(registry.PermCreateNode)).Post("/create", s.handle(s.createNode))
+			r.With(read).Get("/ping", s.handle(s.ping))
+			r.With(read).Get("/{pk:-?[0-9]+}", s.handle(s.getNode))
+			r.With(write).Put("/{pk:-?[0-9]+}", s.handle(s.updateNode))
+			r.With(write).Patch("/{pk:-?[0-9]+}", s.handle(s.patchNode))
+			r.With(write).Delete("/{pk:-?[0-9]+}", s.handle(s.deleteNode))
 		})
 		r.Route("/hardware", func(r chi.Router) {
 			r.NotFound(s.problemHandler(http.StatusNotFound, "no such endpoint; a hardware generation is addressed as /v1/hardware/{pk} with an integer pk"))
-			r.Post("/list", s.handle(s.listHardware))
-			r.Post("/create", s.handle(s.createHardware))
-			r.Get("/{pk:-?[0-9]+}", s.handle(s.getHardware))
-			r.Put("/{pk:-?[0-9]+}", s.handle(s.updateHardware))
-			r.Patch("/{pk:-?[0-9]+}", s.handle(s.patchHardware))
-			r.Delete("/{pk:-?[0-9]+}", s.handle(s.deleteHardware))
+			write := s.require(registry.PermWriteHardware)
+			r.With(read).Post("/list", s.handle(s.listHardware))
+			r.With(write).Post("/create", s.handle(s.createHardware))
+			r.With(read).Get("/{pk:-?[0-9]+}", s.handle(s.getHardware))
+			r.With(write).Put("/{pk:-?[0-9]+}", s.handle(s.updateHardware))
+			r.With(write).Patch("/{pk:-?[0-9]+}", s.handle(s.patchHardware))
+			r.With(write).Delete("/{pk:-?[0-9]+}", s.handle(s.deleteHardware))
 		})
+		r.With(s.require(registry.PermReadAudit)).Post("/audit/list", s.handle(s.listAudit))
 	})
 	s.router = r
 	return s

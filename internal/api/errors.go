@@ -52,7 +52,11 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	p := problem{Type: "about:blank", Instance: r.URL.Path, RequestID: requestID(r.Context())}
 	var re *registry.Error
 	var he *httpError
+	var ue *unauthorized
 	switch {
+	case errors.As(err, &ue):
+		p.Status, p.Detail = http.StatusUnauthorized, ue.detail
+		w.Header().Set("WWW-Authenticate", ue.challenge())
 	case errors.As(err, &he):
 		p.Status, p.Detail = he.status, he.detail
 	case errors.Is(err, registry.ErrInvalid):

@@ -41,7 +41,7 @@ func (s *Server) createHardware(w http.ResponseWriter, r *http.Request) error {
 	if err := f.err(); err != nil {
 		return err
 	}
-	h, err := s.store.CreateHardware(r.Context(), registry.HardwareSpec{Name: name.Value})
+	h, err := s.store.CreateHardware(r.Context(), actor(r), registry.HardwareSpec{Name: name.Value})
 	if err != nil {
 		return err
 	}
@@ -87,7 +87,7 @@ func (s *Server) writeHardware(w http.ResponseWriter, r *http.Request, full bool
 	if err := f.err(); err != nil {
 		return err
 	}
-	h, err := s.store.UpdateHardware(r.Context(), pk, func(cur registry.Hardware) (registry.HardwareSpec, error) {
+	h, err := s.store.UpdateHardware(r.Context(), actor(r), pk, func(cur registry.Hardware) (registry.HardwareSpec, error) {
 		if err := echo.Check(cur); err != nil {
 			return registry.HardwareSpec{}, err
 		}
@@ -104,7 +104,7 @@ func (s *Server) deleteHardware(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if _, err := s.store.DeleteHardware(r.Context(), pk); err != nil {
+	if _, err := s.store.DeleteHardware(r.Context(), actor(r), pk); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)

@@ -23,6 +23,7 @@ type nodeJSON struct {
 	GPUMem             *int64     `json:"gpu_mem"`
 	LastSeen           *time.Time `json:"last_seen"`
 	CurrentJob         *int64     `json:"current_job"`
+	Owner              *string    `json:"owner"`
 	CreatedAt          time.Time  `json:"created_at"`
 	UpdatedAt          time.Time  `json:"updated_at"`
 }
@@ -37,6 +38,7 @@ func toNodeJSON(n registry.Node) nodeJSON {
 		HardwareGeneration: n.HardwareGeneration,
 		GPUMem:             n.GPUMem,
 		CurrentJob:         n.CurrentJob,
+		Owner:              n.Owner,
 		CreatedAt:          n.CreatedAt.UTC(),
 		UpdatedAt:          n.UpdatedAt.UTC(),
 	}
@@ -70,6 +72,7 @@ func readNodeEcho(f *fields) registry.NodeEcho {
 		PK:         f.int64("pk", true),
 		LastSeen:   f.time("last_seen"),
 		CurrentJob: f.int64("current_job", true),
+		Owner:      f.string("owner", true),
 		CreatedAt:  f.time("created_at"),
 		UpdatedAt:  f.time("updated_at"),
 	}
@@ -101,7 +104,7 @@ func (s *Server) createNode(w http.ResponseWriter, r *http.Request) error {
 	if err := f.err(); err != nil {
 		return err
 	}
-	n, err := s.store.CreateNode(r.Context(), spec)
+	n, err := s.store.CreateNode(r.Context(), actor(r), spec)
 	if err != nil {
 		return err
 	}
@@ -138,6 +141,9 @@ func (s *Server) writeNode(w http.ResponseWriter, r *http.Request, full bool) er
 	if err != nil {
 		return err
 	}
+	if err := mayWriteNode(r, pk); err != nil {
+		return err
+	}
 	obj, err := decodeObject(w, r, false)
 	if err != nil {
 		return err
@@ -151,7 +157,7 @@ func (s *Server) writeNode(w http.ResponseWriter, r *http.Request, full bool) er
 	if err := f.err(); err != nil {
 		return err
 	}
-	n, err := s.store.UpdateNode(r.Context(), pk, func(cur registry.Node) (registry.NodeSpec, error) {
+	n, err := s.store.UpdateNode(r.Context(), actor(r), pk, func(cur registry.Node) (registry.NodeSpec, error) {
 		if err := echo.Check(cur); err != nil {
 			return registry.NodeSpec{}, err
 		}
@@ -168,7 +174,10 @@ func (s *Server) deleteNode(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if _, err := s.store.DeleteNode(r.Context(), pk); err != nil {
+	if err := mayWriteNode(r, pk); err != nil {
+		return err
+	}
+	if _, err := s.store.DeleteNode(r.Context(), actor(r), pk); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)

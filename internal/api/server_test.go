@@ -15,6 +15,8 @@ import (
 	registryd "github.com/registryd/registryd"
 	"github.com/registryd/registryd/internal/api"
 	"github.com/registryd/registryd/internal/apitest"
+	"github.com/registryd/registryd/internal/auth"
+	"github.com/registryd/registryd/internal/registry"
 	"github.com/registryd/registryd/internal/store"
 )
 
@@ -116,7 +118,12 @@ func TestDatabaseUnavailable(t *testing.T) {
 	defer st.Close()
 	ts := httptest.NewServer(api.New(api.Config{Store: st, OpenAPI: registryd.OpenAPI, Ready: st.Ping}))
 	defer ts.Close()
-	b := &bundle{t: t, url: ts.URL, client: apitest.Client(t), store: st}
+	verifier, err := auth.NewVerifier(auth.Config{Secret: testSecret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts.Config.Handler = api.New(api.Config{Store: st, OpenAPI: registryd.OpenAPI, Ready: st.Ping, Auth: verifier})
+	b := &bundle{t: t, url: ts.URL, client: apitest.Client(t), store: st, token: tokenFor(t, "admin", registry.RoleAdmin)}
 	for _, tc := range []struct{ method, path, body string }{
 		{"POST", "/v1/nodes/create", `{"ip":"10.0.0.1","index":0,"cpu_mem":1,"driver_version":"d","hardware_generation":null,"gpu_mem":null}`},
 		{"GET", "/v1/nodes/1", ""},

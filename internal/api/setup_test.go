@@ -10,11 +10,15 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	registryd "github.com/registryd/registryd"
 	"github.com/registryd/registryd/internal/api"
 	"github.com/registryd/registryd/internal/apitest"
+	"github.com/registryd/registryd/internal/auth"
+	"github.com/registryd/registryd/internal/heartbeat"
 	"github.com/registryd/registryd/internal/pgtest"
+	"github.com/registryd/registryd/internal/registry"
 	"github.com/registryd/registryd/internal/store"
 )
 
@@ -28,6 +32,23 @@ type bundle struct {
 	client *http.Client
 	store  *store.Store
 	dbURL  string
+	beats  *heartbeat.Recorder
+	// token is sent with every request that sets no Authorization itself;
+	// an admin's unless a test changes it.
+	token string
+}
+
+// testSecret signs every token of the api tests.
+var testSecret = []byte("api-test-secret-0123456789abcdef0123456789")
+
+// tokenFor mints a token for sub with role.
+func tokenFor(t testing.TB, sub string, role registry.Role) string {
+	t.Helper()
+	tok, err := auth.Signer{Secret: testSecret}.Sign(sub, role, time.Hour, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
 }
 
 type option func(*api.Config)
@@ -49,13 +70,19 @@ func another(t *testing.T, opts ...option) *bundle {
 	}
 	t.Cleanup(st.Close)
 	logger := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
-	cfg := api.Config{Store: st, OpenAPI: registryd.OpenAPI, Ready: st.Ping, Logger: logger}
+	verifier, err := auth.NewVerifier(auth.Config{Secret: testSecret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	beats := heartbeat.New(st, heartbeat.Options{})
+	cfg := api.Config{Store: st, OpenAPI: registryd.OpenAPI, Ready: st.Ping, Logger: logger, Auth: verifier, Heartbeats: beats}
 	for _, o := range opts {
 		o(&cfg)
 	}
 	ts := httptest.NewServer(api.New(cfg))
 	t.Cleanup(ts.Close)
-	return &bundle{t: t, url: ts.URL, client: apitest.Client(t), store: st, dbURL: dbURL}
+	return &bundle{t: t, url: ts.URL, client: apitest.Client(t), store: st, dbURL: dbURL, beats: beats,
+		token: tokenFor(t, "admin-test", registry.RoleAdmin)}
 }
 
 // response is one answer, read whole.
@@ -118,6 +145,9 @@ func (b *bundle) do(method, path string, body any, headers ...string) response {
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	if b.token != "" {
+		req.Header.Set("Authorization", "Bearer "+b.token)
 	}
 	for i := 0; i+1 < len(headers); i += 2 {
 		if headers[i+1] == "" {

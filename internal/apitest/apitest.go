@@ -118,7 +118,8 @@ func CheckRequest(router routers.Router, req *http.Request, body []byte) string 
 		Request:    r,
 		PathParams: params,
 		Route:      route,
-		Options:    &openapi3filter.Options{MultiError: true},
+		// Tokens are the server's to judge; the spec check is about shapes.
+		Options: &openapi3filter.Options{MultiError: true, AuthenticationFunc: openapi3filter.NoopAuthenticationFunc},
 	}
 	if err := openapi3filter.ValidateRequest(context.Background(), in); err != nil {
 		return err.Error()

@@ -58,6 +58,12 @@ func (e *Error) Error() string {
 // Unwrap lets errors.Is match the sentinel kind.
 func (e *Error) Unwrap() error { return e.Kind }
 
+// Errorf returns an error of the given sentinel kind with a formatted
+// message.
+func Errorf(kind error, format string, args ...any) error {
+	return &Error{Kind: kind, Message: fmt.Sprintf(format, args...)}
+}
+
 // NotFoundf returns an ErrNotFound error with a formatted message.
 func NotFoundf(format string, args ...any) error {
 	return &Error{Kind: ErrNotFound, Message: fmt.Sprintf(format, args...)}

@@ -29,8 +29,11 @@ type Node struct {
 	GPUMem             *int64
 	LastSeen           *time.Time // server-managed
 	CurrentJob         *int64     // server-managed
-	CreatedAt          time.Time  // server-managed
-	UpdatedAt          time.Time  // server-managed
+	// Owner is the principal of the agent that registered the node; nil for
+	// nodes an admin created. Server-managed.
+	Owner     *string
+	CreatedAt time.Time // server-managed
+	UpdatedAt time.Time // server-managed
 	// Version changes on every write except heartbeats; it backs ETags.
 	Version int64
 }
@@ -179,6 +182,7 @@ type NodeEcho struct {
 	PK         Optional[int64]
 	LastSeen   Optional[time.Time]
 	CurrentJob Optional[int64]
+	Owner      Optional[string]
 	CreatedAt  Optional[time.Time]
 	UpdatedAt  Optional[time.Time]
 }
@@ -209,6 +213,9 @@ func (e NodeEcho) Check(cur Node) error {
 	}
 	if e.CurrentJob.Set && !sameNullable(e.CurrentJob, cur.CurrentJob) {
 		fe.Add("current_job", "is read-only; jobs are assigned by claims, and this node's current_job is %s", formatNullable(cur.CurrentJob))
+	}
+	if e.Owner.Set && !(e.Owner.Null && cur.Owner == nil || !e.Owner.Null && cur.Owner != nil && *cur.Owner == e.Owner.Value) {
+		fe.Add("owner", "is read-only; it is the agent that registered the node")
 	}
 	if e.CreatedAt.Set && (e.CreatedAt.Null || !e.CreatedAt.Value.Equal(cur.CreatedAt)) {
 		fe.Add("created_at", "is read-only")

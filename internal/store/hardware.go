@@ -21,14 +21,21 @@ func scanHardware(row pgx.CollectableRow) (registry.Hardware, error) {
 
 // CreateHardware stores a new hardware generation. A taken name is an
 // ErrConflict error naming the existing pk.
-func (s *Store) CreateHardware(ctx context.Context, spec registry.HardwareSpec) (registry.Hardware, error) {
+func (s *Store) CreateHardware(ctx context.Context, actor registry.Actor, spec registry.HardwareSpec) (registry.Hardware, error) {
 	if err := spec.Normalize(); err != nil {
 		return registry.Hardware{}, err
 	}
-	rows, _ := s.db.Query(ctx, `
-		INSERT INTO hardware_generations AS h (name) VALUES ($1)
-		RETURNING `+hardwareColumns, spec.Name)
-	h, err := pgx.CollectExactlyOneRow(rows, scanHardware)
+	var h registry.Hardware
+	err := s.WithTx(ctx, func(tx *Store) error {
+		rows, _ := tx.db.Query(ctx, `
+			INSERT INTO hardware_generations AS h (name) VALUES ($1)
+			RETURNING `+hardwareColumns, spec.Name)
+		var err error
+		if h, err = pgx.CollectExactlyOneRow(rows, scanHardware); err != nil {
+			return err
+		}
+		return tx.audit(ctx, actor, "hardware.create", "hardware", h.PK, nil, docOfHardware(h))
+	})
 	if err != nil {
 		return registry.Hardware{}, fmt.Errorf("store: create hardware: %w", s.hardwareWriteError(ctx, err, spec))
 	}
@@ -36,6 +43,9 @@ func (s *Store) CreateHardware(ctx context.Context, spec registry.HardwareSpec) 
 }
 
 func (s *Store) hardwareWriteError(ctx context.Context, err error, spec registry.HardwareSpec) error {
+	if _, ok := errors.AsType[*registry.Error](err); ok {
+		return err
+	}
 	if code, constraint := pgCode(err); code == codeUniqueViolation && constraint == "hardware_generations_name_key" {
 		var pk int64
 		if s.pool.QueryRow(ctx, `SELECT pk FROM hardware_generations WHERE name = $1`, spec.Name).Scan(&pk) != nil {
@@ -79,7 +89,7 @@ func (s *Store) ListHardware(ctx context.Context) ([]registry.Hardware, error) {
 }
 
 // UpdateHardware works like UpdateNode for hardware generations.
-func (s *Store) UpdateHardware(ctx context.Context, pk int64, fn func(cur registry.Hardware) (registry.HardwareSpec, error)) (registry.Hardware, error) {
+func (s *Store) UpdateHardware(ctx context.Context, actor registry.Actor, pk int64, fn func(cur registry.Hardware) (registry.HardwareSpec, error)) (registry.Hardware, error) {
 	var out registry.Hardware
 	var spec registry.HardwareSpec
 	err := s.WithTx(ctx, func(tx *Store) error {
@@ -100,8 +110,10 @@ func (s *Store) UpdateHardware(ctx context.Context, pk int64, fn func(cur regist
 		rows, _ := tx.db.Query(ctx, `
 			UPDATE hardware_generations h SET name = $2, updated_at = now(), version = version + 1
 			WHERE pk = $1 RETURNING `+hardwareColumns, pk, spec.Name)
-		out, err = pgx.CollectExactlyOneRow(rows, scanHardware)
-		return err
+		if out, err = pgx.CollectExactlyOneRow(rows, scanHardware); err != nil {
+			return err
+		}
+		return tx.audit(ctx, actor, "hardware.update", "hardware", pk, docOfHardware(cur), docOfHardware(out))
 	})
 	if err != nil {
 		if _, ok := errors.AsType[*registry.Error](err); ok {
@@ -114,7 +126,7 @@ func (s *Store) UpdateHardware(ctx context.Context, pk int64, fn func(cur regist
 
 // DeleteHardware removes a hardware generation that no node uses. In use:
 // ErrConflict. Missing: ErrNotFound.
-func (s *Store) DeleteHardware(ctx context.Context, pk int64) (registry.Hardware, error) {
+func (s *Store) DeleteHardware(ctx context.Context, actor registry.Actor, pk int64) (registry.Hardware, error) {
 	var out registry.Hardware
 	err := s.WithTx(ctx, func(tx *Store) error {
 		cur, err := tx.getHardware(ctx, pk, "FOR UPDATE")
@@ -133,7 +145,7 @@ func (s *Store) DeleteHardware(ctx context.Context, pk int64) (registry.Hardware
 			return fmt.Errorf("store: delete hardware %d: %w", pk, translate(err))
 		}
 		out = cur
-		return nil
+		return tx.audit(ctx, actor, "hardware.delete", "hardware", pk, docOfHardware(cur), nil)
 	})
 	return out, err
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -14,28 +15,40 @@ import (
 
 // nodeColumns is the select list scanNode reads, in order.
 const nodeColumns = `pk, host(ip), gpu_index, cpu_mem, driver_version, hardware_generation,
-	gpu_mem, last_seen, current_job, created_at, updated_at, version`
+	gpu_mem, last_seen, current_job, owner, created_at, updated_at, version`
 
 func scanNode(row pgx.CollectableRow) (registry.Node, error) {
 	var n registry.Node
 	err := row.Scan(&n.PK, &n.IP, &n.Index, &n.CPUMem, &n.DriverVersion, &n.HardwareGeneration,
-		&n.GPUMem, &n.LastSeen, &n.CurrentJob, &n.CreatedAt, &n.UpdatedAt, &n.Version)
+		&n.GPUMem, &n.LastSeen, &n.CurrentJob, &n.Owner, &n.CreatedAt, &n.UpdatedAt, &n.Version)
 	return n, err
 }
 
-// CreateNode stores a new node. It returns an ErrInvalid error when spec is
-// invalid or names a missing hardware generation, and an ErrConflict error
-// (with ExistingPK) when (ip, index) is taken.
-func (s *Store) CreateNode(ctx context.Context, spec registry.NodeSpec) (registry.Node, error) {
+// CreateNode stores a new node and audits it. An agent that creates a node
+// becomes its owner. It returns an ErrInvalid error when spec is invalid or
+// names a missing hardware generation, and an ErrConflict error (with
+// ExistingPK) when (ip, index) is taken.
+func (s *Store) CreateNode(ctx context.Context, actor registry.Actor, spec registry.NodeSpec) (registry.Node, error) {
 	if err := spec.Normalize(); err != nil {
 		return registry.Node{}, err
 	}
-	rows, _ := s.db.Query(ctx, `
-		INSERT INTO nodes (ip, gpu_index, cpu_mem, driver_version, hardware_generation, gpu_mem)
-		VALUES ($1::inet, $2, $3, $4, $5, $6)
-		RETURNING `+nodeColumns,
-		spec.IP, spec.Index, spec.CPUMem, spec.DriverVersion, spec.HardwareGeneration, spec.GPUMem)
-	n, err := pgx.CollectExactlyOneRow(rows, scanNode)
+	var owner *string
+	if actor.Role == registry.RoleAgent {
+		owner = &actor.Sub
+	}
+	var n registry.Node
+	err := s.WithTx(ctx, func(tx *Store) error {
+		rows, _ := tx.db.Query(ctx, `
+			INSERT INTO nodes (ip, gpu_index, cpu_mem, driver_version, hardware_generation, gpu_mem, owner)
+			VALUES ($1::inet, $2, $3, $4, $5, $6, $7)
+			RETURNING `+nodeColumns,
+			spec.IP, spec.Index, spec.CPUMem, spec.DriverVersion, spec.HardwareGeneration, spec.GPUMem, owner)
+		var err error
+		if n, err = pgx.CollectExactlyOneRow(rows, scanNode); err != nil {
+			return err
+		}
+		return tx.audit(ctx, actor, "node.create", "node", n.PK, nil, docOfNode(n))
+	})
 	if err != nil {
 		return registry.Node{}, fmt.Errorf("store: create node: %w", s.nodeWriteError(ctx, err, spec))
 	}
@@ -66,6 +79,9 @@ func (s *Store) nodeWriteError(ctx context.Context, err error, spec registry.Nod
 		fe.Add("hardware_generation", "hardware generation %d does not exist", deref(spec.HardwareGeneration))
 		return fe.Err()
 	}
+	if _, ok := errors.AsType[*registry.Error](err); ok {
+		return err
+	}
 	return translate(err)
 }
 
@@ -94,10 +110,11 @@ func (s *Store) getNode(ctx context.Context, pk int64, lock string) (registry.No
 }
 
 // UpdateNode locks node pk, asks fn for its new writable fields given the
-// current node, and stores them, all in one transaction. fn's error aborts
-// the update and is returned as is. A spec equal to the current one changes
-// nothing (the version stays). Errors as CreateNode, plus ErrNotFound.
-func (s *Store) UpdateNode(ctx context.Context, pk int64, fn func(cur registry.Node) (registry.NodeSpec, error)) (registry.Node, error) {
+// current node, and stores and audits them, all in one transaction. fn's
+// error aborts the update and is returned as is. A spec equal to the current
+// one changes nothing (no version bump, no audit entry). Errors as
+// CreateNode, plus ErrNotFound.
+func (s *Store) UpdateNode(ctx context.Context, actor registry.Actor, pk int64, fn func(cur registry.Node) (registry.NodeSpec, error)) (registry.Node, error) {
 	var out registry.Node
 	var spec registry.NodeSpec
 	err := s.WithTx(ctx, func(tx *Store) error {
@@ -122,8 +139,10 @@ func (s *Store) UpdateNode(ctx context.Context, pk int64, fn func(cur registry.N
 			WHERE pk = $1
 			RETURNING `+nodeColumns,
 			pk, spec.IP, spec.Index, spec.CPUMem, spec.DriverVersion, spec.HardwareGeneration, spec.GPUMem)
-		out, err = pgx.CollectExactlyOneRow(rows, scanNode)
-		return err
+		if out, err = pgx.CollectExactlyOneRow(rows, scanNode); err != nil {
+			return err
+		}
+		return tx.audit(ctx, actor, "node.update", "node", pk, docOfNode(cur), docOfNode(out))
 	})
 	if err != nil {
 		if _, ok := errors.AsType[*registry.Error](err); ok {
@@ -147,9 +166,9 @@ func sameInt(a, b *int64) bool {
 	return *a == *b
 }
 
-// DeleteNode removes node pk and returns it as it was. A node that holds a
-// job is kept: ErrConflict. A missing node: ErrNotFound.
-func (s *Store) DeleteNode(ctx context.Context, pk int64) (registry.Node, error) {
+// DeleteNode removes node pk, audits it and returns it as it was. A node
+// that holds a job is kept: ErrConflict. A missing node: ErrNotFound.
+func (s *Store) DeleteNode(ctx context.Context, actor registry.Actor, pk int64) (registry.Node, error) {
 	var out registry.Node
 	err := s.WithTx(ctx, func(tx *Store) error {
 		cur, err := tx.getNode(ctx, pk, "FOR UPDATE")
@@ -163,7 +182,7 @@ func (s *Store) DeleteNode(ctx context.Context, pk int64) (registry.Node, error)
 			return fmt.Errorf("store: delete node %d: %w", pk, translate(err))
 		}
 		out = cur
-		return nil
+		return tx.audit(ctx, actor, "node.delete", "node", pk, docOfNode(cur), nil)
 	})
 	return out, err
 }
@@ -220,4 +239,19 @@ func (s *Store) ListNodes(ctx context.Context, f registry.NodeFilter) ([]registr
 		return nil, fmt.Errorf("store: list nodes: %w", translate(err))
 	}
 	return nodes, nil
+}
+
+// TouchNodes records heartbeats: each node's last_seen becomes the given
+// time unless it already holds a later one. Missing nodes are skipped. Rows
+// are locked in pk order so that replicas flushing overlapping batches
+// cannot deadlock; the caller passes pks sorted.
+func (s *Store) TouchNodes(ctx context.Context, pks []int64, seen []time.Time) error {
+	_, err := s.db.Exec(ctx, `
+		UPDATE nodes n SET last_seen = v.t
+		FROM (SELECT * FROM unnest($1::bigint[], $2::timestamptz[]) AS u(pk, t) ORDER BY pk) v
+		WHERE n.pk = v.pk AND (n.last_seen IS NULL OR n.last_seen < v.t)`, pks, seen)
+	if err != nil {
+		return fmt.Errorf("store: touch nodes: %w", translate(err))
+	}
+	return nil
 }

@@ -14,6 +14,9 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
+// sys is the actor of the store tests' writes.
+var sys = registry.Actor{Principal: registry.Principal{Sub: "store-test", Role: registry.RoleAdmin}}
+
 func open(t *testing.T, url string) *store.Store {
 	t.Helper()
 	st, err := store.Open(context.Background(), url, store.Options{})
@@ -67,7 +70,7 @@ func TestUpdateNodeSerializes(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	st := open(t, pgtest.New(t))
-	n, err := st.CreateNode(ctx, registry.NodeSpec{IP: "10.0.0.1", DriverVersion: "d"})
+	n, err := st.CreateNode(ctx, sys, registry.NodeSpec{IP: "10.0.0.1", DriverVersion: "d"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +78,7 @@ func TestUpdateNodeSerializes(t *testing.T) {
 	var wg sync.WaitGroup
 	for range writers {
 		wg.Go(func() {
-			_, err := st.UpdateNode(ctx, n.PK, func(cur registry.Node) (registry.NodeSpec, error) {
+			_, err := st.UpdateNode(ctx, sys, n.PK, func(cur registry.Node) (registry.NodeSpec, error) {
 				s := cur.Spec()
 				s.CPUMem++
 				return s, nil
@@ -99,16 +102,16 @@ func TestUpdateNodeCallbackErrorChangesNothing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	st := open(t, pgtest.New(t))
-	n, err := st.CreateNode(ctx, registry.NodeSpec{IP: "10.0.0.1", DriverVersion: "d"})
+	n, err := st.CreateNode(ctx, sys, registry.NodeSpec{IP: "10.0.0.1", DriverVersion: "d"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	refuse := registry.Invalidf("no")
-	_, err = st.UpdateNode(ctx, n.PK, func(cur registry.Node) (registry.NodeSpec, error) { return registry.NodeSpec{}, refuse })
+	_, err = st.UpdateNode(ctx, sys, n.PK, func(cur registry.Node) (registry.NodeSpec, error) { return registry.NodeSpec{}, refuse })
 	if !errors.Is(err, refuse) {
 		t.Fatalf("error %v, want the callback's", err)
 	}
-	_, err = st.UpdateNode(ctx, n.PK, func(cur registry.Node) (registry.NodeSpec, error) {
+	_, err = st.UpdateNode(ctx, sys, n.PK, func(cur registry.Node) (registry.NodeSpec, error) {
 		s := cur.Spec()
 		s.IP = "not an ip"
 		return s, nil
@@ -120,7 +123,7 @@ func TestUpdateNodeCallbackErrorChangesNothing(t *testing.T) {
 	if got.Version != n.Version || got.IP != n.IP {
 		t.Errorf("node changed: %+v", got)
 	}
-	if _, err := st.UpdateNode(ctx, 999, func(cur registry.Node) (registry.NodeSpec, error) { return cur.Spec(), nil }); !errors.Is(err, registry.ErrNotFound) {
+	if _, err := st.UpdateNode(ctx, sys, 999, func(cur registry.Node) (registry.NodeSpec, error) { return cur.Spec(), nil }); !errors.Is(err, registry.ErrNotFound) {
 		t.Errorf("missing node: %v", err)
 	}
 }
@@ -129,31 +132,31 @@ func TestStoreErrorsAreTyped(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	st := open(t, pgtest.New(t))
-	hw, err := st.CreateHardware(ctx, registry.HardwareSpec{Name: "H100"})
+	hw, err := st.CreateHardware(ctx, sys, registry.HardwareSpec{Name: "H100"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.CreateHardware(ctx, registry.HardwareSpec{Name: "H100"}); !errors.Is(err, registry.ErrConflict) {
+	if _, err := st.CreateHardware(ctx, sys, registry.HardwareSpec{Name: "H100"}); !errors.Is(err, registry.ErrConflict) {
 		t.Errorf("duplicate name: %v", err)
 	}
-	a, err := st.CreateNode(ctx, registry.NodeSpec{IP: "10.0.0.1", DriverVersion: "d", HardwareGeneration: &hw.PK})
+	a, err := st.CreateNode(ctx, sys, registry.NodeSpec{IP: "10.0.0.1", DriverVersion: "d", HardwareGeneration: &hw.PK})
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = st.CreateNode(ctx, registry.NodeSpec{IP: "10.0.0.1", DriverVersion: "e"})
+	_, err = st.CreateNode(ctx, sys, registry.NodeSpec{IP: "10.0.0.1", DriverVersion: "e"})
 	var re *registry.Error
 	if !errors.As(err, &re) || !errors.Is(err, registry.ErrConflict) || re.ExistingPK != a.PK {
 		t.Errorf("duplicate pair: %v", err)
 	}
 	missing := int64(12345)
-	_, err = st.CreateNode(ctx, registry.NodeSpec{IP: "10.0.0.2", DriverVersion: "d", HardwareGeneration: &missing})
+	_, err = st.CreateNode(ctx, sys, registry.NodeSpec{IP: "10.0.0.2", DriverVersion: "d", HardwareGeneration: &missing})
 	if f := registry.FieldsOf(err); len(f) != 1 || f[0].Field != "hardware_generation" {
 		t.Errorf("missing hardware: %v", err)
 	}
-	if _, err := st.DeleteHardware(ctx, hw.PK); !errors.Is(err, registry.ErrConflict) {
+	if _, err := st.DeleteHardware(ctx, sys, hw.PK); !errors.Is(err, registry.ErrConflict) {
 		t.Errorf("delete used hardware: %v", err)
 	}
-	if _, err := st.DeleteNode(ctx, 424242); !errors.Is(err, registry.ErrNotFound) {
+	if _, err := st.DeleteNode(ctx, sys, 424242); !errors.Is(err, registry.ErrNotFound) {
 		t.Errorf("delete missing node: %v", err)
 	}
 	if _, err := st.GetHardware(ctx, 424242); !errors.Is(err, registry.ErrNotFound) {

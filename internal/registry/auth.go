@@ -1,0 +1,111 @@
+package registry
+
+import (
+	"time"
+)
+
+// Role is what a principal may do. Tokens carry it in the "role" claim.
+type Role string
+
+// The roles, from most to least trusted.
+const (
+	RoleAdmin     Role = "admin"     // everything, including acting as any node
+	RoleScheduler Role = "scheduler" // reads, claims and releases
+	RoleAgent     Role = "agent"     // reads, registers nodes and acts as its own
+	RoleReader    Role = "reader"    // reads
+)
+
+// Roles lists every role.
+var Roles = []Role{RoleAdmin, RoleScheduler, RoleAgent, RoleReader}
+
+// ParseRole returns the role named s, or false if s names none.
+func ParseRole(s string) (Role, bool) {
+	for _, r := range Roles {
+		if string(r) == s {
+			return r, true
+		}
+	}
+	return "", false
+}
+
+// Permission is a kind of request, as the permission matrix names it.
+type Permission int
+
+// The permissions of the matrix in README.md.
+const (
+	PermRead          Permission = iota // ping, list, retrieve nodes and hardware
+	PermCreateNode                      // register a node
+	PermWriteNode                       // update, patch, destroy a node (agents: only their own, acting as it)
+	PermClaim                           // claim and release nodes for jobs
+	PermWriteHardware                   // create, update, destroy hardware generations
+	PermReadAudit                       // read the audit log
+)
+
+var matrix = map[Role][]Permission{
+	RoleAdmin:     {PermRead, PermCreateNode, PermWriteNode, PermClaim, PermWriteHardware, PermReadAudit},
+	RoleScheduler: {PermRead, PermClaim},
+	RoleAgent:     {PermRead, PermCreateNode, PermWriteNode},
+	RoleReader:    {PermRead},
+}
+
+// Allows reports whether the role grants p at all. For PermWriteNode an
+// agent is further limited to its own node; see Principal.MayActAs.
+func (r Role) Allows(p Permission) bool {
+	for _, q := range matrix[r] {
+		if q == p {
+			return true
+		}
+	}
+	return false
+}
+
+// Principal is an authenticated caller: a token's subject and role.
+type Principal struct {
+	Sub  string
+	Role Role
+}
+
+// MayActAs reports whether p may act on behalf of node n (the Node-Id
+// header): the agent that registered it, or any admin.
+func (p Principal) MayActAs(n Node) bool {
+	switch p.Role {
+	case RoleAdmin:
+		return true
+	case RoleAgent:
+		return n.Owner != nil && *n.Owner == p.Sub
+	}
+	return false
+}
+
+// Actor is who performs a write, as the audit log records it.
+type Actor struct {
+	Principal
+	// ActingNode is the node named by Node-Id, if any.
+	ActingNode *int64
+	RequestID  string
+}
+
+// AuditEntry is one row of the append-only audit log.
+type AuditEntry struct {
+	ID         int64
+	At         time.Time
+	Principal  string
+	Role       string
+	ActingNode *int64
+	Action     string // e.g. node.create, hardware.delete
+	TargetType string // node or hardware
+	TargetPK   *int64
+	Before     []byte // JSON document before the change; nil for creates
+	After      []byte // JSON document after the change; nil for deletes
+	RequestID  string
+}
+
+// AuditFilter selects audit entries, oldest first, after the id After.
+type AuditFilter struct {
+	TargetType *string
+	TargetPK   *int64
+	Principal  *string
+	Since      *time.Time
+	After      int64
+	Limit      int // 1..MaxListLimit; 0 means MaxListLimit
+}

@@ -1,0 +1,109 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/registryd/registryd/internal/registry"
+)
+
+// nodeDoc is a node as the audit log records it: the API's field names, so
+// an auditor reads the same document a client saw.
+type nodeDoc struct {
+	PK                 int64      `json:"pk"`
+	IP                 string     `json:"ip"`
+	Index              int        `json:"index"`
+	CPUMem             int64      `json:"cpu_mem"`
+	DriverVersion      string     `json:"driver_version"`
+	HardwareGeneration *int64     `json:"hardware_generation"`
+	GPUMem             *int64     `json:"gpu_mem"`
+	CurrentJob         *int64     `json:"current_job"`
+	Owner              *string    `json:"owner"`
+	LastSeen           *time.Time `json:"last_seen,omitempty"`
+}
+
+func docOfNode(n registry.Node) nodeDoc {
+	return nodeDoc{PK: n.PK, IP: n.IP, Index: n.Index, CPUMem: n.CPUMem, DriverVersion: n.DriverVersion,
+		HardwareGeneration: n.HardwareGeneration, GPUMem: n.GPUMem, CurrentJob: n.CurrentJob, Owner: n.Owner}
+}
+
+type hardwareDoc struct {
+	PK   int64  `json:"pk"`
+	Name string `json:"name"`
+}
+
+func docOfHardware(h registry.Hardware) hardwareDoc { return hardwareDoc{PK: h.PK, Name: h.Name} }
+
+// audit appends one entry in the current transaction, so the entry exists
+// exactly when the change does. before or after may be nil.
+func (s *Store) audit(ctx context.Context, a registry.Actor, action, targetType string, targetPK int64, before, after any) error {
+	enc := func(v any) ([]byte, error) {
+		if v == nil {
+			return nil, nil
+		}
+		return json.Marshal(v)
+	}
+	b, err := enc(before)
+	if err != nil {
+		return err
+	}
+	af, err := enc(after)
+	if err != nil {
+		return err
+	}
+	_, err = s.db.Exec(ctx, `
+		INSERT INTO audit_log (principal, role, acting_node, action, target_type, target_pk, before, after, request_id)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, nullif($9, ''))`,
+		a.Sub, string(a.Role), a.ActingNode, action, targetType, targetPK, b, af, a.RequestID)
+	if err != nil {
+		return fmt.Errorf("store: audit %s: %w", action, translate(err))
+	}
+	return nil
+}
+
+// ListAudit returns audit entries matching f, oldest first.
+func (s *Store) ListAudit(ctx context.Context, f registry.AuditFilter) ([]registry.AuditEntry, error) {
+	var where []string
+	var args []any
+	arg := func(v any) string {
+		args = append(args, v)
+		return "$" + strconv.Itoa(len(args))
+	}
+	where = append(where, "id > "+arg(f.After))
+	if f.TargetType != nil {
+		where = append(where, "target_type = "+arg(*f.TargetType))
+	}
+	if f.TargetPK != nil {
+		where = append(where, "target_pk = "+arg(*f.TargetPK))
+	}
+	if f.Principal != nil {
+		where = append(where, "principal = "+arg(*f.Principal))
+	}
+	if f.Since != nil {
+		where = append(where, "at >= "+arg(*f.Since))
+	}
+	limit := f.Limit
+	if limit <= 0 || limit > registry.MaxListLimit {
+		limit = registry.MaxListLimit
+	}
+	rows, _ := s.db.Query(ctx, `
+		SELECT id, at, principal, role, acting_node, action, target_type, target_pk,
+			before, after, coalesce(request_id, '')
+		FROM audit_log WHERE `+strings.Join(where, " AND ")+` ORDER BY id LIMIT `+arg(limit), args...)
+	entries, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (registry.AuditEntry, error) {
+		var e registry.AuditEntry
+		err := row.Scan(&e.ID, &e.At, &e.Principal, &e.Role, &e.ActingNode, &e.Action, &e.TargetType, &e.TargetPK,
+			&e.Before, &e.After, &e.RequestID)
+		return e, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: list audit: %w", translate(err))
+	}
+	return entries, nil
+}
