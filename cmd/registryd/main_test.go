@@ -3,6 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"io"
 	"net/http"
@@ -14,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/golang-jwt/jwt/v5"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/registryd/registryd/internal/apitest"
@@ -379,5 +384,44 @@ func TestTokenCommand(t *testing.T) {
 	// With an external database and no secret there is nothing to sign with.
 	if _, _, err := runCmd(t, map[string]string{"REGISTRY_DATABASE_URL": env["REGISTRY_DATABASE_URL"]}, "token", "--sub", "x", "--role", "admin"); err == nil {
 		t.Error("token without a secret succeeded")
+	}
+}
+
+// Tokens minted by an external identity provider verify with
+// REGISTRY_JWT_PUBLIC_KEYS alone; registryd then has nothing to sign with.
+func TestServePublicKeysOnly(t *testing.T) {
+	t.Parallel()
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, _ := x509.MarshalPKIXPublicKey(&key.PublicKey)
+	keys := filepath.Join(t.TempDir(), "idp.pem")
+	os.WriteFile(keys, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}), 0o644)
+	env := map[string]string{"REGISTRY_DATABASE_URL": pgtest.New(t), "REGISTRY_JWT_PUBLIC_KEYS": keys,
+		"REGISTRY_JWT_ISSUER": "https://idp.example", "REGISTRY_JWT_AUDIENCE": "registryd"}
+	srv := startServer(t, env)
+	mint := func(iss string) string {
+		tok, err := jwt.NewWithClaims(jwt.SigningMethodRS256, jwt.MapClaims{
+			"sub": "ci-bot", "role": "reader", "iss": iss, "aud": "registryd", "exp": time.Now().Add(time.Hour).Unix(),
+		}).SignedString(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tok
+	}
+	if code, body := call(t, "POST", srv.url+"/v1/nodes/list", "", mint("https://idp.example")); code != 200 {
+		t.Fatalf("RS256 token from the identity provider: %d %s", code, body)
+	}
+	if code, _ := call(t, "POST", srv.url+"/v1/nodes/list", "", mint("https://other.example")); code != 401 {
+		t.Fatalf("token from another issuer: %d", code)
+	}
+	if _, _, err := runCmd(t, env, "token", "--sub", "x", "--role", "admin"); err == nil || !strings.Contains(err.Error(), "identity provider") {
+		t.Errorf("token with public keys only: %v", err)
+	}
+	bad := filepath.Join(t.TempDir(), "bad.pem")
+	os.WriteFile(bad, []byte("not a key"), 0o644)
+	if _, _, err := runCmd(t, map[string]string{"REGISTRY_JWT_PUBLIC_KEYS": bad}, "serve"); err == nil || !strings.Contains(err.Error(), "REGISTRY_JWT_PUBLIC_KEYS") {
+		t.Errorf("bad key file: %v", err)
 	}
 }

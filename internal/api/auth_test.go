@@ -6,14 +6,17 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/registryd/registryd/internal/api"
 	"github.com/registryd/registryd/internal/registry"
 )
 
@@ -40,7 +43,10 @@ func TestAuthenticationRequired(t *testing.T) {
 }
 
 func TestInvalidTokens(t *testing.T) {
-	b := setup(t)
+	logs := &syncBuffer{}
+	b := setup(t, func(c *api.Config) {
+		c.Logger = slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	})
 	expired, _ := signAt(t, time.Now().Add(-2*time.Hour), time.Hour)
 	for name, tok := range map[string]string{
 		"garbage":      "abc.def.ghi",
@@ -58,7 +64,33 @@ func TestInvalidTokens(t *testing.T) {
 		if strings.Contains(string(r.body), tok) || strings.Contains(ch, tok) {
 			t.Errorf("%s: the response echoes the token", name)
 		}
+		// Not even a piece of it (the signature part) reaches the log.
+		parts := strings.Split(tok, ".")
+		if sig := parts[len(parts)-1]; len(sig) > 8 && strings.Contains(logs.String(), sig) {
+			t.Errorf("%s: the log contains the token", name)
+		}
 	}
+	if !strings.Contains(logs.String(), `"status":401`) {
+		t.Errorf("the refusals were not logged at all:\n%s", logs.String())
+	}
+}
+
+// syncBuffer collects log lines written by server goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 // A token made by hand with the shared secret, not by registryd's code,
