@@ -28,6 +28,8 @@ type config struct {
 	JWTPublicKeys []crypto.PublicKey // from the PEM file REGISTRY_JWT_PUBLIC_KEYS names
 	JWTIssuer     string             // REGISTRY_JWT_ISSUER
 	JWTAudience   string             // REGISTRY_JWT_AUDIENCE
+
+	WatchRetention time.Duration // REGISTRY_WATCH_RETENTION: how long watch events stay resumable
 }
 
 func loadConfig(getenv func(string) string) (config, error) {
@@ -38,6 +40,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		DataDirSet:      getenv("REGISTRY_DATA_DIR") != "",
 		LogFormat:       or(getenv("REGISTRY_LOG_FORMAT"), "json"),
 		ShutdownTimeout: 15 * time.Second,
+		WatchRetention:  24 * time.Hour,
 	}
 	var errs []string
 	if v := getenv("REGISTRY_MIGRATE"); v != "" {
@@ -68,6 +71,13 @@ func loadConfig(getenv func(string) string) (config, error) {
 			errs = append(errs, fmt.Sprintf("REGISTRY_SHUTDOWN_TIMEOUT=%q: want a duration such as 15s", v))
 		}
 		c.ShutdownTimeout = d
+	}
+	if v := getenv("REGISTRY_WATCH_RETENTION"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < time.Minute {
+			errs = append(errs, fmt.Sprintf("REGISTRY_WATCH_RETENTION=%q: want a duration of at least 1m, such as 24h", v))
+		}
+		c.WatchRetention = d
 	}
 	c.JWTIssuer = getenv("REGISTRY_JWT_ISSUER")
 	c.JWTAudience = getenv("REGISTRY_JWT_AUDIENCE")

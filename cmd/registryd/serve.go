@@ -22,6 +22,7 @@ import (
 	"github.com/registryd/registryd/internal/pglocal"
 	"github.com/registryd/registryd/internal/registry"
 	"github.com/registryd/registryd/internal/store"
+	"github.com/registryd/registryd/internal/watch"
 )
 
 func newLogger(cfg config, w io.Writer) *slog.Logger {
@@ -196,12 +197,24 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 	go func() { beats.Run(beatCtx); close(beatsDone) }()
 	defer func() { stopBeats(); <-beatsDone }()
 
+	// The watch hub stops with the signal, which ends every watch stream so
+	// that the HTTP shutdown below is not held up by them.
+	hub := watch.New(db.store, watch.Options{
+		Channels:  watch.Channels{Changes: store.ChangesChannel, Events: store.EventsChannel},
+		Retention: cfg.WatchRetention,
+		Logger:    logger,
+	})
+	hubDone := make(chan struct{})
+	go func() { hub.Run(ctx); close(hubDone) }()
+	defer func() { <-hubDone }()
+
 	handler := api.New(api.Config{
 		Store:      db.store,
 		Logger:     logger,
 		OpenAPI:    registryd.OpenAPI,
 		Auth:       verifier,
 		Heartbeats: beats,
+		Events:     hub,
 		Ready: func(ctx context.Context) error {
 			st, err := db.store.CheckSchema(ctx)
 			if err != nil {

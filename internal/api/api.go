@@ -30,13 +30,15 @@ type Store interface {
 	CreateNode(ctx context.Context, a registry.Actor, spec registry.NodeSpec) (registry.Node, error)
 	GetNode(ctx context.Context, pk int64) (registry.Node, error)
 	UpdateNode(ctx context.Context, a registry.Actor, pk int64, fn func(cur registry.Node) (registry.NodeSpec, error)) (registry.Node, error)
-	DeleteNode(ctx context.Context, a registry.Actor, pk int64) (registry.Node, error)
+	DeleteNode(ctx context.Context, a registry.Actor, pk int64, force bool, check func(cur registry.Node) error) (registry.Node, error)
 	ListNodes(ctx context.Context, f registry.NodeFilter) ([]registry.Node, error)
+	ClaimNodes(ctx context.Context, a registry.Actor, c registry.Claim) ([]registry.Node, error)
+	ReleaseNodes(ctx context.Context, a registry.Actor, r registry.Release) ([]registry.Node, []registry.NotReleased, error)
 
 	CreateHardware(ctx context.Context, a registry.Actor, spec registry.HardwareSpec) (registry.Hardware, error)
 	GetHardware(ctx context.Context, pk int64) (registry.Hardware, error)
 	UpdateHardware(ctx context.Context, a registry.Actor, pk int64, fn func(cur registry.Hardware) (registry.HardwareSpec, error)) (registry.Hardware, error)
-	DeleteHardware(ctx context.Context, a registry.Actor, pk int64) (registry.Hardware, error)
+	DeleteHardware(ctx context.Context, a registry.Actor, pk int64, check func(cur registry.Hardware) error) (registry.Hardware, error)
 	ListHardware(ctx context.Context) ([]registry.Hardware, error)
 
 	ListAudit(ctx context.Context, f registry.AuditFilter) ([]registry.AuditEntry, error)
@@ -58,6 +60,11 @@ type Config struct {
 	Auth Authenticator
 	// Heartbeats receives the nodes that act through Node-Id; optional.
 	Heartbeats Heartbeats
+	// Events feeds GET /v1/nodes/watch; without it watch answers 503.
+	Events Events
+	// WatchKeepAlive is the interval of keep-alive comments on idle
+	// watch streams; default 15s.
+	WatchKeepAlive time.Duration
 }
 
 // refuseAll is the Authenticator of a server configured without one.
@@ -80,7 +87,11 @@ type Server struct {
 	listBatch  int
 	auth       Authenticator
 	heartbeats Heartbeats
+	events     Events
 	router     chi.Router
+
+	watchKeepAlive    time.Duration
+	watchWriteTimeout time.Duration
 }
 
 // New builds the handler with every route and middleware.
@@ -93,6 +104,13 @@ func New(cfg Config) *Server {
 		listBatch:  cfg.ListBatch,
 		auth:       cfg.Auth,
 		heartbeats: cfg.Heartbeats,
+		events:     cfg.Events,
+
+		watchKeepAlive:    cfg.WatchKeepAlive,
+		watchWriteTimeout: 30 * time.Second,
+	}
+	if s.watchKeepAlive <= 0 {
+		s.watchKeepAlive = 15 * time.Second
 	}
 	if s.auth == nil {
 		s.auth = refuseAll{}
@@ -126,7 +144,10 @@ func New(cfg Config) *Server {
 			write := s.require(registry.PermWriteNode)
 			r.With(read).Post("/list", s.handle(s.listNodes))
 			r.With(s.require(registry.PermCreateNode)).Post("/create", s.handle(s.createNode))
+			r.With(s.require(registry.PermClaim)).Post("/claim", s.handle(s.claimNodes))
+			r.With(s.require(registry.PermClaim)).Post("/release", s.handle(s.releaseNodes))
 			r.With(read).Get("/ping", s.handle(s.ping))
+			r.With(read).Get("/watch", s.handle(s.watchNodes))
 			r.With(read).Get("/{pk:-?[0-9]+}", s.handle(s.getNode))
 			r.With(write).Put("/{pk:-?[0-9]+}", s.handle(s.updateNode))
 			r.With(write).Patch("/{pk:-?[0-9]+}", s.handle(s.patchNode))

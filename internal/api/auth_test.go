@@ -28,7 +28,7 @@ func TestAuthenticationRequired(t *testing.T) {
 		{"GET", "/v1/nodes/1"}, {"PUT", "/v1/nodes/1"}, {"PATCH", "/v1/nodes/1"}, {"DELETE", "/v1/nodes/1"},
 		{"POST", "/v1/hardware/list"}, {"POST", "/v1/hardware/create"}, {"GET", "/v1/hardware/1"},
 		{"PUT", "/v1/hardware/1"}, {"PATCH", "/v1/hardware/1"}, {"DELETE", "/v1/hardware/1"},
-		{"POST", "/v1/audit/list"},
+		{"POST", "/v1/audit/list"}, {"POST", "/v1/nodes/claim"}, {"POST", "/v1/nodes/release"},
 	} {
 		r := b.must(http.StatusUnauthorized, b.do(ep.method, ep.path, nil))
 		if got := r.header.Get("WWW-Authenticate"); got != `Bearer realm="registryd"` {
@@ -230,6 +230,10 @@ func TestPermissionMatrix(t *testing.T) {
 		{name: "patch node", method: "PATCH", path: nodePath, body: func(fixture) any { return map[string]any{"cpu_mem": 3} },
 			ok: 200, perm: registry.PermWriteNode, node: true, reads: true},
 		{name: "destroy node", method: "DELETE", path: nodePath, ok: 204, perm: registry.PermWriteNode, node: true, reads: true},
+		{name: "claim", method: "POST", path: func(fixture, int64) string { return "/v1/nodes/claim" },
+			body: func(fixture) any { return map[string]any{"job": seq.Add(1)} }, ok: 200, perm: registry.PermClaim},
+		{name: "release", method: "POST", path: func(fixture, int64) string { return "/v1/nodes/release" },
+			body: func(fixture) any { return map[string]any{"job": seq.Add(1)} }, ok: 200, perm: registry.PermClaim},
 		{name: "list hardware", method: "POST", path: func(fixture, int64) string { return "/v1/hardware/list" }, ok: 200, perm: registry.PermRead},
 		{name: "retrieve hardware", method: "GET", path: hwPath, ok: 200, perm: registry.PermRead},
 		{name: "create hardware", method: "POST", path: func(fixture, int64) string { return "/v1/hardware/create" },

@@ -13,7 +13,9 @@ import (
 
 	registryd "github.com/registryd/registryd"
 	"github.com/registryd/registryd/internal/api"
+	"github.com/registryd/registryd/internal/auth"
 	"github.com/registryd/registryd/internal/pgtest"
+	"github.com/registryd/registryd/internal/registry"
 	"github.com/registryd/registryd/internal/store"
 )
 
@@ -37,16 +39,37 @@ func benchServer(b *testing.B, n int) string {
 	if err != nil {
 		b.Fatal(err)
 	}
-	ts := httptest.NewServer(api.New(api.Config{Store: st, OpenAPI: registryd.OpenAPI}))
+	verifier, err := auth.NewVerifier(auth.Config{Secret: testSecret})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ts := httptest.NewServer(api.New(api.Config{Store: st, OpenAPI: registryd.OpenAPI, Auth: verifier}))
 	b.Cleanup(ts.Close)
 	return ts.URL
+}
+
+// benchClient sends an admin token with every request.
+func benchClient(b *testing.B) *http.Client {
+	return &http.Client{Transport: bearer{token: tokenFor(b, "bench", registry.RoleAdmin),
+		next: &http.Transport{MaxIdleConnsPerHost: 64}}}
+}
+
+type bearer struct {
+	token string
+	next  http.RoundTripper
+}
+
+func (t bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+t.token)
+	return t.next.RoundTrip(r)
 }
 
 // BenchmarkGetNode retrieves random nodes by pk out of 100,000, in parallel.
 func BenchmarkGetNode(b *testing.B) {
 	const n = 100_000
 	url := benchServer(b, n)
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+	client := benchClient(b)
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
@@ -66,7 +89,7 @@ func BenchmarkGetNode(b *testing.B) {
 // BenchmarkCreateNode registers new nodes, in parallel.
 func BenchmarkCreateNode(b *testing.B) {
 	url := benchServer(b, 1)
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+	client := benchClient(b)
 	var seq atomic.Int64
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
@@ -90,7 +113,7 @@ func BenchmarkCreateNode(b *testing.B) {
 // BenchmarkListFreePage reads one page of 100 free nodes out of 100,000.
 func BenchmarkListFreePage(b *testing.B) {
 	url := benchServer(b, 100_000)
-	client := &http.Client{}
+	client := benchClient(b)
 	b.ResetTimer()
 	for b.Loop() {
 		resp, err := client.Post(url+"/v1/nodes/list", "application/json",
@@ -109,9 +132,10 @@ func BenchmarkListFreePage(b *testing.B) {
 // BenchmarkListAll streams all 100,000 nodes in one response.
 func BenchmarkListAll(b *testing.B) {
 	url := benchServer(b, 100_000)
+	client := benchClient(b)
 	b.ResetTimer()
 	for b.Loop() {
-		resp, err := http.Post(url+"/v1/nodes/list", "application/json", nil)
+		resp, err := client.Post(url+"/v1/nodes/list", "application/json", nil)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -119,4 +143,30 @@ func BenchmarkListAll(b *testing.B) {
 		resp.Body.Close()
 		b.SetBytes(n)
 	}
+}
+
+// BenchmarkClaimRelease claims one free node for a job and releases it,
+// from parallel schedulers over 100,000 nodes (one op = claim + release).
+func BenchmarkClaimRelease(b *testing.B) {
+	url := benchServer(b, 100_000)
+	client := benchClient(b)
+	var job atomic.Int64
+	b.SetParallelism(8) // 16 schedulers on 2 cores
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			j := job.Add(1)
+			for _, path := range []string{"/v1/nodes/claim", "/v1/nodes/release"} {
+				resp, err := client.Post(url+path, "application/json", strings.NewReader(fmt.Sprintf(`{"job":%d}`, j)))
+				if err != nil {
+					b.Fatal(err)
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					b.Fatalf("%s: status %d", path, resp.StatusCode)
+				}
+			}
+		}
+	})
 }

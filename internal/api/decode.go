@@ -286,3 +286,21 @@ func (f *fields) err() error {
 	}
 	return f.errs.Err()
 }
+
+// parseIntArray reads a JSON array of integers, each held to the same
+// rules as single integer members.
+func parseIntArray(v json.RawMessage) ([]int64, string) {
+	var items []json.RawMessage
+	if len(v) == 0 || v[0] != '[' || json.Unmarshal(v, &items) != nil {
+		return nil, "must be an array of integers"
+	}
+	out := make([]int64, 0, len(items))
+	for _, item := range items {
+		n, msg := parseInt(item)
+		if msg != "" {
+			return nil, "must be an array of integers (an element " + msg + ")"
+		}
+		out = append(out, n)
+	}
+	return out, ""
+}

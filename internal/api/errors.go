@@ -70,6 +70,8 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 		if errors.As(err, &re) {
 			p.ExistingPK = re.ExistingPK
 		}
+	case errors.Is(err, registry.ErrPrecondition):
+		p.Status, p.Detail = http.StatusPreconditionFailed, publicMessage(err)
 	case errors.Is(err, registry.ErrForbidden):
 		p.Status, p.Detail = http.StatusForbidden, publicMessage(err)
 	case errors.Is(err, registry.ErrUnavailable):

@@ -46,6 +46,7 @@ func (s *Server) createHardware(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	w.Header().Set("Location", "/v1/hardware/"+strconv.FormatInt(h.PK, 10))
+	w.Header().Set("ETag", hardwareTag(h))
 	return writeJSON(w, http.StatusCreated, toHardwareJSON(h))
 }
 
@@ -57,6 +58,9 @@ func (s *Server) getHardware(w http.ResponseWriter, r *http.Request) error {
 	h, err := s.store.GetHardware(r.Context(), pk)
 	if err != nil {
 		return err
+	}
+	if notModified(w, r, hardwareTag(h)) {
+		return nil
 	}
 	return writeJSON(w, http.StatusOK, toHardwareJSON(h))
 }
@@ -87,7 +91,13 @@ func (s *Server) writeHardware(w http.ResponseWriter, r *http.Request, full bool
 	if err := f.err(); err != nil {
 		return err
 	}
+	match := ifMatch(r)
 	h, err := s.store.UpdateHardware(r.Context(), actor(r), pk, func(cur registry.Hardware) (registry.HardwareSpec, error) {
+		if match != nil {
+			if err := match(hardwareTag(cur)); err != nil {
+				return registry.HardwareSpec{}, err
+			}
+		}
 		if err := echo.Check(cur); err != nil {
 			return registry.HardwareSpec{}, err
 		}
@@ -96,6 +106,7 @@ func (s *Server) writeHardware(w http.ResponseWriter, r *http.Request, full bool
 	if err != nil {
 		return err
 	}
+	w.Header().Set("ETag", hardwareTag(h))
 	return writeJSON(w, http.StatusOK, toHardwareJSON(h))
 }
 
@@ -104,7 +115,11 @@ func (s *Server) deleteHardware(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if _, err := s.store.DeleteHardware(r.Context(), actor(r), pk); err != nil {
+	var check func(registry.Hardware) error
+	if match := ifMatch(r); match != nil {
+		check = func(cur registry.Hardware) error { return match(hardwareTag(cur)) }
+	}
+	if _, err := s.store.DeleteHardware(r.Context(), actor(r), pk, check); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)

@@ -24,6 +24,8 @@ type nodeJSON struct {
 	LastSeen           *time.Time `json:"last_seen"`
 	CurrentJob         *int64     `json:"current_job"`
 	Owner              *string    `json:"owner"`
+	Source             string     `json:"source"`
+	Schedulable        bool       `json:"schedulable"`
 	CreatedAt          time.Time  `json:"created_at"`
 	UpdatedAt          time.Time  `json:"updated_at"`
 }
@@ -39,6 +41,8 @@ func toNodeJSON(n registry.Node) nodeJSON {
 		GPUMem:             n.GPUMem,
 		CurrentJob:         n.CurrentJob,
 		Owner:              n.Owner,
+		Source:             n.Source,
+		Schedulable:        n.Schedulable,
 		CreatedAt:          n.CreatedAt.UTC(),
 		UpdatedAt:          n.UpdatedAt.UTC(),
 	}
@@ -69,12 +73,14 @@ func readNodePatch(f *fields) registry.NodePatch {
 // readNodeEcho reads the read-only fields a client may send back.
 func readNodeEcho(f *fields) registry.NodeEcho {
 	return registry.NodeEcho{
-		PK:         f.int64("pk", true),
-		LastSeen:   f.time("last_seen"),
-		CurrentJob: f.int64("current_job", true),
-		Owner:      f.string("owner", true),
-		CreatedAt:  f.time("created_at"),
-		UpdatedAt:  f.time("updated_at"),
+		PK:          f.int64("pk", true),
+		LastSeen:    f.time("last_seen"),
+		CurrentJob:  f.int64("current_job", true),
+		Owner:       f.string("owner", true),
+		Source:      f.string("source", true),
+		Schedulable: f.bool("schedulable"),
+		CreatedAt:   f.time("created_at"),
+		UpdatedAt:   f.time("updated_at"),
 	}
 }
 
@@ -109,6 +115,7 @@ func (s *Server) createNode(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	w.Header().Set("Location", "/v1/nodes/"+strconv.FormatInt(n.PK, 10))
+	w.Header().Set("ETag", etag(n.Version))
 	return writeJSON(w, http.StatusCreated, toNodeJSON(n))
 }
 
@@ -120,6 +127,9 @@ func (s *Server) getNode(w http.ResponseWriter, r *http.Request) error {
 	n, err := s.store.GetNode(r.Context(), pk)
 	if err != nil {
 		return err
+	}
+	if notModified(w, r, etag(n.Version)) {
+		return nil
 	}
 	return writeJSON(w, http.StatusOK, toNodeJSON(n))
 }
@@ -157,7 +167,13 @@ func (s *Server) writeNode(w http.ResponseWriter, r *http.Request, full bool) er
 	if err := f.err(); err != nil {
 		return err
 	}
+	match := ifMatch(r)
 	n, err := s.store.UpdateNode(r.Context(), actor(r), pk, func(cur registry.Node) (registry.NodeSpec, error) {
+		if match != nil {
+			if err := match(etag(cur.Version)); err != nil {
+				return registry.NodeSpec{}, err
+			}
+		}
 		if err := echo.Check(cur); err != nil {
 			return registry.NodeSpec{}, err
 		}
@@ -166,6 +182,7 @@ func (s *Server) writeNode(w http.ResponseWriter, r *http.Request, full bool) er
 	if err != nil {
 		return err
 	}
+	w.Header().Set("ETag", etag(n.Version))
 	return writeJSON(w, http.StatusOK, toNodeJSON(n))
 }
 
@@ -177,16 +194,50 @@ func (s *Server) deleteNode(w http.ResponseWriter, r *http.Request) error {
 	if err := mayWriteNode(r, pk); err != nil {
 		return err
 	}
-	if _, err := s.store.DeleteNode(r.Context(), actor(r), pk); err != nil {
+	force, err := forceFlag(r)
+	if err != nil {
+		return err
+	}
+	var check func(registry.Node) error
+	if match := ifMatch(r); match != nil {
+		check = func(cur registry.Node) error { return match(etag(cur.Version)) }
+	}
+	if _, err := s.store.DeleteNode(r.Context(), actor(r), pk, force, check); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
 
+// forceFlag reads ?force=true, with which an admin deletes a node that
+// still holds a job.
+func forceFlag(r *http.Request) (bool, error) {
+	v := r.URL.Query().Get("force")
+	if v == "" {
+		return false, nil
+	}
+	force, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, badRequest("force must be true or false")
+	}
+	if force && principalFrom(r.Context()).Role != registry.RoleAdmin {
+		return false, registry.Errorf(registry.ErrForbidden, "only an admin may force the deletion of a node")
+	}
+	return force, nil
+}
+
 // readNodeFilter reads the optional body of list.
 func readNodeFilter(obj object) (registry.NodeFilter, error) {
 	f := newFields(obj)
+	nf := readFilterFields(f)
+	if err := f.err(); err != nil {
+		return nf, err
+	}
+	return nf, nf.Normalize()
+}
+
+// readFilterFields reads the members list and claim share.
+func readFilterFields(f *fields) registry.NodeFilter {
 	var nf registry.NodeFilter
 	if o := f.bool("free"); o.Set {
 		nf.Free = &o.Value
@@ -209,6 +260,9 @@ func readNodeFilter(obj object) (registry.NodeFilter, error) {
 			nf.SeenWithin = &d
 		}
 	}
+	if o := f.string("source", false); o.Set {
+		nf.Source = &o.Value
+	}
 	if o := f.int64("after", false); o.Set {
 		nf.After = o.Value
 	}
@@ -219,10 +273,7 @@ func readNodeFilter(obj object) (registry.NodeFilter, error) {
 			nf.Limit = int(o.Value)
 		}
 	}
-	if err := f.err(); err != nil {
-		return nf, err
-	}
-	return nf, nf.Normalize()
+	return nf
 }
 
 func optPtr[T any](o registry.Optional[T]) *T {

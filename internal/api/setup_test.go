@@ -20,6 +20,7 @@ import (
 	"github.com/registryd/registryd/internal/pgtest"
 	"github.com/registryd/registryd/internal/registry"
 	"github.com/registryd/registryd/internal/store"
+	"github.com/registryd/registryd/internal/watch"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -75,7 +76,9 @@ func another(t *testing.T, opts ...option) *bundle {
 		t.Fatal(err)
 	}
 	beats := heartbeat.New(st, heartbeat.Options{})
-	cfg := api.Config{Store: st, OpenAPI: registryd.OpenAPI, Ready: st.Ping, Logger: logger, Auth: verifier, Heartbeats: beats}
+	hub := startHub(t, st)
+	cfg := api.Config{Store: st, OpenAPI: registryd.OpenAPI, Ready: st.Ping, Logger: logger, Auth: verifier,
+		Heartbeats: beats, Events: hub, WatchKeepAlive: 200 * time.Millisecond}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -83,6 +86,20 @@ func another(t *testing.T, opts ...option) *bundle {
 	t.Cleanup(ts.Close)
 	return &bundle{t: t, url: ts.URL, client: apitest.Client(t), store: st, dbURL: dbURL, beats: beats,
 		token: tokenFor(t, "admin-test", registry.RoleAdmin)}
+}
+
+// startHub runs a watch hub on st until the test ends.
+func startHub(t *testing.T, st *store.Store) *watch.Hub {
+	t.Helper()
+	hub := watch.New(st, watch.Options{
+		Channels: watch.Channels{Changes: store.ChangesChannel, Events: store.EventsChannel},
+		Poll:     100 * time.Millisecond,
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { hub.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return hub
 }
 
 // response is one answer, read whole.

@@ -23,6 +23,12 @@ var (
 	ErrInvalid = errors.New("invalid input")
 	// ErrForbidden means the principal may not do what it asked.
 	ErrForbidden = errors.New("forbidden")
+	// ErrPrecondition means a conditional request's condition (If-Match)
+	// does not hold: the row changed since the client read it.
+	ErrPrecondition = errors.New("precondition failed")
+	// ErrGone means the history a request asked for no longer exists (a
+	// watch resuming from an event that retention removed).
+	ErrGone = errors.New("gone")
 	// ErrUnavailable means a dependency (the database) cannot be reached right
 	// now; the same request may succeed later.
 	ErrUnavailable = errors.New("unavailable")

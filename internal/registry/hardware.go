@@ -1,9 +1,13 @@
 package registry
 
 import (
+	"slices"
 	"strings"
 	"time"
 )
+
+// Sources are where nodes come from: the API, or a provider import.
+var Sources = []string{"api", "scp", "e2e"}
 
 // Hardware is a hardware generation (a GPU model such as H100): nodes point at
 // one so that every node's hardware_generation names a real row.
@@ -88,6 +92,7 @@ type NodeFilter struct {
 	IP                 *string
 	Index              *int
 	SeenWithin         *time.Duration
+	Source             *string
 	After              int64
 	// Limit caps the number of nodes; 0 means no limit.
 	Limit int
@@ -118,6 +123,9 @@ func (f *NodeFilter) Normalize() error {
 	}
 	if f.SeenWithin != nil && *f.SeenWithin <= 0 {
 		fe.Add("seen_within", "must be a positive number of seconds")
+	}
+	if f.Source != nil && !slices.Contains(Sources, *f.Source) {
+		fe.Add("source", "must be one of api, scp, e2e")
 	}
 	if f.After < 0 {
 		fe.Add("after", "must not be negative")

@@ -31,9 +31,14 @@ type Node struct {
 	CurrentJob         *int64     // server-managed
 	// Owner is the principal of the agent that registered the node; nil for
 	// nodes an admin created. Server-managed.
-	Owner     *string
-	CreatedAt time.Time // server-managed
-	UpdatedAt time.Time // server-managed
+	Owner *string
+	// Source is where the node came from: api, scp or e2e. Server-managed.
+	Source string
+	// Schedulable is false while the node's provider reports it stopped
+	// or gone; such nodes are never claimed. Server-managed.
+	Schedulable bool
+	CreatedAt   time.Time // server-managed
+	UpdatedAt   time.Time // server-managed
 	// Version changes on every write except heartbeats; it backs ETags.
 	Version int64
 }
@@ -179,12 +184,14 @@ func applyNullable(o Optional[int64], cur *int64) *int64 {
 // NodeEcho holds the read-only fields a client sent back with an update.
 // Clients may echo them (GET, edit, PUT) but not change them.
 type NodeEcho struct {
-	PK         Optional[int64]
-	LastSeen   Optional[time.Time]
-	CurrentJob Optional[int64]
-	Owner      Optional[string]
-	CreatedAt  Optional[time.Time]
-	UpdatedAt  Optional[time.Time]
+	PK          Optional[int64]
+	LastSeen    Optional[time.Time]
+	CurrentJob  Optional[int64]
+	Owner       Optional[string]
+	Source      Optional[string]
+	Schedulable Optional[bool]
+	CreatedAt   Optional[time.Time]
+	UpdatedAt   Optional[time.Time]
 }
 
 // Check compares the echoed read-only fields with the stored node and names
@@ -217,6 +224,11 @@ func (e NodeEcho) Check(cur Node) error {
 	if e.Owner.Set && !(e.Owner.Null && cur.Owner == nil || !e.Owner.Null && cur.Owner != nil && *cur.Owner == e.Owner.Value) {
 		fe.Add("owner", "is read-only; it is the agent that registered the node")
 	}
+	if e.Source.Set && (e.Source.Null || e.Source.Value != cur.Source) {
+		fe.Add("source", "is read-only; it is %s for this node", cur.Source)
+	}
+	// schedulable follows the provider's state, which the sync worker may
+	// change at any moment without a client noticing: any echo is accepted.
 	if e.CreatedAt.Set && (e.CreatedAt.Null || !e.CreatedAt.Value.Equal(cur.CreatedAt)) {
 		fe.Add("created_at", "is read-only")
 	}

@@ -6,32 +6,11 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/registryd/registryd/internal/registry"
 )
-
-// nodeDoc is a node as the audit log records it: the API's field names, so
-// an auditor reads the same document a client saw.
-type nodeDoc struct {
-	PK                 int64      `json:"pk"`
-	IP                 string     `json:"ip"`
-	Index              int        `json:"index"`
-	CPUMem             int64      `json:"cpu_mem"`
-	DriverVersion      string     `json:"driver_version"`
-	HardwareGeneration *int64     `json:"hardware_generation"`
-	GPUMem             *int64     `json:"gpu_mem"`
-	CurrentJob         *int64     `json:"current_job"`
-	Owner              *string    `json:"owner"`
-	LastSeen           *time.Time `json:"last_seen,omitempty"`
-}
-
-func docOfNode(n registry.Node) nodeDoc {
-	return nodeDoc{PK: n.PK, IP: n.IP, Index: n.Index, CPUMem: n.CPUMem, DriverVersion: n.DriverVersion,
-		HardwareGeneration: n.HardwareGeneration, GPUMem: n.GPUMem, CurrentJob: n.CurrentJob, Owner: n.Owner}
-}
 
 type hardwareDoc struct {
 	PK   int64  `json:"pk"`
@@ -61,6 +40,35 @@ func (s *Store) audit(ctx context.Context, a registry.Actor, action, targetType 
 		INSERT INTO audit_log (principal, role, acting_node, action, target_type, target_pk, before, after, request_id)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, nullif($9, ''))`,
 		a.Sub, string(a.Role), a.ActingNode, action, targetType, targetPK, b, af, a.RequestID)
+	if err != nil {
+		return fmt.Errorf("store: audit %s: %w", action, translate(err))
+	}
+	return nil
+}
+
+// auditNodes appends one entry per node in a single statement: after is
+// the node as it is now, before what beforeOf reconstructs.
+func (s *Store) auditNodes(ctx context.Context, a registry.Actor, action string, nodes []registry.Node, beforeOf func(registry.Node) any) error {
+	pks := make([]int64, len(nodes))
+	befores := make([]string, len(nodes))
+	afters := make([]string, len(nodes))
+	for i, n := range nodes {
+		pks[i] = n.PK
+		b, err := json.Marshal(beforeOf(n))
+		if err != nil {
+			return err
+		}
+		af, err := json.Marshal(docOfNode(n))
+		if err != nil {
+			return err
+		}
+		befores[i], afters[i] = string(b), string(af)
+	}
+	_, err := s.db.Exec(ctx, `
+		INSERT INTO audit_log (principal, role, acting_node, action, target_type, target_pk, before, after, request_id)
+		SELECT $1, $2, $3, $4, 'node', u.pk, u.before, u.after, nullif($5, '')
+		FROM unnest($6::bigint[], $7::jsonb[], $8::jsonb[]) AS u(pk, before, after)`,
+		a.Sub, string(a.Role), a.ActingNode, action, a.RequestID, pks, befores, afters)
 	if err != nil {
 		return fmt.Errorf("store: audit %s: %w", action, translate(err))
 	}

@@ -124,14 +124,19 @@ func (s *Store) UpdateHardware(ctx context.Context, actor registry.Actor, pk int
 	return out, nil
 }
 
-// DeleteHardware removes a hardware generation that no node uses. In use:
-// ErrConflict. Missing: ErrNotFound.
-func (s *Store) DeleteHardware(ctx context.Context, actor registry.Actor, pk int64) (registry.Hardware, error) {
+// DeleteHardware removes a hardware generation that no node uses; check
+// works as in DeleteNode. In use: ErrConflict. Missing: ErrNotFound.
+func (s *Store) DeleteHardware(ctx context.Context, actor registry.Actor, pk int64, check func(cur registry.Hardware) error) (registry.Hardware, error) {
 	var out registry.Hardware
 	err := s.WithTx(ctx, func(tx *Store) error {
 		cur, err := tx.getHardware(ctx, pk, "FOR UPDATE")
 		if err != nil {
 			return err
+		}
+		if check != nil {
+			if err := check(cur); err != nil {
+				return err
+			}
 		}
 		if cur.Nodes > 0 {
 			return registry.Conflictf("hardware generation %d is used by %d nodes; move or delete them first", pk, cur.Nodes)

@@ -1,9 +1,11 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -15,12 +17,12 @@ import (
 
 // nodeColumns is the select list scanNode reads, in order.
 const nodeColumns = `pk, host(ip), gpu_index, cpu_mem, driver_version, hardware_generation,
-	gpu_mem, last_seen, current_job, owner, created_at, updated_at, version`
+	gpu_mem, last_seen, current_job, owner, source, schedulable, created_at, updated_at, version`
 
 func scanNode(row pgx.CollectableRow) (registry.Node, error) {
 	var n registry.Node
 	err := row.Scan(&n.PK, &n.IP, &n.Index, &n.CPUMem, &n.DriverVersion, &n.HardwareGeneration,
-		&n.GPUMem, &n.LastSeen, &n.CurrentJob, &n.Owner, &n.CreatedAt, &n.UpdatedAt, &n.Version)
+		&n.GPUMem, &n.LastSeen, &n.CurrentJob, &n.Owner, &n.Source, &n.Schedulable, &n.CreatedAt, &n.UpdatedAt, &n.Version)
 	return n, err
 }
 
@@ -45,6 +47,9 @@ func (s *Store) CreateNode(ctx context.Context, actor registry.Actor, spec regis
 			spec.IP, spec.Index, spec.CPUMem, spec.DriverVersion, spec.HardwareGeneration, spec.GPUMem, owner)
 		var err error
 		if n, err = pgx.CollectExactlyOneRow(rows, scanNode); err != nil {
+			return err
+		}
+		if err := tx.recordChanges(ctx, "created", n); err != nil {
 			return err
 		}
 		return tx.audit(ctx, actor, "node.create", "node", n.PK, nil, docOfNode(n))
@@ -142,6 +147,9 @@ func (s *Store) UpdateNode(ctx context.Context, actor registry.Actor, pk int64, 
 		if out, err = pgx.CollectExactlyOneRow(rows, scanNode); err != nil {
 			return err
 		}
+		if err := tx.recordChanges(ctx, "updated", out); err != nil {
+			return err
+		}
 		return tx.audit(ctx, actor, "node.update", "node", pk, docOfNode(cur), docOfNode(out))
 	})
 	if err != nil {
@@ -166,22 +174,32 @@ func sameInt(a, b *int64) bool {
 	return *a == *b
 }
 
-// DeleteNode removes node pk, audits it and returns it as it was. A node
-// that holds a job is kept: ErrConflict. A missing node: ErrNotFound.
-func (s *Store) DeleteNode(ctx context.Context, actor registry.Actor, pk int64) (registry.Node, error) {
+// DeleteNode removes node pk, audits it and returns it as it was. check,
+// when not nil, sees the locked node first and may refuse. A node that
+// holds a job is kept (ErrConflict) unless force is set. A missing node:
+// ErrNotFound.
+func (s *Store) DeleteNode(ctx context.Context, actor registry.Actor, pk int64, force bool, check func(cur registry.Node) error) (registry.Node, error) {
 	var out registry.Node
 	err := s.WithTx(ctx, func(tx *Store) error {
 		cur, err := tx.getNode(ctx, pk, "FOR UPDATE")
 		if err != nil {
 			return err
 		}
-		if cur.CurrentJob != nil {
+		if check != nil {
+			if err := check(cur); err != nil {
+				return err
+			}
+		}
+		if cur.CurrentJob != nil && !force {
 			return registry.Conflictf("node %d holds job %d; release it before deleting the node", pk, *cur.CurrentJob)
 		}
 		if _, err := tx.db.Exec(ctx, `DELETE FROM nodes WHERE pk = $1`, pk); err != nil {
 			return fmt.Errorf("store: delete node %d: %w", pk, translate(err))
 		}
 		out = cur
+		if err := tx.recordChanges(ctx, "deleted", cur); err != nil {
+			return err
+		}
 		return tx.audit(ctx, actor, "node.delete", "node", pk, docOfNode(cur), nil)
 	})
 	return out, err
@@ -194,51 +212,243 @@ func (s *Store) ListNodes(ctx context.Context, f registry.NodeFilter) ([]registr
 	if err := f.Normalize(); err != nil {
 		return nil, err
 	}
-	var where []string
-	var args []any
-	arg := func(v any) string {
-		args = append(args, v)
-		return "$" + strconv.Itoa(len(args))
-	}
-	where = append(where, "pk > "+arg(f.After))
-	if f.Free != nil {
-		if *f.Free {
-			where = append(where, "current_job IS NULL")
-		} else {
-			where = append(where, "current_job IS NOT NULL")
-		}
-	}
-	if f.CurrentJob != nil {
-		where = append(where, "current_job = "+arg(*f.CurrentJob))
-	}
-	if f.HardwareGeneration != nil {
-		where = append(where, "hardware_generation = "+arg(*f.HardwareGeneration))
-	}
-	if f.MinGPUMem != nil {
-		where = append(where, "gpu_mem >= "+arg(*f.MinGPUMem))
-	}
-	if f.MinCPUMem != nil {
-		where = append(where, "cpu_mem >= "+arg(*f.MinCPUMem))
-	}
-	if f.IP != nil {
-		where = append(where, "ip = "+arg(*f.IP)+"::inet")
-	}
-	if f.Index != nil {
-		where = append(where, "gpu_index = "+arg(*f.Index))
-	}
-	if f.SeenWithin != nil {
-		where = append(where, "last_seen >= now() - "+arg(*f.SeenWithin)+"::interval")
-	}
-	q := `SELECT ` + nodeColumns + ` FROM nodes WHERE ` + strings.Join(where, " AND ") + ` ORDER BY pk`
+	var q query
+	q.where(f)
+	sql := `SELECT ` + nodeColumns + ` FROM nodes WHERE ` + q.cond() + ` ORDER BY pk`
 	if f.Limit > 0 {
-		q += " LIMIT " + arg(f.Limit)
+		sql += " LIMIT " + q.arg(f.Limit)
 	}
-	rows, _ := s.db.Query(ctx, q, args...)
+	rows, _ := s.db.Query(ctx, sql, q.args...)
 	nodes, err := pgx.CollectRows(rows, scanNode)
 	if err != nil {
 		return nil, fmt.Errorf("store: list nodes: %w", translate(err))
 	}
 	return nodes, nil
+}
+
+// query builds a WHERE clause from a filter, values always as placeholders.
+type query struct {
+	conds []string
+	args  []any
+}
+
+func (q *query) arg(v any) string {
+	q.args = append(q.args, v)
+	return "$" + strconv.Itoa(len(q.args))
+}
+
+func (q *query) add(cond string) { q.conds = append(q.conds, cond) }
+
+func (q *query) cond() string { return strings.Join(q.conds, " AND ") }
+
+func (q *query) where(f registry.NodeFilter) {
+	q.add("pk > " + q.arg(f.After))
+	if f.Free != nil {
+		// Spelled exactly as the partial indexes' predicate so the planner
+		// can use them.
+		if *f.Free {
+			q.add("current_job IS NULL AND schedulable")
+		} else {
+			q.add("NOT (current_job IS NULL AND schedulable)")
+		}
+	}
+	if f.Source != nil {
+		q.add("source = " + q.arg(*f.Source))
+	}
+	if f.CurrentJob != nil {
+		q.add("current_job = " + q.arg(*f.CurrentJob))
+	}
+	if f.HardwareGeneration != nil {
+		q.add("hardware_generation = " + q.arg(*f.HardwareGeneration))
+	}
+	if f.MinGPUMem != nil {
+		q.add("gpu_mem >= " + q.arg(*f.MinGPUMem))
+	}
+	if f.MinCPUMem != nil {
+		q.add("cpu_mem >= " + q.arg(*f.MinCPUMem))
+	}
+	if f.IP != nil {
+		q.add("ip = " + q.arg(*f.IP) + "::inet")
+	}
+	if f.Index != nil {
+		q.add("gpu_index = " + q.arg(*f.Index))
+	}
+	if f.SeenWithin != nil {
+		q.add("last_seen >= now() - " + q.arg(*f.SeenWithin) + "::interval")
+	}
+}
+
+// maxHostsTried bounds how many candidate hosts a same-host claim tries
+// before it gives up with a conflict.
+const maxHostsTried = 32
+
+// ClaimNodes gives c.Count free, schedulable nodes matching c.Filter to
+// c.Job, all or nothing, in one transaction. Rows other claimers are
+// taking are skipped (FOR UPDATE SKIP LOCKED), never waited for, and the
+// row lock re-checks that a node is still free, so no node is ever given
+// to two jobs. Fewer matches than asked: ErrConflict, nothing held.
+func (s *Store) ClaimNodes(ctx context.Context, actor registry.Actor, c registry.Claim) ([]registry.Node, error) {
+	if err := c.Normalize(); err != nil {
+		return nil, err
+	}
+	free := true
+	c.Filter.Free = &free
+	var out []registry.Node
+	err := s.WithTx(ctx, func(tx *Store) error {
+		var pks []int64
+		var err error
+		if c.SameHost {
+			pks, err = tx.pickOneHost(ctx, c)
+		} else {
+			pks, err = tx.pick(ctx, c.Filter, nil, c.Count)
+			if err == nil && len(pks) < c.Count {
+				err = registry.Conflictf("only %d free node(s) match and are not being claimed right now; %d requested", len(pks), c.Count)
+			}
+		}
+		if err != nil {
+			return err
+		}
+		rows, _ := tx.db.Query(ctx, `
+			UPDATE nodes SET current_job = $2, updated_at = now(), version = version + 1
+			WHERE pk = ANY($1)
+			RETURNING `+nodeColumns, pks, c.Job)
+		if out, err = pgx.CollectRows(rows, scanNode); err != nil {
+			return err
+		}
+		slices.SortFunc(out, func(a, b registry.Node) int { return cmp.Compare(a.PK, b.PK) })
+		if err := tx.recordChanges(ctx, "claimed", out...); err != nil {
+			return err
+		}
+		return tx.auditNodes(ctx, actor, "node.claim", out, func(n registry.Node) any {
+			n.CurrentJob = nil
+			return docOfNode(n)
+		})
+	})
+	if err != nil {
+		if _, ok := errors.AsType[*registry.Error](err); ok {
+			return nil, err
+		}
+		return nil, fmt.Errorf("store: claim: %w", translate(err))
+	}
+	return out, nil
+}
+
+// pick locks up to n free matching nodes (optionally on one host) that no
+// one else is locking, lowest pk first.
+func (s *Store) pick(ctx context.Context, f registry.NodeFilter, host *string, n int) ([]int64, error) {
+	var q query
+	q.where(f)
+	if host != nil {
+		q.add("ip = " + q.arg(*host) + "::inet")
+	}
+	rows, _ := s.db.Query(ctx, `SELECT pk FROM nodes WHERE `+q.cond()+` ORDER BY pk LIMIT `+q.arg(n)+` FOR UPDATE SKIP LOCKED`, q.args...)
+	return pgx.CollectRows(rows, pgx.RowTo[int64])
+}
+
+// pickOneHost finds a host with c.Count free matching nodes and locks them.
+// Hosts come from an unlocked count; each try runs in a savepoint so the
+// locks of a host that falls short are released before the next try.
+func (s *Store) pickOneHost(ctx context.Context, c registry.Claim) ([]int64, error) {
+	var q query
+	q.where(c.Filter)
+	rows, _ := s.db.Query(ctx, `SELECT host(ip) FROM nodes WHERE `+q.cond()+`
+		GROUP BY ip HAVING count(*) >= `+q.arg(c.Count)+` ORDER BY min(pk) LIMIT `+q.arg(maxHostsTried), q.args...)
+	hosts, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, err
+	}
+	tx := s.db.(pgx.Tx)
+	for _, h := range hosts {
+		sp, err := tx.Begin(ctx) // a savepoint
+		if err != nil {
+			return nil, err
+		}
+		pks, err := (&Store{pool: s.pool, db: sp, inTx: true}).pick(ctx, c.Filter, &h, c.Count)
+		if err != nil {
+			return nil, err
+		}
+		if len(pks) == c.Count {
+			if err := sp.Commit(ctx); err != nil { // releases the savepoint, keeps the locks
+				return nil, err
+			}
+			return pks, nil
+		}
+		if err := sp.Rollback(ctx); err != nil { // gives back this host's locks
+			return nil, err
+		}
+	}
+	return nil, registry.Conflictf("no single host has %d free matching node(s) that are not being claimed right now", c.Count)
+}
+
+// ReleaseNodes takes nodes back from r.Job: the listed ones, or all it
+// holds. Listed nodes the job does not hold are reported, not failed.
+func (s *Store) ReleaseNodes(ctx context.Context, actor registry.Actor, r registry.Release) ([]registry.Node, []registry.NotReleased, error) {
+	if err := r.Normalize(); err != nil {
+		return nil, nil, err
+	}
+	var released []registry.Node
+	var notReleased []registry.NotReleased
+	err := s.WithTx(ctx, func(tx *Store) error {
+		var pks []int64
+		if r.Nodes == nil {
+			rows, _ := tx.db.Query(ctx, `SELECT pk FROM nodes WHERE current_job = $1 ORDER BY pk FOR UPDATE`, r.Job)
+			var err error
+			if pks, err = pgx.CollectRows(rows, pgx.RowTo[int64]); err != nil {
+				return err
+			}
+		} else {
+			want := slices.Compact(slices.Sorted(slices.Values(r.Nodes)))
+			rows, _ := tx.db.Query(ctx, `SELECT pk, current_job FROM nodes WHERE pk = ANY($1) ORDER BY pk FOR UPDATE`, want)
+			held := map[int64]*int64{}
+			var pk int64
+			var job *int64
+			if _, err := pgx.ForEachRow(rows, []any{&pk, &job}, func() error {
+				held[pk] = job
+				return nil
+			}); err != nil {
+				return err
+			}
+			for _, pk := range want {
+				job, ok := held[pk]
+				switch {
+				case !ok:
+					notReleased = append(notReleased, registry.NotReleased{PK: pk, Reason: "no such node"})
+				case job == nil:
+					notReleased = append(notReleased, registry.NotReleased{PK: pk, Reason: "not held by any job"})
+				case *job != r.Job:
+					notReleased = append(notReleased, registry.NotReleased{PK: pk, Reason: fmt.Sprintf("held by job %d", *job)})
+				default:
+					pks = append(pks, pk)
+				}
+			}
+		}
+		if len(pks) == 0 {
+			return nil
+		}
+		rows, _ := tx.db.Query(ctx, `
+			UPDATE nodes SET current_job = NULL, updated_at = now(), version = version + 1
+			WHERE pk = ANY($1) RETURNING `+nodeColumns, pks)
+		var err error
+		if released, err = pgx.CollectRows(rows, scanNode); err != nil {
+			return err
+		}
+		slices.SortFunc(released, func(a, b registry.Node) int { return cmp.Compare(a.PK, b.PK) })
+		if err := tx.recordChanges(ctx, "released", released...); err != nil {
+			return err
+		}
+		job := r.Job
+		return tx.auditNodes(ctx, actor, "node.release", released, func(n registry.Node) any {
+			n.CurrentJob = &job
+			return docOfNode(n)
+		})
+	})
+	if err != nil {
+		if _, ok := errors.AsType[*registry.Error](err); ok {
+			return nil, nil, err
+		}
+		return nil, nil, fmt.Errorf("store: release: %w", translate(err))
+	}
+	return released, notReleased, nil
 }
 
 // TouchNodes records heartbeats: each node's last_seen becomes the given

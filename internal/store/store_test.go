@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -49,9 +50,15 @@ func TestSchemaLifecycle(t *testing.T) {
 	if state, _ = st.CheckSchema(ctx); !state.OK() {
 		t.Fatalf("after up: %+v", state)
 	}
-	// Down really removes the schema, and up restores it.
-	if _, err := m.Down(ctx); err != nil {
-		t.Fatal(err)
+	// Down, step by step, really removes the schema, and up restores it.
+	for state.Current > 0 {
+		if _, err := m.Down(ctx); err != nil {
+			t.Fatal(err)
+		}
+		prev := state.Current
+		if state, err = st.CheckSchema(ctx); err != nil || state.Current >= prev {
+			t.Fatalf("down from %d left %+v, %v", prev, state, err)
+		}
 	}
 	if _, err := st.ListNodes(ctx, registry.NodeFilter{}); err == nil {
 		t.Fatal("nodes table survived migrate down")
@@ -153,10 +160,10 @@ func TestStoreErrorsAreTyped(t *testing.T) {
 	if f := registry.FieldsOf(err); len(f) != 1 || f[0].Field != "hardware_generation" {
 		t.Errorf("missing hardware: %v", err)
 	}
-	if _, err := st.DeleteHardware(ctx, sys, hw.PK); !errors.Is(err, registry.ErrConflict) {
+	if _, err := st.DeleteHardware(ctx, sys, hw.PK, nil); !errors.Is(err, registry.ErrConflict) {
 		t.Errorf("delete used hardware: %v", err)
 	}
-	if _, err := st.DeleteNode(ctx, sys, 424242); !errors.Is(err, registry.ErrNotFound) {
+	if _, err := st.DeleteNode(ctx, sys, 424242, false, nil); !errors.Is(err, registry.ErrNotFound) {
 		t.Errorf("delete missing node: %v", err)
 	}
 	if _, err := st.GetHardware(ctx, 424242); !errors.Is(err, registry.ErrNotFound) {
@@ -170,5 +177,88 @@ func TestUnavailable(t *testing.T) {
 	_, err := st.GetNode(context.Background(), 1)
 	if !errors.Is(err, registry.ErrUnavailable) {
 		t.Errorf("unreachable database: %v, want ErrUnavailable", err)
+	}
+}
+
+// A reader that follows events by id while writers commit concurrently and
+// sequencers run in parallel never sees an id below one it already saw,
+// and in the end has seen every change exactly once.
+func TestEventsNeverAppearBehindTheReader(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.New(t)
+	st := open(t, url)
+	const writers, perWriter = 8, 25
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() {
+			for i := range perWriter {
+				_, err := st.CreateNode(ctx, sys, registry.NodeSpec{IP: fmt.Sprintf("10.%d.%d.1", w, i), DriverVersion: "d"})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	stop := make(chan struct{})
+	var seqs sync.WaitGroup
+	for range 3 { // three replicas' sequencers
+		seqs.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, err := st.SequenceEvents(ctx); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	seen := map[int64]bool{}
+	var last int64
+	read := func() {
+		events, err := st.NodeEventsAfter(ctx, last, 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range events {
+			if e.ID <= last {
+				t.Fatalf("event %d after %d", e.ID, last)
+			}
+			last = e.ID
+			if seen[e.Node.PK] {
+				t.Fatalf("node %d created twice", e.Node.PK)
+			}
+			seen[e.Node.PK] = true
+		}
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	for running := true; running; {
+		select {
+		case <-done:
+			running = false
+		default:
+			read()
+		}
+	}
+	close(stop)
+	seqs.Wait()
+	if _, err := st.SequenceEvents(ctx); err != nil {
+		t.Fatal(err)
+	}
+	read()
+	// Anything stamped below the reader's position after it passed would
+	// be lost to it: check the log holds nothing it did not see.
+	all, err := st.NodeEventsAfter(ctx, 0, 10_000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(seen) != writers*perWriter || len(all) != writers*perWriter {
+		t.Errorf("reader saw %d, log holds %d, want %d", len(seen), len(all), writers*perWriter)
 	}
 }

@@ -1,0 +1,98 @@
+package api
+
+import (
+	"net/http"
+
+	"github.com/registryd/registryd/internal/registry"
+)
+
+type claimJSON struct {
+	Job   int64      `json:"job"`
+	Nodes []nodeJSON `json:"nodes"`
+}
+
+type notReleasedJSON struct {
+	PK     int64  `json:"pk"`
+	Reason string `json:"reason"`
+}
+
+type releaseJSON struct {
+	Job         int64             `json:"job"`
+	Released    []nodeJSON        `json:"released"`
+	NotReleased []notReleasedJSON `json:"not_released"`
+}
+
+func nodesJSON(nodes []registry.Node) []nodeJSON {
+	out := make([]nodeJSON, len(nodes))
+	for i, n := range nodes {
+		out[i] = toNodeJSON(n)
+	}
+	return out
+}
+
+// claimNodes is POST /v1/nodes/claim: {"job": J, "count": N, "same_host":
+// bool, ...list filters}. All or nothing; 409 when not enough nodes match.
+func (s *Server) claimNodes(w http.ResponseWriter, r *http.Request) error {
+	obj, err := decodeObject(w, r, false)
+	if err != nil {
+		return err
+	}
+	f := newFields(obj)
+	c := registry.Claim{Count: 1}
+	job := f.int64("job", false)
+	c.Job = job.Value
+	if o := f.int64("count", false); o.Set {
+		c.Count = int(min(max(o.Value, -1), registry.MaxClaim+1)) // out of range stays out of range
+	}
+	c.SameHost = f.bool("same_host").Value
+	c.Filter = readFilterFields(f)
+	f.require("job")
+	if !f.errs.Has("job") && !f.errs.Has("count") && !f.errs.Has("limit") {
+		f.check(c.Normalize())
+	}
+	if err := f.err(); err != nil {
+		return err
+	}
+	nodes, err := s.store.ClaimNodes(r.Context(), actor(r), c)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, claimJSON{Job: c.Job, Nodes: nodesJSON(nodes)})
+}
+
+// releaseNodes is POST /v1/nodes/release: {"job": J, "nodes": [pk, ...]}.
+func (s *Server) releaseNodes(w http.ResponseWriter, r *http.Request) error {
+	obj, err := decodeObject(w, r, false)
+	if err != nil {
+		return err
+	}
+	f := newFields(obj)
+	var rel registry.Release
+	rel.Job = f.int64("job", false).Value
+	f.require("job")
+	if raw, ok := f.raw("nodes"); ok && !isNull(raw) {
+		pks, msg := parseIntArray(raw)
+		if msg != "" {
+			f.errs.Add("nodes", "%s", msg)
+		}
+		rel.Nodes = pks
+		if rel.Nodes == nil {
+			rel.Nodes = []int64{}
+		}
+	}
+	if !f.errs.Has("job") {
+		f.check(rel.Normalize())
+	}
+	if err := f.err(); err != nil {
+		return err
+	}
+	released, notReleased, err := s.store.ReleaseNodes(r.Context(), actor(r), rel)
+	if err != nil {
+		return err
+	}
+	out := releaseJSON{Job: rel.Job, Released: nodesJSON(released), NotReleased: []notReleasedJSON{}}
+	for _, n := range notReleased {
+		out.NotReleased = append(out.NotReleased, notReleasedJSON{PK: n.PK, Reason: n.Reason})
+	}
+	return writeJSON(w, http.StatusOK, out)
+}

@@ -1,0 +1,206 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/registryd/registryd/internal/registry"
+)
+
+// Events is the change feed behind watch. *watch.Hub implements it.
+type Events interface {
+	Subscribe(ctx context.Context) (events <-chan registry.NodeEvent, cut <-chan struct{}, last int64, cancel func(), err error)
+	Backfill(ctx context.Context, after, upto int64, fn func(registry.NodeEvent) error) error
+}
+
+// watchFilter selects events by the node they carry.
+type watchFilter struct {
+	hardwareGeneration *int64
+	source             *string
+	ip                 *string
+	index              *int64
+	node               *int64
+}
+
+func (f watchFilter) match(n registry.Node) bool {
+	return (f.hardwareGeneration == nil || n.HardwareGeneration != nil && *n.HardwareGeneration == *f.hardwareGeneration) &&
+		(f.source == nil || n.Source == *f.source) &&
+		(f.ip == nil || n.IP == *f.ip) &&
+		(f.index == nil || int64(n.Index) == *f.index) &&
+		(f.node == nil || n.PK == *f.node)
+}
+
+func readWatchFilter(q url.Values) (watchFilter, error) {
+	var f watchFilter
+	var fe registry.FieldErrors
+	intParam := func(name string) *int64 {
+		if !q.Has(name) {
+			return nil
+		}
+		n, err := strconv.ParseInt(q.Get(name), 10, 64)
+		if err != nil || n < 0 {
+			fe.Add(name, "must be a non-negative integer")
+			return nil
+		}
+		return &n
+	}
+	for name := range q {
+		switch name {
+		case "hardware_generation", "source", "ip", "index", "node", "last_event_id":
+		default:
+			fe.Add(name, "is not a known watch parameter (hardware_generation, source, ip, index, node, last_event_id)")
+		}
+	}
+	f.hardwareGeneration = intParam("hardware_generation")
+	f.index = intParam("index")
+	f.node = intParam("node")
+	if q.Has("source") {
+		v := q.Get("source")
+		f.source = &v
+	}
+	if q.Has("ip") {
+		ip, err := registry.CanonicalIP(q.Get("ip"))
+		if err != nil {
+			fe.Add("ip", "%s", err.Error())
+		}
+		f.ip = &ip
+	}
+	return f, fe.Err()
+}
+
+// resumeFrom reads Last-Event-ID (or ?last_event_id= for clients that
+// cannot set headers); -1 when absent.
+func resumeFrom(r *http.Request) (int64, error) {
+	v := r.Header.Get("Last-Event-ID")
+	if v == "" {
+		v = r.URL.Query().Get("last_event_id")
+	}
+	if v == "" {
+		return -1, nil
+	}
+	id, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+	if err != nil || id < 0 {
+		return 0, badRequest("Last-Event-ID must be an event id (a non-negative integer)")
+	}
+	return id, nil
+}
+
+type eventJSON struct {
+	Kind string    `json:"kind"`
+	At   time.Time `json:"at"`
+	Node nodeJSON  `json:"node"`
+}
+
+// watchNodes is GET /v1/nodes/watch, a Server-Sent Events stream of node
+// changes. Each event's id increases; a client that reconnects with
+// Last-Event-ID gets everything it missed from the change log, or a
+// "reset" event when retention already removed it.
+func (s *Server) watchNodes(w http.ResponseWriter, r *http.Request) error {
+	filter, err := readWatchFilter(r.URL.Query())
+	if err != nil {
+		return err
+	}
+	resume, err := resumeFrom(r)
+	if err != nil {
+		return err
+	}
+	if s.events == nil {
+		return &httpError{status: http.StatusServiceUnavailable, detail: "watching is not enabled on this server"}
+	}
+	ctx := r.Context()
+	events, cut, last, cancel, err := s.events.Subscribe(ctx)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+
+	rc := http.NewResponseController(w)
+	// A stream outlives the server's request timeouts; each write gets its
+	// own deadline instead, so a stuck client is dropped.
+	_ = rc.SetReadDeadline(time.Time{})
+	_ = rc.SetWriteDeadline(time.Time{})
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.Header().Set("X-Accel-Buffering", "no") // nginx: do not buffer the stream
+	w.WriteHeader(http.StatusOK)
+
+	send := func(chunk string) error {
+		_ = rc.SetWriteDeadline(time.Now().Add(s.watchWriteTimeout))
+		if _, err := fmt.Fprint(w, chunk); err != nil {
+			return err
+		}
+		return rc.Flush()
+	}
+	sendEvent := func(e registry.NodeEvent) error {
+		data, err := json.Marshal(eventJSON{Kind: e.Kind, At: e.At.UTC(), Node: toNodeJSON(e.Node)})
+		if err != nil {
+			return err
+		}
+		return send(fmt.Sprintf("id: %d\nevent: %s\ndata: %s\n\n", e.ID, e.Kind, data))
+	}
+	reset := func(reason string) error {
+		data, _ := json.Marshal(map[string]any{"reason": reason, "last_event_id": last})
+		return send(fmt.Sprintf("id: %d\nevent: reset\ndata: %s\n\n", last, data))
+	}
+
+	if err := send(fmt.Sprintf("retry: 2000\n: watching node changes after event %d\n\n", max(resume, last))); err != nil {
+		return nil
+	}
+	floor := last // live events at or below it were covered by the backfill
+	switch {
+	case resume < 0:
+	case resume > last:
+		// An id this registry never issued (another database, a restore).
+		if err := reset("Last-Event-ID is ahead of this registry's events; re-list"); err != nil {
+			return nil
+		}
+	default:
+		err := s.events.Backfill(ctx, resume, last, func(e registry.NodeEvent) error {
+			if !filter.match(e.Node) {
+				return nil
+			}
+			return sendEvent(e)
+		})
+		switch {
+		case errors.Is(err, registry.ErrGone):
+			if reset(publicMessage(err)) != nil {
+				return nil
+			}
+		case err != nil:
+			s.logger.WarnContext(ctx, "watch backfill failed", "request_id", requestID(ctx), "err", err)
+			return nil // the client resumes from what it got
+		}
+	}
+
+	keepAlive := time.NewTicker(s.watchKeepAlive)
+	defer keepAlive.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-cut:
+			// Fell behind (or the server is stopping): end the stream; the
+			// client resumes with Last-Event-ID from the change log.
+			_ = send(": falling behind; reconnect with Last-Event-ID\n\n")
+			return nil
+		case <-keepAlive.C:
+			if send(": keep-alive\n\n") != nil {
+				return nil
+			}
+		case e := <-events:
+			if e.ID <= floor || !filter.match(e.Node) {
+				continue
+			}
+			if sendEvent(e) != nil {
+				return nil
+			}
+		}
+	}
+}

@@ -1,0 +1,79 @@
+package registry
+
+import "time"
+
+// MaxClaim is the most nodes one claim may take.
+const MaxClaim = 1000
+
+// Claim asks for Count free, schedulable nodes matching Filter for Job,
+// all on one host when SameHost is set. It is all or nothing.
+type Claim struct {
+	Job      int64
+	Count    int
+	SameHost bool
+	Filter   NodeFilter
+}
+
+// Normalize validates the claim. Claims always take free nodes, so the
+// filter may not ask for busy ones, and Count replaces paging.
+func (c *Claim) Normalize() error {
+	var fe FieldErrors
+	if c.Job <= 0 {
+		fe.Add("job", "must be a positive integer (the job's pk)")
+	}
+	if c.Count < 1 || c.Count > MaxClaim {
+		fe.Add("count", "must be between 1 and %d", MaxClaim)
+	}
+	if c.Filter.Free != nil && !*c.Filter.Free {
+		fe.Add("free", "claims take free nodes only; leave it out or set it to true")
+	}
+	if c.Filter.CurrentJob != nil {
+		fe.Add("current_job", "claims take free nodes only; it cannot be a claim filter")
+	}
+	if c.Filter.Limit != 0 {
+		fe.Add("limit", "is a list option; a claim takes count nodes")
+	}
+	if err := c.Filter.Normalize(); err != nil {
+		fe = append(fe, FieldsOf(err)...)
+	}
+	return fe.Err()
+}
+
+// Release gives back nodes a job holds: the listed ones, or all of them
+// when Nodes is nil.
+type Release struct {
+	Job   int64
+	Nodes []int64
+}
+
+// Normalize validates the release.
+func (r *Release) Normalize() error {
+	var fe FieldErrors
+	if r.Job <= 0 {
+		fe.Add("job", "must be a positive integer (the job's pk)")
+	}
+	if r.Nodes != nil && (len(r.Nodes) == 0 || len(r.Nodes) > MaxClaim) {
+		fe.Add("nodes", "must list between 1 and %d node pks, or be left out to release every node of the job", MaxClaim)
+	}
+	for _, pk := range r.Nodes {
+		if pk <= 0 {
+			fe.Add("nodes", "must hold positive node pks")
+			break
+		}
+	}
+	return fe.Err()
+}
+
+// NotReleased is a node a release named but could not give back, and why.
+type NotReleased struct {
+	PK     int64
+	Reason string
+}
+
+// NodeEvent is one change of a node as watchers see it.
+type NodeEvent struct {
+	ID   int64     // increases with every event, across replicas
+	Kind string    // created, updated, deleted, claimed, released
+	At   time.Time // when the change was made
+	Node Node      // the node after the change; for deleted, as it was
+}

@@ -1,0 +1,212 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/registryd/registryd/internal/registry"
+)
+
+// Notification channels. Writers notify ChangesChannel when they commit
+// change rows; the sequencer notifies EventsChannel when it has stamped
+// new events.
+const (
+	ChangesChannel = "registryd_changes"
+	EventsChannel  = "registryd_events"
+)
+
+// sequencerLockID keys the advisory lock that makes one sequencing pass at
+// a time, whichever replica runs it.
+const sequencerLockID = 0x7265676973747200
+
+// nodeDoc is a whole node as the change log and the audit log keep it,
+// under the API's field names so an auditor reads what a client saw.
+type nodeDoc struct {
+	PK                 int64      `json:"pk"`
+	IP                 string     `json:"ip"`
+	Index              int        `json:"index"`
+	CPUMem             int64      `json:"cpu_mem"`
+	DriverVersion      string     `json:"driver_version"`
+	HardwareGeneration *int64     `json:"hardware_generation"`
+	GPUMem             *int64     `json:"gpu_mem"`
+	LastSeen           *time.Time `json:"last_seen"`
+	CurrentJob         *int64     `json:"current_job"`
+	Owner              *string    `json:"owner"`
+	Source             string     `json:"source"`
+	Schedulable        bool       `json:"schedulable"`
+	CreatedAt          time.Time  `json:"created_at"`
+	UpdatedAt          time.Time  `json:"updated_at"`
+	Version            int64      `json:"version"`
+}
+
+func (d nodeDoc) node() registry.Node {
+	return registry.Node{PK: d.PK, IP: d.IP, Index: d.Index, CPUMem: d.CPUMem, DriverVersion: d.DriverVersion,
+		HardwareGeneration: d.HardwareGeneration, GPUMem: d.GPUMem, LastSeen: d.LastSeen, CurrentJob: d.CurrentJob,
+		Owner: d.Owner, Source: d.Source, Schedulable: d.Schedulable, CreatedAt: d.CreatedAt, UpdatedAt: d.UpdatedAt,
+		Version: d.Version}
+}
+
+func docOfNode(n registry.Node) nodeDoc {
+	return nodeDoc{PK: n.PK, IP: n.IP, Index: n.Index, CPUMem: n.CPUMem, DriverVersion: n.DriverVersion,
+		HardwareGeneration: n.HardwareGeneration, GPUMem: n.GPUMem, LastSeen: n.LastSeen, CurrentJob: n.CurrentJob,
+		Owner: n.Owner, Source: n.Source, Schedulable: n.Schedulable, CreatedAt: n.CreatedAt, UpdatedAt: n.UpdatedAt,
+		Version: n.Version}
+}
+
+// recordChanges appends change rows for nodes in the current transaction
+// and asks for a notification at commit.
+func (s *Store) recordChanges(ctx context.Context, kind string, nodes ...registry.Node) error {
+	pks := make([]int64, len(nodes))
+	docs := make([]string, len(nodes))
+	for i, n := range nodes {
+		b, err := json.Marshal(docOfNode(n))
+		if err != nil {
+			return err
+		}
+		pks[i], docs[i] = n.PK, string(b)
+	}
+	_, err := s.db.Exec(ctx, `
+		WITH ins AS (
+			INSERT INTO node_changes (kind, node_pk, doc)
+			SELECT $1, u.pk, u.doc FROM unnest($2::bigint[], $3::jsonb[]) AS u(pk, doc)
+		)
+		SELECT pg_notify($4, '')`, kind, pks, docs, ChangesChannel)
+	if err != nil {
+		return fmt.Errorf("store: record %s: %w", kind, translate(err))
+	}
+	return nil
+}
+
+// SequenceEvents stamps every committed, unstamped change row with the next
+// event ids, in row order, and returns the latest event id. Passes of all
+// replicas serialize on an advisory lock, so stamps become visible in
+// increasing order: a watcher that has seen event N never later finds an
+// event below N.
+func (s *Store) SequenceEvents(ctx context.Context) (latest int64, err error) {
+	err = s.WithTx(ctx, func(tx *Store) error {
+		if _, err := tx.db.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(sequencerLockID)); err != nil {
+			return err
+		}
+		var stamped int64
+		err := tx.db.QueryRow(ctx, `
+			WITH todo AS (
+				SELECT row_id FROM node_changes WHERE event_id IS NULL ORDER BY row_id
+			), stamps AS (
+				SELECT row_id, nextval('node_event_seq') AS event_id FROM todo
+			), upd AS (
+				UPDATE node_changes c SET event_id = stamps.event_id FROM stamps
+				WHERE c.row_id = stamps.row_id RETURNING c.event_id
+			)
+			SELECT count(*) FROM upd`).Scan(&stamped)
+		if err != nil {
+			return err
+		}
+		if err := tx.db.QueryRow(ctx, `SELECT coalesce(max(event_id), 0) FROM node_changes`).Scan(&latest); err != nil {
+			return err
+		}
+		if stamped > 0 {
+			_, err = tx.db.Exec(ctx, `SELECT pg_notify($1, $2)`, EventsChannel, fmt.Sprint(latest))
+		}
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("store: sequence events: %w", translate(err))
+	}
+	return latest, nil
+}
+
+// NodeEventsAfter returns up to limit events with ids above after, in order.
+func (s *Store) NodeEventsAfter(ctx context.Context, after int64, limit int) ([]registry.NodeEvent, error) {
+	rows, _ := s.db.Query(ctx, `
+		SELECT event_id, kind, at, doc FROM node_changes
+		WHERE event_id > $1 ORDER BY event_id LIMIT $2`, after, limit)
+	events, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (registry.NodeEvent, error) {
+		var e registry.NodeEvent
+		var doc []byte
+		if err := row.Scan(&e.ID, &e.Kind, &e.At, &doc); err != nil {
+			return e, err
+		}
+		var d nodeDoc
+		if err := json.Unmarshal(doc, &d); err != nil {
+			return e, err
+		}
+		e.Node = d.node()
+		return e, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: node events: %w", translate(err))
+	}
+	return events, nil
+}
+
+// EventHorizon returns the highest pruned event id (resuming below it
+// misses events) and the latest stamped one.
+func (s *Store) EventHorizon(ctx context.Context) (pruned, latest int64, err error) {
+	err = s.db.QueryRow(ctx, `
+		SELECT (SELECT pruned_through FROM node_changes_horizon),
+		       coalesce((SELECT max(event_id) FROM node_changes), 0)`).Scan(&pruned, &latest)
+	if err != nil {
+		return 0, 0, fmt.Errorf("store: event horizon: %w", translate(err))
+	}
+	latest = max(latest, pruned)
+	return pruned, latest, nil
+}
+
+// PruneEvents deletes stamped events older than before, keeping the newest
+// one so the latest id survives an idle period, and raises the horizon.
+func (s *Store) PruneEvents(ctx context.Context, before time.Time) (int64, error) {
+	var n int64
+	err := s.WithTx(ctx, func(tx *Store) error {
+		if _, err := tx.db.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(sequencerLockID)); err != nil {
+			return err
+		}
+		return tx.db.QueryRow(ctx, `
+			WITH gone AS (
+				DELETE FROM node_changes
+				WHERE event_id IS NOT NULL AND at < $1
+				  AND event_id < (SELECT max(event_id) FROM node_changes)
+				RETURNING event_id
+			), horizon AS (
+				UPDATE node_changes_horizon
+				SET pruned_through = greatest(pruned_through, (SELECT max(event_id) FROM gone))
+				WHERE EXISTS (SELECT 1 FROM gone)
+			)
+			SELECT count(*) FROM gone`, before).Scan(&n)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("store: prune events: %w", translate(err))
+	}
+	return n, nil
+}
+
+// Listen holds one connection that LISTENs on channels and calls fn for
+// every notification until ctx ends or the connection fails.
+func (s *Store) Listen(ctx context.Context, channels []string, fn func(channel, payload string)) error {
+	pooled, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("store: listen: %w", translate(err))
+	}
+	// The connection carries LISTEN state: never hand it back to the pool.
+	conn := pooled.Hijack()
+	defer conn.Close(context.WithoutCancel(ctx))
+	for _, ch := range channels {
+		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
+			return fmt.Errorf("store: listen: %w", translate(err))
+		}
+	}
+	fn("", "") // listening: whatever happened before is now worth a look
+	for {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("store: listen: %w", translate(err))
+		}
+		fn(n.Channel, n.Payload)
+	}
+}
