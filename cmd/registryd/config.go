@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/registryd/registryd/internal/auth"
+	"github.com/registryd/registryd/internal/provider"
 )
 
 // config is every setting, loaded once from the environment and validated.
@@ -30,6 +32,52 @@ type config struct {
 	JWTAudience   string             // REGISTRY_JWT_AUDIENCE
 
 	WatchRetention time.Duration // REGISTRY_WATCH_RETENTION: how long watch events stay resumable
+
+	SCP          scpConfig
+	E2E          e2eConfig
+	SyncInterval time.Duration // REGISTRY_SYNC_INTERVAL
+	SyncTimeout  time.Duration // REGISTRY_SYNC_TIMEOUT
+}
+
+// scpConfig enables the Samsung SDS Cloud importer when Endpoint is set.
+type scpConfig struct {
+	Endpoint, AccessKey, SecretKey, AccountID string
+	GPUTable                                  map[string]provider.GPUSpec
+}
+
+// e2eConfig enables the E2E Networks importer when Endpoint is set.
+type e2eConfig struct {
+	Endpoint, APIKey, Token, ProjectID, Location string
+}
+
+// secret reads NAME, or the file NAME_FILE names (container secrets).
+func secret(getenv func(string) string, name string, errs *[]string) string {
+	v, file := getenv(name), getenv(name+"_FILE")
+	switch {
+	case v != "" && file != "":
+		*errs = append(*errs, fmt.Sprintf("set %s or %s_FILE, not both", name, name))
+	case file != "":
+		b, err := os.ReadFile(file)
+		if err != nil {
+			*errs = append(*errs, fmt.Sprintf("%s_FILE: %v", name, err))
+		}
+		return strings.TrimRight(string(b), "\r\n")
+	}
+	return v
+}
+
+// requireAll names every missing setting of an enabled provider.
+func requireAll(errs *[]string, provider string, settings map[string]string) {
+	var missing []string
+	for name, v := range settings {
+		if v == "" {
+			missing = append(missing, name)
+		}
+	}
+	slices.Sort(missing)
+	if len(missing) > 0 {
+		*errs = append(*errs, fmt.Sprintf("%s import is enabled but %s not set", provider, strings.Join(missing, ", ")+map[bool]string{true: " is", false: " are"}[len(missing) == 1]))
+	}
 }
 
 func loadConfig(getenv func(string) string) (config, error) {
@@ -78,6 +126,41 @@ func loadConfig(getenv func(string) string) (config, error) {
 			errs = append(errs, fmt.Sprintf("REGISTRY_WATCH_RETENTION=%q: want a duration of at least 1m, such as 24h", v))
 		}
 		c.WatchRetention = d
+	}
+	c.SyncInterval, c.SyncTimeout = 5*time.Minute, 10*time.Minute
+	for name, dst := range map[string]*time.Duration{"REGISTRY_SYNC_INTERVAL": &c.SyncInterval, "REGISTRY_SYNC_TIMEOUT": &c.SyncTimeout} {
+		if v := getenv(name); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil || d < time.Second {
+				errs = append(errs, fmt.Sprintf("%s=%q: want a duration of at least 1s, such as 5m", name, v))
+			}
+			*dst = d
+		}
+	}
+	c.SCP = scpConfig{
+		Endpoint:  getenv("REGISTRY_SCP_ENDPOINT"),
+		AccessKey: secret(getenv, "REGISTRY_SCP_ACCESS_KEY", &errs),
+		SecretKey: secret(getenv, "REGISTRY_SCP_SECRET_KEY", &errs),
+		AccountID: getenv("REGISTRY_SCP_ACCOUNT_ID"),
+	}
+	if c.SCP.Endpoint != "" {
+		requireAll(&errs, "SCP", map[string]string{"REGISTRY_SCP_ACCESS_KEY": c.SCP.AccessKey, "REGISTRY_SCP_SECRET_KEY": c.SCP.SecretKey})
+	}
+	table, err := provider.ParseGPUTable(getenv("REGISTRY_SCP_GPU_TABLE"))
+	if err != nil {
+		errs = append(errs, "REGISTRY_SCP_GPU_TABLE: "+err.Error())
+	}
+	c.SCP.GPUTable = table
+	c.E2E = e2eConfig{
+		Endpoint:  getenv("REGISTRY_E2E_ENDPOINT"),
+		APIKey:    secret(getenv, "REGISTRY_E2E_API_KEY", &errs),
+		Token:     secret(getenv, "REGISTRY_E2E_TOKEN", &errs),
+		ProjectID: getenv("REGISTRY_E2E_PROJECT_ID"),
+		Location:  getenv("REGISTRY_E2E_LOCATION"),
+	}
+	if c.E2E.Endpoint != "" {
+		requireAll(&errs, "E2E", map[string]string{"REGISTRY_E2E_API_KEY": c.E2E.APIKey, "REGISTRY_E2E_TOKEN": c.E2E.Token,
+			"REGISTRY_E2E_PROJECT_ID": c.E2E.ProjectID, "REGISTRY_E2E_LOCATION": c.E2E.Location})
 	}
 	c.JWTIssuer = getenv("REGISTRY_JWT_ISSUER")
 	c.JWTAudience = getenv("REGISTRY_JWT_AUDIENCE")

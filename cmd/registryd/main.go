@@ -3,6 +3,7 @@
 //	registryd serve                    the HTTP server
 //	registryd migrate up|down|status   schema migrations
 //	registryd token --sub S --role R   a signed bearer token
+//	registryd sync --once              one import pass of every provider
 //
 // Configuration comes from REGISTRY_* environment variables; see README.md.
 package main
@@ -38,6 +39,7 @@ commands:
   migrate up|down|status   apply, roll back one, or list schema migrations
   token --sub NAME --role ROLE [--ttl 24h]
                            print a signed token (admin, scheduler, agent, reader)
+  sync --once              import the inventory of every configured cloud once
 
 Without REGISTRY_DATABASE_URL, registryd runs its own PostgreSQL in
 REGISTRY_DATA_DIR (default ./.data). See README.md for every setting.
@@ -61,6 +63,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return migrate(ctx, cfg, args[1:], stdout, stderr)
 	case "token":
 		return token(ctx, cfg, args[1:], stdout, stderr)
+	case "sync":
+		return syncCmd(ctx, cfg, args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil

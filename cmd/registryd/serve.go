@@ -197,6 +197,18 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 	go func() { beats.Run(beatCtx); close(beatsDone) }()
 	defer func() { stopBeats(); <-beatsDone }()
 
+	// The sync loop runs when a provider is configured; replicas take turns
+	// through an advisory lock.
+	syncWorker, err := newSyncer(cfg, db.store, logger)
+	if err != nil {
+		return err
+	}
+	if syncWorker != nil {
+		syncDone := make(chan struct{})
+		go func() { syncWorker.Run(ctx); close(syncDone) }()
+		defer func() { <-syncDone }()
+	}
+
 	// The watch hub stops with the signal, which ends every watch stream so
 	// that the HTTP shutdown below is not held up by them.
 	hub := watch.New(db.store, watch.Options{

@@ -27,7 +27,7 @@ import (
 // Store is the storage the API needs. *store.Store implements it.
 // Writes take the actor so the store can audit them in the same transaction.
 type Store interface {
-	CreateNode(ctx context.Context, a registry.Actor, spec registry.NodeSpec) (registry.Node, error)
+	CreateNode(ctx context.Context, a registry.Actor, spec registry.NodeSpec) (n registry.Node, adopted bool, err error)
 	GetNode(ctx context.Context, pk int64) (registry.Node, error)
 	UpdateNode(ctx context.Context, a registry.Actor, pk int64, fn func(cur registry.Node) (registry.NodeSpec, error)) (registry.Node, error)
 	DeleteNode(ctx context.Context, a registry.Actor, pk int64, force bool, check func(cur registry.Node) error) (registry.Node, error)

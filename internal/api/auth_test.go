@@ -130,7 +130,7 @@ func (b *bundle) fixture() fixture {
 	ctx := context.Background()
 	mk := func(owner string) int64 {
 		i := seq.Add(1)
-		n, err := b.store.CreateNode(ctx, registry.Actor{Principal: registry.Principal{Sub: owner, Role: registry.RoleAgent}},
+		n, _, err := b.store.CreateNode(ctx, registry.Actor{Principal: registry.Principal{Sub: owner, Role: registry.RoleAgent}},
 			registry.NodeSpec{IP: fmt.Sprintf("10.%d.%d.%d", i>>16&255, i>>8&255, i&255), DriverVersion: "550"})
 		if err != nil {
 			b.t.Fatal(err)

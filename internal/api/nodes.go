@@ -26,6 +26,8 @@ type nodeJSON struct {
 	Owner              *string    `json:"owner"`
 	Source             string     `json:"source"`
 	Schedulable        bool       `json:"schedulable"`
+	ExternalID         *string    `json:"external_id"`
+	ProviderState      *string    `json:"provider_state"`
 	CreatedAt          time.Time  `json:"created_at"`
 	UpdatedAt          time.Time  `json:"updated_at"`
 }
@@ -43,6 +45,8 @@ func toNodeJSON(n registry.Node) nodeJSON {
 		Owner:              n.Owner,
 		Source:             n.Source,
 		Schedulable:        n.Schedulable,
+		ExternalID:         n.ExternalID,
+		ProviderState:      n.ProviderState,
 		CreatedAt:          n.CreatedAt.UTC(),
 		UpdatedAt:          n.UpdatedAt.UTC(),
 	}
@@ -73,14 +77,16 @@ func readNodePatch(f *fields) registry.NodePatch {
 // readNodeEcho reads the read-only fields a client may send back.
 func readNodeEcho(f *fields) registry.NodeEcho {
 	return registry.NodeEcho{
-		PK:          f.int64("pk", true),
-		LastSeen:    f.time("last_seen"),
-		CurrentJob:  f.int64("current_job", true),
-		Owner:       f.string("owner", true),
-		Source:      f.string("source", true),
-		Schedulable: f.bool("schedulable"),
-		CreatedAt:   f.time("created_at"),
-		UpdatedAt:   f.time("updated_at"),
+		PK:            f.int64("pk", true),
+		LastSeen:      f.time("last_seen"),
+		CurrentJob:    f.int64("current_job", true),
+		Owner:         f.string("owner", true),
+		Source:        f.string("source", true),
+		Schedulable:   f.bool("schedulable"),
+		ExternalID:    f.string("external_id", true),
+		ProviderState: f.string("provider_state", true),
+		CreatedAt:     f.time("created_at"),
+		UpdatedAt:     f.time("updated_at"),
 	}
 }
 
@@ -110,12 +116,16 @@ func (s *Server) createNode(w http.ResponseWriter, r *http.Request) error {
 	if err := f.err(); err != nil {
 		return err
 	}
-	n, err := s.store.CreateNode(r.Context(), actor(r), spec)
+	n, adopted, err := s.store.CreateNode(r.Context(), actor(r), spec)
 	if err != nil {
 		return err
 	}
 	w.Header().Set("Location", "/v1/nodes/"+strconv.FormatInt(n.PK, 10))
 	w.Header().Set("ETag", etag(n.Version))
+	if adopted {
+		// The node existed (imported by the sync worker); the agent now owns it.
+		return writeJSON(w, http.StatusOK, toNodeJSON(n))
+	}
 	return writeJSON(w, http.StatusCreated, toNodeJSON(n))
 }
 

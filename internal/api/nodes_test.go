@@ -1,6 +1,7 @@
 package api_test
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"slices"
@@ -12,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/registryd/registryd/internal/api"
+	"github.com/registryd/registryd/internal/registry"
 )
 
 func TestCreateNode(t *testing.T) {
@@ -29,7 +31,7 @@ func TestCreateNode(t *testing.T) {
 	want := map[string]any{
 		"pk": float64(pk), "ip": "2001:db8::7", "index": float64(3), "cpu_mem": float64(2199023255552),
 		"driver_version": "550.54.15", "hardware_generation": float64(hw), "gpu_mem": float64(85899345920),
-		"last_seen": nil, "current_job": nil, "owner": nil, "source": "api", "schedulable": true,
+		"last_seen": nil, "current_job": nil, "owner": nil, "source": "api", "schedulable": true, "external_id": nil, "provider_state": nil,
 	}
 	delete(n, "created_at")
 	delete(n, "updated_at")
@@ -485,4 +487,28 @@ func TestPing(t *testing.T) {
 	if r.object(t)["status"] != "ok" {
 		t.Errorf("ping: %s", r.body)
 	}
+}
+
+// An agent registering a node the sync worker imported adopts it: 200, it
+// becomes the owner, the provider's fields stay.
+func TestCreateAdoptsImportedNode(t *testing.T) {
+	b := setup(t)
+	mem := int64(80) << 30
+	_, err := b.store.ApplyImport(context.Background(),
+		registry.Actor{Principal: registry.Principal{Sub: "sync:scp", Role: registry.RoleSystem}}, "scp",
+		[]registry.ImportedNode{{ExternalID: "h1", IP: "10.7.0.1", Index: 0, CPUMem: 1 << 40, GPUMem: &mem, GPUModel: "H100", State: "RUNNING", Running: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.token = tokenFor(t, "agent-gpu-9", registry.RoleAgent)
+	body := map[string]any{"ip": "10.7.0.1", "index": 0, "cpu_mem": 5, "driver_version": "560.35.03", "hardware_generation": 424242, "gpu_mem": nil}
+	b.must(http.StatusBadRequest, b.do("POST", "/v1/nodes/create", body)) // bad input is still bad
+	body["hardware_generation"] = nil
+	n := b.must(http.StatusOK, b.do("POST", "/v1/nodes/create", body)).object(t)
+	if n["owner"] != "agent-gpu-9" || n["driver_version"] != "560.35.03" || n["source"] != "scp" || n["gpu_mem"] != float64(mem) || n["external_id"] != "h1" {
+		t.Errorf("adopted node: %v", n)
+	}
+	// Adopted once; the next registration is a conflict.
+	b.token = tokenFor(t, "agent-gpu-10", registry.RoleAgent)
+	b.must(http.StatusConflict, b.do("POST", "/v1/nodes/create", body))
 }

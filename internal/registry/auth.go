@@ -15,7 +15,11 @@ const (
 	RoleReader    Role = "reader"    // reads
 )
 
-// Roles lists every role.
+// RoleSystem marks writes the registry makes on its own (the sync worker)
+// in the audit log. No token can carry it.
+const RoleSystem Role = "system"
+
+// Roles lists every role a token may carry.
 var Roles = []Role{RoleAdmin, RoleScheduler, RoleAgent, RoleReader}
 
 // ParseRole returns the role named s, or false if s names none.

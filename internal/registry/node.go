@@ -37,8 +37,12 @@ type Node struct {
 	// Schedulable is false while the node's provider reports it stopped
 	// or gone; such nodes are never claimed. Server-managed.
 	Schedulable bool
-	CreatedAt   time.Time // server-managed
-	UpdatedAt   time.Time // server-managed
+	// ExternalID and ProviderState are what the sync worker knows of an
+	// imported node's host; nil for nodes registered through the API.
+	ExternalID    *string
+	ProviderState *string
+	CreatedAt     time.Time // server-managed
+	UpdatedAt     time.Time // server-managed
 	// Version changes on every write except heartbeats; it backs ETags.
 	Version int64
 }
@@ -190,8 +194,12 @@ type NodeEcho struct {
 	Owner       Optional[string]
 	Source      Optional[string]
 	Schedulable Optional[bool]
-	CreatedAt   Optional[time.Time]
-	UpdatedAt   Optional[time.Time]
+	// external_id and provider_state follow the provider and are accepted
+	// whatever their value, like schedulable.
+	ExternalID    Optional[string]
+	ProviderState Optional[string]
+	CreatedAt     Optional[time.Time]
+	UpdatedAt     Optional[time.Time]
 }
 
 // Check compares the echoed read-only fields with the stored node and names

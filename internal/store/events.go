@@ -38,6 +38,8 @@ type nodeDoc struct {
 	Owner              *string    `json:"owner"`
 	Source             string     `json:"source"`
 	Schedulable        bool       `json:"schedulable"`
+	ExternalID         *string    `json:"external_id"`
+	ProviderState      *string    `json:"provider_state"`
 	CreatedAt          time.Time  `json:"created_at"`
 	UpdatedAt          time.Time  `json:"updated_at"`
 	Version            int64      `json:"version"`
@@ -46,14 +48,16 @@ type nodeDoc struct {
 func (d nodeDoc) node() registry.Node {
 	return registry.Node{PK: d.PK, IP: d.IP, Index: d.Index, CPUMem: d.CPUMem, DriverVersion: d.DriverVersion,
 		HardwareGeneration: d.HardwareGeneration, GPUMem: d.GPUMem, LastSeen: d.LastSeen, CurrentJob: d.CurrentJob,
-		Owner: d.Owner, Source: d.Source, Schedulable: d.Schedulable, CreatedAt: d.CreatedAt, UpdatedAt: d.UpdatedAt,
+		Owner: d.Owner, Source: d.Source, Schedulable: d.Schedulable, ExternalID: d.ExternalID, ProviderState: d.ProviderState,
+		CreatedAt: d.CreatedAt, UpdatedAt: d.UpdatedAt,
 		Version: d.Version}
 }
 
 func docOfNode(n registry.Node) nodeDoc {
 	return nodeDoc{PK: n.PK, IP: n.IP, Index: n.Index, CPUMem: n.CPUMem, DriverVersion: n.DriverVersion,
 		HardwareGeneration: n.HardwareGeneration, GPUMem: n.GPUMem, LastSeen: n.LastSeen, CurrentJob: n.CurrentJob,
-		Owner: n.Owner, Source: n.Source, Schedulable: n.Schedulable, CreatedAt: n.CreatedAt, UpdatedAt: n.UpdatedAt,
+		Owner: n.Owner, Source: n.Source, Schedulable: n.Schedulable, ExternalID: n.ExternalID, ProviderState: n.ProviderState,
+		CreatedAt: n.CreatedAt, UpdatedAt: n.UpdatedAt,
 		Version: n.Version}
 }
 

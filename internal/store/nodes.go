@@ -17,29 +17,43 @@ import (
 
 // nodeColumns is the select list scanNode reads, in order.
 const nodeColumns = `pk, host(ip), gpu_index, cpu_mem, driver_version, hardware_generation,
-	gpu_mem, last_seen, current_job, owner, source, schedulable, created_at, updated_at, version`
+	gpu_mem, last_seen, current_job, owner, source, schedulable, external_id, provider_state,
+	created_at, updated_at, version`
 
 func scanNode(row pgx.CollectableRow) (registry.Node, error) {
 	var n registry.Node
 	err := row.Scan(&n.PK, &n.IP, &n.Index, &n.CPUMem, &n.DriverVersion, &n.HardwareGeneration,
-		&n.GPUMem, &n.LastSeen, &n.CurrentJob, &n.Owner, &n.Source, &n.Schedulable, &n.CreatedAt, &n.UpdatedAt, &n.Version)
+		&n.GPUMem, &n.LastSeen, &n.CurrentJob, &n.Owner, &n.Source, &n.Schedulable, &n.ExternalID, &n.ProviderState,
+		&n.CreatedAt, &n.UpdatedAt, &n.Version)
 	return n, err
 }
 
 // CreateNode stores a new node and audits it. An agent that creates a node
-// becomes its owner. It returns an ErrInvalid error when spec is invalid or
-// names a missing hardware generation, and an ErrConflict error (with
-// ExistingPK) when (ip, index) is taken.
-func (s *Store) CreateNode(ctx context.Context, actor registry.Actor, spec registry.NodeSpec) (registry.Node, error) {
+// becomes its owner. An agent registering a node the sync worker imported
+// (same ip and index, no owner yet) adopts that row instead: it becomes the
+// owner, its driver_version is kept, and adopted is true. It returns an
+// ErrInvalid error when spec is invalid or names a missing hardware
+// generation, and an ErrConflict error (with ExistingPK) when (ip, index)
+// is taken otherwise.
+func (s *Store) CreateNode(ctx context.Context, actor registry.Actor, spec registry.NodeSpec) (n registry.Node, adopted bool, err error) {
 	if err := spec.Normalize(); err != nil {
-		return registry.Node{}, err
+		return registry.Node{}, false, err
 	}
 	var owner *string
 	if actor.Role == registry.RoleAgent {
 		owner = &actor.Sub
 	}
-	var n registry.Node
-	err := s.WithTx(ctx, func(tx *Store) error {
+	err = s.WithTx(ctx, func(tx *Store) error {
+		if owner != nil {
+			cur, err := tx.adoptable(ctx, spec)
+			if err != nil {
+				return err
+			}
+			if cur != nil {
+				adopted = true
+				return tx.adopt(ctx, actor, *cur, spec, &n)
+			}
+		}
 		rows, _ := tx.db.Query(ctx, `
 			INSERT INTO nodes (ip, gpu_index, cpu_mem, driver_version, hardware_generation, gpu_mem, owner)
 			VALUES ($1::inet, $2, $3, $4, $5, $6, $7)
@@ -55,9 +69,54 @@ func (s *Store) CreateNode(ctx context.Context, actor registry.Actor, spec regis
 		return tx.audit(ctx, actor, "node.create", "node", n.PK, nil, docOfNode(n))
 	})
 	if err != nil {
-		return registry.Node{}, fmt.Errorf("store: create node: %w", s.nodeWriteError(ctx, err, spec))
+		return registry.Node{}, false, fmt.Errorf("store: create node: %w", s.nodeWriteError(ctx, err, spec))
 	}
-	return n, nil
+	return n, adopted, nil
+}
+
+// adoptable returns the imported, ownerless node at spec's (ip, index),
+// locked, or nil.
+func (s *Store) adoptable(ctx context.Context, spec registry.NodeSpec) (*registry.Node, error) {
+	rows, _ := s.db.Query(ctx, `SELECT `+nodeColumns+` FROM nodes
+		WHERE ip = $1::inet AND gpu_index = $2 AND source <> 'api' AND owner IS NULL FOR UPDATE`, spec.IP, spec.Index)
+	n, err := pgx.CollectExactlyOneRow(rows, scanNode)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &n, nil
+}
+
+// adopt makes the registering agent the owner of an imported node. What the
+// provider knows (memory, hardware) stays; the agent's driver_version wins.
+func (s *Store) adopt(ctx context.Context, actor registry.Actor, cur registry.Node, spec registry.NodeSpec, out *registry.Node) error {
+	// The body's hardware generation is not used, but bad input is still
+	// refused rather than ignored.
+	if spec.HardwareGeneration != nil {
+		var exists bool
+		if err := s.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM hardware_generations WHERE pk = $1)`, *spec.HardwareGeneration).Scan(&exists); err != nil {
+			return err
+		}
+		if !exists {
+			var fe registry.FieldErrors
+			fe.Add("hardware_generation", "hardware generation %d does not exist", *spec.HardwareGeneration)
+			return fe.Err()
+		}
+	}
+	rows, _ := s.db.Query(ctx, `
+		UPDATE nodes SET owner = $2, driver_version = $3, updated_at = now(), version = version + 1
+		WHERE pk = $1 RETURNING `+nodeColumns, cur.PK, actor.Sub, spec.DriverVersion)
+	n, err := pgx.CollectExactlyOneRow(rows, scanNode)
+	if err != nil {
+		return err
+	}
+	*out = n
+	if err := s.recordChanges(ctx, "updated", n); err != nil {
+		return err
+	}
+	return s.audit(ctx, actor, "node.adopt", "node", n.PK, docOfNode(cur), docOfNode(n))
 }
 
 // nodeWriteError explains a failed insert or update of spec: a taken

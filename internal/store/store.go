@@ -28,7 +28,8 @@ type querier interface {
 // call Open.
 type Store struct {
 	pool *pgxpool.Pool
-	db   querier // the pool, or a transaction inside WithTx
+	db   querier       // the pool, a held connection, or a transaction inside WithTx
+	conn *pgxpool.Conn // set when the Store is bound to one connection (see TryLock)
 	inTx bool
 }
 
@@ -87,18 +88,64 @@ func (s *Store) WithTx(ctx context.Context, fn func(*Store) error) error {
 	if s.inTx {
 		return fn(s)
 	}
-	tx, err := s.pool.Begin(ctx)
+	var tx pgx.Tx
+	var err error
+	if s.conn != nil {
+		tx, err = s.conn.Begin(ctx)
+	} else {
+		tx, err = s.pool.Begin(ctx)
+	}
 	if err != nil {
 		return translate(err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-	if err := fn(&Store{pool: s.pool, db: tx, inTx: true}); err != nil {
+	if err := fn(&Store{pool: s.pool, db: tx, conn: s.conn, inTx: true}); err != nil {
 		return err
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return translate(err)
 	}
 	return nil
+}
+
+// Lock is a session-level advisory lock held on its own connection.
+type Lock struct {
+	conn  *pgxpool.Conn
+	store *Store
+}
+
+// TryLock takes the advisory lock key without waiting. ok is false when
+// another session holds it. The returned Lock's Store runs every query on
+// the locking connection, so if that session dies the lock is gone and so
+// is the ability to write under it: a replica that lost its session cannot
+// go on as if it still held the lock.
+func (s *Store) TryLock(ctx context.Context, key int64) (l *Lock, ok bool, err error) {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, false, fmt.Errorf("store: lock: %w", translate(err))
+	}
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, key).Scan(&ok); err != nil {
+		conn.Release()
+		return nil, false, fmt.Errorf("store: lock: %w", translate(err))
+	}
+	if !ok {
+		conn.Release()
+		return nil, false, nil
+	}
+	return &Lock{conn: conn, store: &Store{pool: s.pool, db: conn, conn: conn}}, true, nil
+}
+
+// Store returns a Store bound to the lock's connection.
+func (l *Lock) Store() *Store { return l.store }
+
+// Release gives the lock back (closing the connection if unlocking fails,
+// which releases it just as surely).
+func (l *Lock) Release(ctx context.Context) {
+	if _, err := l.conn.Exec(ctx, `SELECT pg_advisory_unlock_all()`); err != nil {
+		l.conn.Hijack().Close(ctx)
+		return
+	}
+	l.conn.Release()
 }
 
 // translate maps driver errors onto the registry's sentinel kinds. Errors it

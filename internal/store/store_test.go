@@ -77,7 +77,7 @@ func TestUpdateNodeSerializes(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	st := open(t, pgtest.New(t))
-	n, err := st.CreateNode(ctx, sys, registry.NodeSpec{IP: "10.0.0.1", DriverVersion: "d"})
+	n, _, err := st.CreateNode(ctx, sys, registry.NodeSpec{IP: "10.0.0.1", DriverVersion: "d"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +109,7 @@ func TestUpdateNodeCallbackErrorChangesNothing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	st := open(t, pgtest.New(t))
-	n, err := st.CreateNode(ctx, sys, registry.NodeSpec{IP: "10.0.0.1", DriverVersion: "d"})
+	n, _, err := st.CreateNode(ctx, sys, registry.NodeSpec{IP: "10.0.0.1", DriverVersion: "d"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,17 +146,17 @@ func TestStoreErrorsAreTyped(t *testing.T) {
 	if _, err := st.CreateHardware(ctx, sys, registry.HardwareSpec{Name: "H100"}); !errors.Is(err, registry.ErrConflict) {
 		t.Errorf("duplicate name: %v", err)
 	}
-	a, err := st.CreateNode(ctx, sys, registry.NodeSpec{IP: "10.0.0.1", DriverVersion: "d", HardwareGeneration: &hw.PK})
+	a, _, err := st.CreateNode(ctx, sys, registry.NodeSpec{IP: "10.0.0.1", DriverVersion: "d", HardwareGeneration: &hw.PK})
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = st.CreateNode(ctx, sys, registry.NodeSpec{IP: "10.0.0.1", DriverVersion: "e"})
+	_, _, err = st.CreateNode(ctx, sys, registry.NodeSpec{IP: "10.0.0.1", DriverVersion: "e"})
 	var re *registry.Error
 	if !errors.As(err, &re) || !errors.Is(err, registry.ErrConflict) || re.ExistingPK != a.PK {
 		t.Errorf("duplicate pair: %v", err)
 	}
 	missing := int64(12345)
-	_, err = st.CreateNode(ctx, sys, registry.NodeSpec{IP: "10.0.0.2", DriverVersion: "d", HardwareGeneration: &missing})
+	_, _, err = st.CreateNode(ctx, sys, registry.NodeSpec{IP: "10.0.0.2", DriverVersion: "d", HardwareGeneration: &missing})
 	if f := registry.FieldsOf(err); len(f) != 1 || f[0].Field != "hardware_generation" {
 		t.Errorf("missing hardware: %v", err)
 	}
@@ -193,7 +193,7 @@ func TestEventsNeverAppearBehindTheReader(t *testing.T) {
 	for w := range writers {
 		wg.Go(func() {
 			for i := range perWriter {
-				_, err := st.CreateNode(ctx, sys, registry.NodeSpec{IP: fmt.Sprintf("10.%d.%d.1", w, i), DriverVersion: "d"})
+				_, _, err := st.CreateNode(ctx, sys, registry.NodeSpec{IP: fmt.Sprintf("10.%d.%d.1", w, i), DriverVersion: "d"})
 				if err != nil {
 					t.Error(err)
 					return

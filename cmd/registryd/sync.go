@@ -1,0 +1,100 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+
+	"github.com/registryd/registryd/internal/provider"
+	"github.com/registryd/registryd/internal/provider/e2e"
+	"github.com/registryd/registryd/internal/provider/scp"
+	"github.com/registryd/registryd/internal/store"
+	"github.com/registryd/registryd/internal/syncer"
+)
+
+// syncLockKey keys the advisory lock that lets one replica sync at a time.
+const syncLockKey = 0x7265676973747379
+
+// sources builds a client for every enabled provider.
+func sources(cfg config, logger *slog.Logger) ([]syncer.Source, error) {
+	var out []syncer.Source
+	retry := provider.Retry{Logger: logger}
+	if cfg.SCP.Endpoint != "" {
+		c, err := scp.New(scp.Config{Endpoint: cfg.SCP.Endpoint, AccessKey: cfg.SCP.AccessKey, SecretKey: cfg.SCP.SecretKey,
+			AccountID: cfg.SCP.AccountID, GPUTable: cfg.SCP.GPUTable, Retry: retry})
+		if err != nil {
+			return nil, fmt.Errorf("REGISTRY_SCP_*: %w", err)
+		}
+		out = append(out, c)
+	}
+	if cfg.E2E.Endpoint != "" {
+		c, err := e2e.New(e2e.Config{Endpoint: cfg.E2E.Endpoint, APIKey: cfg.E2E.APIKey, Token: cfg.E2E.Token,
+			ProjectID: cfg.E2E.ProjectID, Location: cfg.E2E.Location, Retry: retry})
+		if err != nil {
+			return nil, fmt.Errorf("REGISTRY_E2E_*: %w", err)
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// newSyncer wires the sync worker to the store, or returns nil when no
+// provider is enabled.
+func newSyncer(cfg config, st *store.Store, logger *slog.Logger) (*syncer.Syncer, error) {
+	srcs, err := sources(cfg, logger)
+	if err != nil || len(srcs) == 0 {
+		return nil, err
+	}
+	return syncer.New(syncer.Config{
+		Sources:     srcs,
+		Interval:    cfg.SyncInterval,
+		PassTimeout: cfg.SyncTimeout,
+		Logger:      logger,
+		Locker: func(ctx context.Context) (syncer.Store, func(), bool, error) {
+			l, ok, err := st.TryLock(ctx, syncLockKey)
+			if err != nil || !ok {
+				return nil, nil, ok, err
+			}
+			return l.Store(), func() { l.Release(context.WithoutCancel(ctx)) }, true, nil
+		},
+	})
+}
+
+// syncCmd is `registryd sync --once`: one pass of every enabled provider,
+// a summary each, and a non-zero exit if any failed.
+func syncCmd(ctx context.Context, cfg config, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("sync", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	once := fs.Bool("once", false, "run one pass of every configured provider and exit")
+	if err := fs.Parse(args); err != nil {
+		return errUsage
+	}
+	if !*once || fs.NArg() > 0 {
+		fmt.Fprintln(stderr, "usage: registryd sync --once   (serve runs the loop every REGISTRY_SYNC_INTERVAL)")
+		return errUsage
+	}
+	logger := newLogger(cfg, stderr)
+	db, err := openDatabase(ctx, cfg, logger)
+	if err != nil {
+		return err
+	}
+	defer db.close()
+	if err := prepareSchema(ctx, db, cfg.Migrate, logger); err != nil {
+		return err
+	}
+	s, err := newSyncer(cfg, db.store, logger)
+	if err != nil {
+		return err
+	}
+	if s == nil {
+		return errors.New("no provider is configured: set REGISTRY_SCP_ENDPOINT and/or REGISTRY_E2E_ENDPOINT with their credentials")
+	}
+	summaries, err := s.RunOnce(ctx)
+	for _, sum := range summaries {
+		fmt.Fprintln(stdout, sum.String())
+	}
+	return err
+}

@@ -1,0 +1,238 @@
+// Package provider holds what the cloud importers share: the inventory they
+// hand to the sync worker, and an HTTP helper with per-request timeouts and
+// retries. Each cloud has its own client package (scp, e2e) built on it.
+package provider
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// GiB is the provider's "GB": PROVIDERS.md stores it as 2^30 bytes.
+const GiB = int64(1) << 30
+
+// Host is one provider machine as the registry needs it: one registry node
+// per GPU (index 0..GPUs-1), or one node with index 0 and no GPU memory for
+// a CPU-only host.
+type Host struct {
+	ExternalID  string // provider id, unique within the provider
+	Name        string
+	IP          string // as the provider reports it; empty hosts are skipped upstream
+	State       string // the provider's own word, for logs and summaries
+	Running     bool   // only running hosts are schedulable
+	GPUModel    string // hardware generation name; "" for CPU-only hosts
+	GPUs        int    // GPUs on the host; 0 for CPU-only
+	GPUMemBytes int64  // per GPU
+	CPUMemBytes int64  // host memory
+}
+
+// Skip is a host the provider reported that cannot become registry nodes,
+// and why (no address, unknown product, …).
+type Skip struct {
+	ExternalID string
+	Name       string
+	Reason     string
+}
+
+// Inventory is everything one provider reported in one pass.
+type Inventory struct {
+	Hosts   []Host
+	Skipped []Skip
+}
+
+// Error is a failed provider call, in words safe to log and print: no
+// credentials, no signatures, no query strings with keys.
+type Error struct {
+	Provider string
+	Op       string // e.g. "GET /v1/gpu-nodes page 2"
+	Status   int    // HTTP status, 0 for transport failures
+	Message  string
+}
+
+func (e *Error) Error() string {
+	if e.Status != 0 {
+		return fmt.Sprintf("%s: %s: HTTP %d: %s", e.Provider, e.Op, e.Status, e.Message)
+	}
+	return fmt.Sprintf("%s: %s: %s", e.Provider, e.Op, e.Message)
+}
+
+// Retry configures Do.
+type Retry struct {
+	Attempts int           // total tries; default 4
+	Base     time.Duration // first backoff; default 500ms
+	Max      time.Duration // backoff cap and Retry-After cap; default 30s
+	Timeout  time.Duration // per request; default 30s
+	Logger   *slog.Logger
+}
+
+func (r Retry) withDefaults() Retry {
+	if r.Attempts <= 0 {
+		r.Attempts = 4
+	}
+	if r.Base <= 0 {
+		r.Base = 500 * time.Millisecond
+	}
+	if r.Max <= 0 {
+		r.Max = 30 * time.Second
+	}
+	if r.Timeout <= 0 {
+		r.Timeout = 30 * time.Second
+	}
+	if r.Logger == nil {
+		r.Logger = slog.New(slog.DiscardHandler)
+	}
+	return r
+}
+
+// Do sends the request newReq builds (a fresh one per attempt, so signed
+// requests get a fresh timestamp) and returns the body of a 2xx answer.
+// 429, 5xx and timeouts are retried with exponential backoff and full
+// jitter, honouring Retry-After; other statuses fail at once with the
+// provider's message from errMessage. ctx cancellation stops everything.
+func Do(ctx context.Context, client *http.Client, r Retry, providerName, op string,
+	newReq func(ctx context.Context) (*http.Request, error), errMessage func(body []byte) string) ([]byte, error) {
+	r = r.withDefaults()
+	var last error
+	for attempt := 1; ; attempt++ {
+		body, status, retryAfter, err := once(ctx, client, r.Timeout, newReq)
+		switch {
+		case err == nil && status/100 == 2:
+			return body, nil
+		case ctx.Err() != nil:
+			return nil, ctx.Err()
+		case err != nil:
+			last = &Error{Provider: providerName, Op: op, Message: err.Error()}
+		default:
+			msg := errMessage(body)
+			if msg == "" {
+				msg = http.StatusText(status)
+			}
+			last = &Error{Provider: providerName, Op: op, Status: status, Message: msg}
+			if status != http.StatusTooManyRequests && status/100 != 5 {
+				return nil, last
+			}
+		}
+		if attempt >= r.Attempts {
+			return nil, last
+		}
+		wait := backoff(r, attempt)
+		if retryAfter > 0 {
+			wait = min(retryAfter, r.Max)
+		}
+		r.Logger.Warn("provider call failed; retrying", "provider", providerName, "op", op,
+			"attempt", attempt, "wait", wait.String(), "err", last.Error())
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+func once(ctx context.Context, client *http.Client, timeout time.Duration,
+	newReq func(ctx context.Context) (*http.Request, error)) (body []byte, status int, retryAfter time.Duration, err error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	req, err := newReq(ctx)
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		var ue interface{ Timeout() bool }
+		if errors.As(err, &ue) && ue.Timeout() {
+			return nil, 0, 0, fmt.Errorf("no answer within %s", timeout)
+		}
+		return nil, 0, 0, errors.New(transportMessage(err))
+	}
+	defer resp.Body.Close()
+	body, err = io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return nil, 0, 0, fmt.Errorf("reading the answer: %s", transportMessage(err))
+	}
+	return body, resp.StatusCode, parseRetryAfter(resp.Header.Get("Retry-After")), nil
+}
+
+// transportMessage drops the URL from net/http errors: it may carry keys in
+// its query string.
+func transportMessage(err error) string {
+	var ue interface{ Unwrap() error }
+	msg := err.Error()
+	if errors.As(err, &ue) {
+		if inner := ue.Unwrap(); inner != nil && strings.Contains(msg, "://") {
+			msg = inner.Error()
+		}
+	}
+	return msg
+}
+
+func parseRetryAfter(v string) time.Duration {
+	if v == "" {
+		return 0
+	}
+	if s, err := strconv.Atoi(strings.TrimSpace(v)); err == nil && s >= 0 {
+		return time.Duration(s) * time.Second
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		return max(time.Until(t), 0)
+	}
+	return 0
+}
+
+// backoff is exponential with full jitter: uniform in (0, base·2^(n-1)].
+func backoff(r Retry, attempt int) time.Duration {
+	ceil := r.Base << (attempt - 1)
+	if ceil <= 0 || ceil > r.Max {
+		ceil = r.Max
+	}
+	return time.Duration(rand.Int64N(int64(ceil))) + 1
+}
+
+// GPUSpec is a GPU model's memory and how many a bare-metal node has.
+type GPUSpec struct {
+	MemGB int64
+	Count int
+}
+
+// DefaultGPUTable is PROVIDERS.md's built-in table, used when a product
+// description does not say.
+func DefaultGPUTable() map[string]GPUSpec {
+	return map[string]GPUSpec{
+		"H100": {80, 8}, "H200": {141, 8}, "A100": {80, 8}, "L40S": {48, 8},
+		"L4": {24, 8}, "B200": {180, 8}, "B300": {268, 8},
+	}
+}
+
+// ParseGPUTable reads overrides like "H100=80x8,B300=268x8" (GB per GPU ×
+// GPUs per node; "x8" may be left out) on top of the default table.
+func ParseGPUTable(s string) (map[string]GPUSpec, error) {
+	t := DefaultGPUTable()
+	for item := range strings.SplitSeq(s, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		model, spec, ok := strings.Cut(item, "=")
+		mem, count, hasCount := strings.Cut(spec, "x")
+		gb, err := strconv.ParseInt(strings.TrimSpace(mem), 10, 64)
+		n := 8
+		if hasCount {
+			n, err = strconv.Atoi(strings.TrimSpace(count))
+		}
+		if !ok || err != nil || gb <= 0 || n <= 0 || strings.TrimSpace(model) == "" {
+			return nil, fmt.Errorf("GPU table entry %q: want MODEL=GB or MODEL=GBxCOUNT", item)
+		}
+		t[strings.TrimSpace(model)] = GPUSpec{MemGB: gb, Count: n}
+	}
+	return t, nil
+}

@@ -1,0 +1,378 @@
+// Package scptest is a fake of Samsung SDS Cloud's Multi-node GPU Cluster
+// API v1.2, written from the seed document (003) and PROVIDERS.md, for
+// tests of the scp client and of whatever syncs from it.
+//
+// It checks every request as the real API would (headers, API version,
+// timestamp freshness and the HMAC signature, computed here on its own
+// and not with scp.Sign) and serves:
+//
+//	GET /v1/gpu-nodes?size=&page=   {"count": N, "gpu_nodes": [...]}
+//	GET /v1/gpu-nodes/{id}          one GPU node, or 404
+//	GET /v1/gpu-nodes/products      {"products": [...]}
+//
+// Errors use the API's envelope {"errors":[{"detail": "..."}]}.
+package scptest
+
+import (
+	"bytes"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Fixed credentials New presets; tests may change them under Lock.
+const (
+	AccessKey = "scptest-access-key"
+	SecretKey = "scptest-secret-key"
+	AccountID = "f5c8e56a4d9b49a8bd89e14758a32d53"
+)
+
+// APIVersion is the Scp-Api-Version the fake requires.
+const APIVersion = "multinodegpucluster 1.2"
+
+// MaxClockSkew is how far Scp-Timestamp may be from the fake's clock.
+const MaxClockSkew = 5 * time.Minute
+
+// Node is one GPU node.
+type Node struct {
+	ID, Name, PolicyIP, ServerType, ProductTypeID, State string
+}
+
+// Product is one GPU node product. MemoryValue and CPUValue are strings of
+// GB and cores, as the API sends them.
+type Product struct {
+	ID, Name, Description, GPUModel, MemoryValue, CPUValue string
+}
+
+// Server is the fake API. Change its exported fields only between Lock
+// and Unlock; the handler reads them under the same lock.
+type Server struct {
+	*httptest.Server
+
+	// AccessKey, SecretKey and AccountID are what requests must be signed
+	// with. AccountID is part of the signed message (the empty string when
+	// the client has none); New presets it non-empty.
+	AccessKey, SecretKey, AccountID string
+
+	Nodes    []Node
+	Products []Product
+
+	// ReportCount, when non-nil, is sent as "count" instead of len(Nodes):
+	// an API whose count lies.
+	ReportCount *int
+
+	// Faults for GET /v1/gpu-nodes, keyed by page number. They apply only
+	// after the request passed authentication.
+	FailPage       map[int]int           // answer this status once (errors envelope), then normally
+	FailPageAlways map[int]int           // answer this status every time (a page that stays broken)
+	RetryAfter     map[int]int           // answer 429 with Retry-After: this many seconds once
+	DelayPage      map[int]time.Duration // sleep this long before answering, every time
+	MalformedPage  map[int]bool          // answer 200 with invalid JSON, every time
+
+	// Requests counts requests served, rejected ones included.
+	Requests int
+
+	mu sync.Mutex
+}
+
+// New starts a fake with the preset credentials, no nodes and no products;
+// t.Cleanup closes it.
+func New(t testing.TB) *Server {
+	t.Helper()
+	s := &Server{
+		AccessKey:      AccessKey,
+		SecretKey:      SecretKey,
+		AccountID:      AccountID,
+		FailPage:       map[int]int{},
+		FailPageAlways: map[int]int{},
+		RetryAfter:     map[int]int{},
+		DelayPage:      map[int]time.Duration{},
+		MalformedPage:  map[int]bool{},
+	}
+	s.Server = httptest.NewServer(http.HandlerFunc(s.serve))
+	t.Cleanup(s.Close)
+	return s
+}
+
+// Lock guards the exported fields against the handler.
+func (s *Server) Lock() { s.mu.Lock() }
+
+// Unlock releases Lock.
+func (s *Server) Unlock() { s.mu.Unlock() }
+
+func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	s.Requests++
+	access, secret, account := s.AccessKey, s.SecretKey, s.AccountID
+	s.mu.Unlock()
+
+	if msg := s.authenticate(r, access, secret, account); msg != "" {
+		writeError(w, http.StatusUnauthorized, msg)
+		return
+	}
+	path := r.URL.Path
+	switch {
+	case path == "/v1/gpu-nodes":
+		if allowGet(w, r) {
+			s.listNodes(w, r)
+		}
+	case path == "/v1/gpu-nodes/products":
+		if allowGet(w, r) {
+			s.listProducts(w)
+		}
+	case strings.HasPrefix(path, "/v1/gpu-nodes/") && !strings.Contains(path[len("/v1/gpu-nodes/"):], "/"):
+		if allowGet(w, r) {
+			s.showNode(w, path[len("/v1/gpu-nodes/"):])
+		}
+	default:
+		writeError(w, http.StatusNotFound, "no such resource: "+path)
+	}
+}
+
+func allowGet(w http.ResponseWriter, r *http.Request) bool {
+	if r.Method == http.MethodGet {
+		return true
+	}
+	w.Header().Set("Allow", http.MethodGet)
+	writeError(w, http.StatusMethodNotAllowed, "method "+r.Method+" not allowed (the fake serves GET only)")
+	return false
+}
+
+// authenticate returns why r is refused, or "". The signed URL is rebuilt
+// from what arrived: the server's scheme, the Host header and the raw
+// request URI.
+func (s *Server) authenticate(r *http.Request, access, secret, account string) string {
+	h := r.Header
+	for _, name := range []string{"Scp-Accesskey", "Scp-Signature", "Scp-Timestamp", "Scp-ClientType", "Scp-Api-Version"} {
+		if h.Get(name) == "" {
+			return "missing header " + name
+		}
+	}
+	if got := h.Get("Scp-ClientType"); got != "Openapi" {
+		return fmt.Sprintf("Scp-ClientType must be Openapi, not %q", got)
+	}
+	if got := h.Get("Scp-Api-Version"); got != APIVersion {
+		return fmt.Sprintf("unsupported Scp-Api-Version %q (want %q)", got, APIVersion)
+	}
+	if h.Get("Scp-Accesskey") != access {
+		return "unknown access key"
+	}
+	ts := h.Get("Scp-Timestamp")
+	ms, err := strconv.ParseInt(ts, 10, 64)
+	if err != nil {
+		return "Scp-Timestamp is not milliseconds since the epoch"
+	}
+	if skew := time.Since(time.UnixMilli(ms)); skew > MaxClockSkew || skew < -MaxClockSkew {
+		return "Scp-Timestamp is more than 5 minutes away from the server's clock"
+	}
+	sent, err := base64.StdEncoding.DecodeString(h.Get("Scp-Signature"))
+	if err != nil {
+		return "Scp-Signature is not base64"
+	}
+	scheme := "http"
+	if r.TLS != nil {
+		scheme = "https"
+	}
+	var msg bytes.Buffer
+	for _, part := range []string{r.Method, scheme, "://", r.Host, r.RequestURI, ts, h.Get("Scp-Accesskey"), account, "Openapi"} {
+		msg.WriteString(part)
+	}
+	mac := hmac.New(sha256.New, []byte(secret))
+	mac.Write(msg.Bytes())
+	if !hmac.Equal(sent, mac.Sum(nil)) {
+		return "signature mismatch"
+	}
+	return ""
+}
+
+func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	size, err := intParam(q, "size", 20, 1)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	page, err := intParam(q, "page", 0, 0)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+
+	s.mu.Lock()
+	delay := s.DelayPage[page]
+	s.mu.Unlock()
+	if delay > 0 {
+		t := time.NewTimer(delay)
+		select {
+		case <-r.Context().Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+
+	s.mu.Lock()
+	if status, ok := s.FailPage[page]; ok {
+		delete(s.FailPage, page)
+		s.mu.Unlock()
+		writeError(w, status, fmt.Sprintf("injected failure on page %d", page))
+		return
+	}
+	if status, ok := s.FailPageAlways[page]; ok {
+		s.mu.Unlock()
+		writeError(w, status, fmt.Sprintf("injected failure on page %d (every time)", page))
+		return
+	}
+	if secs, ok := s.RetryAfter[page]; ok {
+		delete(s.RetryAfter, page)
+		s.mu.Unlock()
+		w.Header().Set("Retry-After", strconv.Itoa(secs))
+		writeError(w, http.StatusTooManyRequests, "too many requests")
+		return
+	}
+	if s.MalformedPage[page] {
+		s.mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"count": 3, "gpu_nodes": [{"id": "trunc`))
+		return
+	}
+	account := s.AccountID
+	total := len(s.Nodes)
+	count := total
+	if s.ReportCount != nil {
+		count = *s.ReportCount
+	}
+	var items []map[string]any
+	if start := page * size; start < total && start >= 0 {
+		for _, n := range s.Nodes[start:min(start+size, total)] {
+			items = append(items, nodeJSON(n, account))
+		}
+	}
+	s.mu.Unlock()
+
+	if items == nil {
+		items = []map[string]any{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"count": count, "gpu_nodes": items})
+}
+
+func (s *Server) showNode(w http.ResponseWriter, id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, n := range s.Nodes {
+		if n.ID == id {
+			writeJSON(w, http.StatusOK, nodeJSON(n, s.AccountID))
+			return
+		}
+	}
+	writeError(w, http.StatusNotFound, fmt.Sprintf("GPU node %s not found", id))
+}
+
+func (s *Server) listProducts(w http.ResponseWriter) {
+	s.mu.Lock()
+	items := make([]map[string]any, 0, len(s.Products))
+	for _, p := range s.Products {
+		items = append(items, productJSON(p))
+	}
+	s.mu.Unlock()
+	writeJSON(w, http.StatusOK, map[string]any{"products": items})
+}
+
+func intParam(q url.Values, name string, def, lowest int) (int, error) {
+	v := q.Get(name)
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < lowest {
+		return 0, fmt.Errorf("query parameter %s: %q is not an integer >= %d", name, v, lowest)
+	}
+	return n, nil
+}
+
+// nodeJSON is a GpuNodeShowResponse: the seed's example with n's fields.
+func nodeJSON(n Node, account string) map[string]any {
+	if account == "" {
+		account = AccountID
+	}
+	return map[string]any{
+		"account_id":          account,
+		"cluster_fabric_id":   "20c507a036c447cdb3b19468d8ea62ac",
+		"cluster_fabric_name": "cluster001",
+		"created_at":          "2024-05-17T00:23:17Z",
+		"created_by":          "90dddfc2b1e04edba54ba2b41539a9ac",
+		"gpu_node_name":       n.Name,
+		"id":                  n.ID,
+		"image_id":            "IMAGE-7XFMaJpLsapKvskFMjCtmm",
+		"image_version":       "RHEL 8.7 for BM",
+		"init_script":         "",
+		"lock_enabled":        true,
+		"modified_at":         "2024-05-17T00:23:17Z",
+		"modified_by":         "90dddfc2b1e04edba54ba2b41539a9ac",
+		"network_id":          "ab313c43291e4b678f4bacffe10768ae",
+		"node_pool_id":        "POOL001-krw1a",
+		"os_type":             "LINUX",
+		"pfs_ip":              []string{"10.252.128.2", "10.252.128.3"},
+		"policy_ip":           n.PolicyIP,
+		"policy_nat":          nil,
+		"policy_use_nat":      false,
+		"product_type_id":     n.ProductTypeID,
+		"region_id":           "kr-west1",
+		"root_account":        "rootaccount",
+		"server_type":         n.ServerType,
+		"state":               n.State,
+		"time_zone":           "Asia/Seoul",
+		"vpc_id":              "e58348b1bc9148e5af86500fd4ef99ca",
+	}
+}
+
+// productJSON is a GpuNodeProductShowResponse.
+func productJSON(p Product) map[string]any {
+	return map[string]any{
+		"created_at":  "2024-05-17T00:23:17Z",
+		"created_by":  "90dddfc2b1e04edba54ba2b41539a9ac",
+		"description": p.Description,
+		"id":          p.ID,
+		"modified_at": "2024-05-17T00:23:17Z",
+		"modified_by": "90dddfc2b1e04edba54ba2b41539a9ac",
+		"name":        p.Name,
+		"product_attrs": map[string]any{
+			"compute_class_type_name":  "GPU " + p.GPUModel + " Metal",
+			"compute_class_type_value": "g2_metal",
+			"cpu_value":                p.CPUValue,
+			"disk_unit":                "GB",
+			"disk_value":               "960",
+			"gpu_model":                p.GPUModel,
+			"memory_value":             p.MemoryValue,
+		},
+		"state": "AVAILABLE",
+		"type":  "SCALE",
+	}
+}
+
+func writeError(w http.ResponseWriter, status int, detail string) {
+	writeJSON(w, status, map[string]any{"errors": []map[string]string{{"detail": detail}}})
+}
+
+// writeJSON encodes before WriteHeader so a failure cannot leave a
+// half-written 200.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status = http.StatusInternalServerError
+		b = []byte(`{"errors":[{"detail":"scptest: encoding the answer failed"}]}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}

@@ -1,0 +1,30 @@
+package registry
+
+// ImportedNode is one registry node as a provider import sees it: one GPU
+// of a provider host, or a CPU-only host.
+type ImportedNode struct {
+	ExternalID string // the provider's id of the host
+	IP         string // canonical
+	Index      int
+	CPUMem     int64
+	GPUMem     *int64 // nil for CPU-only hosts
+	GPUModel   string // hardware generation name; "" for CPU-only hosts
+	State      string // the provider's word for the host's state
+	Running    bool   // only running hosts are schedulable
+}
+
+// ProviderGone is the provider_state of an imported node whose host
+// vanished from the provider while the node held a job.
+const ProviderGone = "gone"
+
+// ImportResult counts what one import pass did to the nodes table.
+type ImportResult struct {
+	Added, Updated, Unchanged, Removed int
+	// KeptBusy are nodes whose host vanished but which hold a job: kept,
+	// unschedulable, removed by the first pass after their release.
+	KeptBusy int
+	// Conflicts are (ip, index) pairs another provider already imported.
+	Conflicts []string
+	// HardwareAdded are hardware generations created for new GPU models.
+	HardwareAdded []string
+}

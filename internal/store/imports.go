@@ -1,0 +1,364 @@
+package store
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/registryd/registryd/internal/registry"
+)
+
+// importLocks key the per-provider advisory locks that serialize applies
+// of one provider's inventory, whichever replica runs them.
+var importLocks = map[string]int64{"scp": 0x7265676973740001, "e2e": 0x7265676973740002}
+
+type pairKey struct {
+	ip    string
+	index int
+}
+
+// ApplyImport makes the nodes of provider source match an inventory, in one
+// transaction, with batch statements rather than a round trip per node:
+//
+//   - a pair the provider reports and nobody has: inserted (no owner, empty
+//     driver_version, schedulable while the host runs);
+//   - a pair that exists, registered through the API or imported by this
+//     provider: what the provider knows (memory, hardware generation, state,
+//     external id) is updated; what agents report (driver_version, last_seen,
+//     owner) and what schedulers hold (current_job) is never touched;
+//   - a pair another provider imported: left alone and reported as a conflict;
+//   - a node of this provider the inventory no longer has: deleted when free;
+//     kept, unschedulable and marked gone while it holds a job, and deleted
+//     by the first pass after its release.
+//
+// Every change is audited under actor and appears on the watch feed.
+func (s *Store) ApplyImport(ctx context.Context, actor registry.Actor, source string, nodes []registry.ImportedNode) (registry.ImportResult, error) {
+	var res registry.ImportResult
+	if _, ok := importLocks[source]; !ok {
+		return res, registry.Invalidf("unknown import source %q", source)
+	}
+	err := s.WithTx(ctx, func(tx *Store) error {
+		res = registry.ImportResult{}
+		if _, err := tx.db.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, importLocks[source]); err != nil {
+			return err
+		}
+		hw, err := tx.ensureHardware(ctx, actor, nodes, &res)
+		if err != nil {
+			return err
+		}
+		want := make(map[pairKey]registry.ImportedNode, len(nodes))
+		ips := make([]string, 0, len(nodes))
+		idxs := make([]int32, 0, len(nodes))
+		for _, n := range nodes {
+			k := pairKey{n.IP, n.Index}
+			if _, dup := want[k]; dup {
+				continue // a provider listing a host twice must not double a GPU
+			}
+			want[k] = n
+			ips = append(ips, n.IP)
+			idxs = append(idxs, int32(n.Index))
+		}
+		rows, _ := tx.db.Query(ctx, `
+			SELECT `+nodeColumns+` FROM nodes
+			WHERE source = $1
+			   OR (ip, gpu_index) IN (SELECT u.ip, u.idx FROM unnest($2::inet[], $3::int[]) AS u(ip, idx))
+			ORDER BY pk FOR UPDATE`, source, ips, idxs)
+		existing, err := pgx.CollectRows(rows, scanNode)
+		if err != nil {
+			return err
+		}
+		have := make(map[pairKey]registry.Node, len(existing))
+		for _, n := range existing {
+			have[pairKey{n.IP, n.Index}] = n
+		}
+
+		var inserts []registry.ImportedNode
+		var updates []importUpdate
+		for _, k := range slices.SortedFunc(mapsKeys(want), comparePairs) {
+			in := want[k]
+			cur, ok := have[k]
+			switch {
+			case !ok:
+				inserts = append(inserts, in)
+			case cur.Source != source && cur.Source != "api":
+				res.Conflicts = append(res.Conflicts, fmt.Sprintf("%s index %d is already imported from %s (node %d)", k.ip, k.index, cur.Source, cur.PK))
+			default:
+				u := importUpdate{pk: cur.PK, cpuMem: in.CPUMem, gpuMem: in.GPUMem, hw: hwOf(hw, in.GPUModel),
+					schedulable: in.Running, state: in.State, externalID: in.ExternalID}
+				if u.same(cur, source) {
+					res.Unchanged++
+				} else {
+					updates = append(updates, u)
+				}
+			}
+		}
+		var gone, remove []int64
+		for _, n := range existing {
+			if n.Source != source {
+				continue
+			}
+			if _, ok := want[pairKey{n.IP, n.Index}]; ok {
+				continue
+			}
+			switch {
+			case n.CurrentJob == nil:
+				remove = append(remove, n.PK)
+			case n.ProviderState == nil || *n.ProviderState != registry.ProviderGone || n.Schedulable:
+				gone = append(gone, n.PK)
+				res.KeptBusy++
+			default:
+				res.KeptBusy++ // already marked: nothing to write
+			}
+		}
+		before := make(map[int64]registry.Node, len(existing))
+		for _, n := range existing {
+			before[n.PK] = n
+		}
+		if err := tx.importInsert(ctx, actor, source, hw, inserts, &res); err != nil {
+			return err
+		}
+		if err := tx.importUpdate(ctx, actor, source, updates, before, &res); err != nil {
+			return err
+		}
+		if err := tx.importGone(ctx, actor, gone, before); err != nil {
+			return err
+		}
+		return tx.importRemove(ctx, actor, remove, before, &res)
+	})
+	if err != nil {
+		if _, ok := err.(*registry.Error); ok {
+			return res, err
+		}
+		return res, fmt.Errorf("store: import %s: %w", source, translate(err))
+	}
+	return res, nil
+}
+
+func mapsKeys[K comparable, V any](m map[K]V) func(yield func(K) bool) {
+	return func(yield func(K) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}
+
+func comparePairs(a, b pairKey) int {
+	if c := cmp.Compare(a.ip, b.ip); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.index, b.index)
+}
+
+func hwOf(hw map[string]int64, model string) *int64 {
+	if model == "" {
+		return nil
+	}
+	pk := hw[model]
+	return &pk
+}
+
+// ensureHardware creates a hardware generation for every GPU model that has
+// none yet and returns name → pk for all of them.
+func (s *Store) ensureHardware(ctx context.Context, actor registry.Actor, nodes []registry.ImportedNode, res *registry.ImportResult) (map[string]int64, error) {
+	var names []string
+	for _, n := range nodes {
+		if n.GPUModel != "" && !slices.Contains(names, n.GPUModel) {
+			names = append(names, n.GPUModel)
+		}
+	}
+	hw := map[string]int64{}
+	if len(names) == 0 {
+		return hw, nil
+	}
+	slices.Sort(names)
+	rows, _ := s.db.Query(ctx, `
+		INSERT INTO hardware_generations AS h (name) SELECT unnest($1::text[])
+		ON CONFLICT (name) DO NOTHING RETURNING `+hardwareColumns, names)
+	created, err := pgx.CollectRows(rows, scanHardware)
+	if err != nil {
+		return nil, err
+	}
+	for _, h := range created {
+		res.HardwareAdded = append(res.HardwareAdded, h.Name)
+		if err := s.audit(ctx, actor, "hardware.create", "hardware", h.PK, nil, docOfHardware(h)); err != nil {
+			return nil, err
+		}
+	}
+	rows, _ = s.db.Query(ctx, `SELECT pk, name FROM hardware_generations WHERE name = ANY($1)`, names)
+	var pk int64
+	var name string
+	if _, err := pgx.ForEachRow(rows, []any{&pk, &name}, func() error { hw[name] = pk; return nil }); err != nil {
+		return nil, err
+	}
+	return hw, nil
+}
+
+type importUpdate struct {
+	pk          int64
+	cpuMem      int64
+	gpuMem      *int64
+	hw          *int64
+	schedulable bool
+	state       string
+	externalID  string
+}
+
+// same reports whether cur already holds everything the provider says.
+func (u importUpdate) same(cur registry.Node, source string) bool {
+	return cur.Source == source && cur.CPUMem == u.cpuMem && sameInt(cur.GPUMem, u.gpuMem) &&
+		sameInt(cur.HardwareGeneration, u.hw) && cur.Schedulable == u.schedulable &&
+		cur.ProviderState != nil && *cur.ProviderState == u.state &&
+		cur.ExternalID != nil && *cur.ExternalID == u.externalID
+}
+
+func (s *Store) importInsert(ctx context.Context, actor registry.Actor, source string, hw map[string]int64, in []registry.ImportedNode, res *registry.ImportResult) error {
+	if len(in) == 0 {
+		return nil
+	}
+	ips := make([]string, len(in))
+	idxs := make([]int32, len(in))
+	cpu := make([]int64, len(in))
+	gpu := make([]*int64, len(in))
+	hws := make([]*int64, len(in))
+	run := make([]bool, len(in))
+	state := make([]string, len(in))
+	ext := make([]string, len(in))
+	for i, n := range in {
+		ips[i], idxs[i], cpu[i], gpu[i], hws[i] = n.IP, int32(n.Index), n.CPUMem, n.GPUMem, hwOf(hw, n.GPUModel)
+		run[i], state[i], ext[i] = n.Running, n.State, n.ExternalID
+	}
+	rows, _ := s.db.Query(ctx, `
+		INSERT INTO nodes (ip, gpu_index, cpu_mem, driver_version, hardware_generation, gpu_mem,
+			source, schedulable, provider_state, external_id)
+		SELECT u.ip, u.idx, u.cpu, '', u.hw, u.gpu, $1, u.run, u.state, u.ext
+		FROM unnest($2::inet[], $3::int[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bool[], $8::text[], $9::text[])
+			AS u(ip, idx, cpu, hw, gpu, run, state, ext)
+		RETURNING `+nodeColumns, source, ips, idxs, cpu, hws, gpu, run, state, ext)
+	added, err := pgx.CollectRows(rows, scanNode)
+	if err != nil {
+		return err
+	}
+	res.Added += len(added)
+	if err := s.recordChanges(ctx, "created", added...); err != nil {
+		return err
+	}
+	return s.auditEach(ctx, actor, "node.create", added, nil)
+}
+
+func (s *Store) importUpdate(ctx context.Context, actor registry.Actor, source string, ups []importUpdate, before map[int64]registry.Node, res *registry.ImportResult) error {
+	if len(ups) == 0 {
+		return nil
+	}
+	pks := make([]int64, len(ups))
+	cpu := make([]int64, len(ups))
+	gpu := make([]*int64, len(ups))
+	hws := make([]*int64, len(ups))
+	run := make([]bool, len(ups))
+	state := make([]string, len(ups))
+	ext := make([]string, len(ups))
+	for i, u := range ups {
+		pks[i], cpu[i], gpu[i], hws[i], run[i], state[i], ext[i] = u.pk, u.cpuMem, u.gpuMem, u.hw, u.schedulable, u.state, u.externalID
+	}
+	rows, _ := s.db.Query(ctx, `
+		UPDATE nodes n SET cpu_mem = u.cpu, gpu_mem = u.gpu, hardware_generation = u.hw, schedulable = u.run,
+			provider_state = u.state, external_id = u.ext, source = $1, updated_at = now(), version = n.version + 1
+		FROM unnest($2::bigint[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bool[], $7::text[], $8::text[])
+			AS u(pk, cpu, gpu, hw, run, state, ext)
+		WHERE n.pk = u.pk
+		RETURNING `+qualified("n"), source, pks, cpu, gpu, hws, run, state, ext)
+	updated, err := pgx.CollectRows(rows, scanNode)
+	if err != nil {
+		return err
+	}
+	res.Updated += len(updated)
+	if err := s.recordChanges(ctx, "updated", updated...); err != nil {
+		return err
+	}
+	return s.auditEach(ctx, actor, "node.update", updated, before)
+}
+
+// importGone marks busy nodes whose host vanished: kept for their job, never
+// claimed again.
+func (s *Store) importGone(ctx context.Context, actor registry.Actor, pks []int64, before map[int64]registry.Node) error {
+	if len(pks) == 0 {
+		return nil
+	}
+	rows, _ := s.db.Query(ctx, `
+		UPDATE nodes SET schedulable = false, provider_state = $2, updated_at = now(), version = version + 1
+		WHERE pk = ANY($1) RETURNING `+nodeColumns, pks, registry.ProviderGone)
+	marked, err := pgx.CollectRows(rows, scanNode)
+	if err != nil {
+		return err
+	}
+	if err := s.recordChanges(ctx, "updated", marked...); err != nil {
+		return err
+	}
+	return s.auditEach(ctx, actor, "node.update", marked, before)
+}
+
+func (s *Store) importRemove(ctx context.Context, actor registry.Actor, pks []int64, before map[int64]registry.Node, res *registry.ImportResult) error {
+	if len(pks) == 0 {
+		return nil
+	}
+	// current_job IS NULL again under the lock: a claim between the read
+	// and here is impossible (rows are locked), but say it in SQL anyway.
+	rows, _ := s.db.Query(ctx, `DELETE FROM nodes WHERE pk = ANY($1) AND current_job IS NULL RETURNING `+nodeColumns, pks)
+	removed, err := pgx.CollectRows(rows, scanNode)
+	if err != nil {
+		return err
+	}
+	res.Removed += len(removed)
+	if err := s.recordChanges(ctx, "deleted", removed...); err != nil {
+		return err
+	}
+	docs := make([]registry.Node, len(removed))
+	copy(docs, removed)
+	return s.auditEachDelete(ctx, actor, docs)
+}
+
+// qualified prefixes nodeColumns for an UPDATE … FROM, where names could
+// be ambiguous.
+func qualified(alias string) string {
+	return alias + ".pk, host(" + alias + ".ip), " + alias + ".gpu_index, " + alias + ".cpu_mem, " + alias + ".driver_version, " +
+		alias + ".hardware_generation, " + alias + ".gpu_mem, " + alias + ".last_seen, " + alias + ".current_job, " +
+		alias + ".owner, " + alias + ".source, " + alias + ".schedulable, " + alias + ".external_id, " + alias + ".provider_state, " +
+		alias + ".created_at, " + alias + ".updated_at, " + alias + ".version"
+}
+
+// auditEach writes one entry per node in one statement; before may be nil
+// (creates).
+func (s *Store) auditEach(ctx context.Context, actor registry.Actor, action string, nodes []registry.Node, before map[int64]registry.Node) error {
+	return s.auditNodes(ctx, actor, action, nodes, func(n registry.Node) any {
+		if b, ok := before[n.PK]; ok {
+			return docOfNode(b)
+		}
+		return nil
+	})
+}
+
+func (s *Store) auditEachDelete(ctx context.Context, actor registry.Actor, nodes []registry.Node) error {
+	if len(nodes) == 0 {
+		return nil
+	}
+	pks := make([]int64, len(nodes))
+	befores := make([]string, len(nodes))
+	for i, n := range nodes {
+		b, err := json.Marshal(docOfNode(n))
+		if err != nil {
+			return err
+		}
+		pks[i], befores[i] = n.PK, string(b)
+	}
+	_, err := s.db.Exec(ctx, `
+		INSERT INTO audit_log (principal, role, acting_node, action, target_type, target_pk, before, after, request_id)
+		SELECT $1, $2, NULL, 'node.delete', 'node', u.pk, u.before, NULL, nullif($3, '')
+		FROM unnest($4::bigint[], $5::jsonb[]) AS u(pk, before)`,
+		actor.Sub, string(actor.Role), actor.RequestID, pks, befores)
+	return err
+}

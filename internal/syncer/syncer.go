@@ -1,0 +1,233 @@
+// Package syncer imports the GPU inventory of cloud providers into the
+// nodes table. It is built like a maintenance service: validated config,
+// RunOnce for tests and `registryd sync --once`, Run for the loop in
+// `serve`, a timeout per pass, an injected clock and logger.
+package syncer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/registryd/registryd/internal/provider"
+	"github.com/registryd/registryd/internal/registry"
+)
+
+// Source is one provider's client.
+type Source interface {
+	Name() string // scp or e2e: the nodes' source
+	Fetch(ctx context.Context) (provider.Inventory, error)
+}
+
+// Store applies an inventory. *store.Store implements it.
+type Store interface {
+	ApplyImport(ctx context.Context, actor registry.Actor, source string, nodes []registry.ImportedNode) (registry.ImportResult, error)
+}
+
+// Locker takes the cluster-wide sync lock without waiting. While held, the
+// pass writes through the returned Store, which is bound to the lock's own
+// database session: if that session is lost, so is the ability to write.
+// ok is false when another replica holds the lock.
+type Locker func(ctx context.Context) (st Store, release func(), ok bool, err error)
+
+// ErrLocked means another replica is syncing right now.
+var ErrLocked = errors.New("syncer: another registryd is syncing right now")
+
+// Config configures a Syncer.
+type Config struct {
+	Sources     []Source
+	Locker      Locker
+	Interval    time.Duration // between passes in Run; default 5m
+	PassTimeout time.Duration // bound on one pass; default 10m
+	Logger      *slog.Logger
+	Now         func() time.Time
+}
+
+// Syncer runs import passes.
+type Syncer struct {
+	cfg Config
+}
+
+// New validates cfg.
+func New(cfg Config) (*Syncer, error) {
+	if cfg.Locker == nil {
+		return nil, errors.New("syncer: no Locker")
+	}
+	if cfg.Interval <= 0 {
+		cfg.Interval = 5 * time.Minute
+	}
+	if cfg.PassTimeout <= 0 {
+		cfg.PassTimeout = 10 * time.Minute
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Syncer{cfg: cfg}, nil
+}
+
+// Summary is what one pass did for one provider.
+type Summary struct {
+	Provider  string
+	HostsSeen int
+	Nodes     int // registry nodes the inventory maps to
+	Skipped   []provider.Skip
+	Result    registry.ImportResult
+	Duration  time.Duration
+	Err       error // the provider failed; nothing was changed for it
+}
+
+// String is the one-paragraph report `registryd sync --once` prints.
+func (s Summary) String() string {
+	var b strings.Builder
+	if s.Err != nil {
+		fmt.Fprintf(&b, "%s: FAILED, nothing changed: %v", s.Provider, s.Err)
+		return b.String()
+	}
+	r := s.Result
+	fmt.Fprintf(&b, "%s: %d hosts seen → %d nodes: %d added, %d updated, %d unchanged, %d removed, %d kept because busy (%s)",
+		s.Provider, s.HostsSeen, s.Nodes, r.Added, r.Updated, r.Unchanged, r.Removed, r.KeptBusy, s.Duration.Round(time.Millisecond))
+	if len(r.HardwareAdded) > 0 {
+		fmt.Fprintf(&b, "\n  hardware generations created: %s", strings.Join(r.HardwareAdded, ", "))
+	}
+	if len(s.Skipped) > 0 {
+		fmt.Fprintf(&b, "\n  %d hosts skipped:", len(s.Skipped))
+		for _, sk := range s.Skipped {
+			name := sk.Name
+			if name == "" {
+				name = sk.ExternalID
+			}
+			fmt.Fprintf(&b, "\n    %s: %s", name, sk.Reason)
+		}
+	}
+	if len(r.Conflicts) > 0 {
+		fmt.Fprintf(&b, "\n  %d nodes left to another provider:", len(r.Conflicts))
+		for _, c := range r.Conflicts {
+			fmt.Fprintf(&b, "\n    %s", c)
+		}
+	}
+	return b.String()
+}
+
+// RunOnce runs one pass of every source under the sync lock. Each provider
+// is all or nothing: its whole inventory is fetched first, and a failure
+// changes nothing for it. The error is ErrLocked when another replica is
+// syncing, or names every provider that failed.
+func (s *Syncer) RunOnce(ctx context.Context) ([]Summary, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.PassTimeout)
+	defer cancel()
+	st, release, ok, err := s.cfg.Locker(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("syncer: take the sync lock: %w", err)
+	}
+	if !ok {
+		return nil, ErrLocked
+	}
+	defer release()
+	var summaries []Summary
+	var failed []string
+	for _, src := range s.cfg.Sources {
+		sum := s.pass(ctx, st, src)
+		summaries = append(summaries, sum)
+		if sum.Err != nil {
+			failed = append(failed, src.Name())
+		}
+	}
+	if len(failed) > 0 {
+		return summaries, fmt.Errorf("syncer: %s failed", strings.Join(failed, ", "))
+	}
+	return summaries, nil
+}
+
+func (s *Syncer) pass(ctx context.Context, st Store, src Source) Summary {
+	start := s.cfg.Now()
+	sum := Summary{Provider: src.Name()}
+	inv, err := src.Fetch(ctx)
+	if err != nil {
+		sum.Err = err
+		return sum
+	}
+	nodes, skipped := Nodes(inv)
+	sum.HostsSeen = len(inv.Hosts) + len(inv.Skipped)
+	sum.Nodes = len(nodes)
+	sum.Skipped = skipped
+	actor := registry.Actor{Principal: registry.Principal{Sub: "sync:" + src.Name(), Role: registry.RoleSystem}}
+	sum.Result, err = st.ApplyImport(ctx, actor, src.Name(), nodes)
+	if err != nil {
+		sum.Err = err
+	}
+	sum.Duration = s.cfg.Now().Sub(start)
+	return sum
+}
+
+// Nodes maps an inventory to registry nodes: one per GPU per host, or one
+// with index 0 and no GPU memory for a CPU-only host. Hosts whose address
+// is not an IP are skipped, with the provider's own skips.
+func Nodes(inv provider.Inventory) ([]registry.ImportedNode, []provider.Skip) {
+	skipped := append([]provider.Skip(nil), inv.Skipped...)
+	var nodes []registry.ImportedNode
+	for _, h := range inv.Hosts {
+		ip, err := registry.CanonicalIP(strings.TrimSpace(h.IP))
+		if err != nil {
+			skipped = append(skipped, provider.Skip{ExternalID: h.ExternalID, Name: h.Name,
+				Reason: fmt.Sprintf("address %q is not an IP address", h.IP)})
+			continue
+		}
+		base := registry.ImportedNode{ExternalID: h.ExternalID, IP: ip, CPUMem: h.CPUMemBytes,
+			GPUModel: h.GPUModel, State: h.State, Running: h.Running}
+		if h.GPUs <= 0 {
+			base.GPUModel = ""
+			nodes = append(nodes, base)
+			continue
+		}
+		for i := range h.GPUs {
+			n := base
+			n.Index = i
+			mem := h.GPUMemBytes
+			n.GPUMem = &mem
+			nodes = append(nodes, n)
+		}
+	}
+	return nodes, skipped
+}
+
+// Run syncs every interval until ctx ends. Only the replica holding the
+// lock syncs; the others skip the tick. context.Canceled is not an error.
+func (s *Syncer) Run(ctx context.Context) {
+	t := time.NewTicker(s.cfg.Interval)
+	defer t.Stop()
+	for {
+		summaries, err := s.RunOnce(ctx)
+		switch {
+		case errors.Is(err, ErrLocked):
+			s.cfg.Logger.Debug("sync: another replica holds the sync lock; skipping this pass")
+		case ctx.Err() != nil:
+			return
+		case err != nil && summaries == nil:
+			s.cfg.Logger.Warn("sync pass could not start", "err", err)
+		}
+		for _, sum := range summaries {
+			if sum.Err != nil {
+				s.cfg.Logger.Error("sync failed; nothing changed for this provider", "provider", sum.Provider, "err", sum.Err)
+				continue
+			}
+			s.cfg.Logger.Info("sync", "provider", sum.Provider, "hosts", sum.HostsSeen, "nodes", sum.Nodes,
+				"added", sum.Result.Added, "updated", sum.Result.Updated, "unchanged", sum.Result.Unchanged,
+				"removed", sum.Result.Removed, "kept_busy", sum.Result.KeptBusy, "skipped", len(sum.Skipped),
+				"conflicts", len(sum.Result.Conflicts), "duration_ms", sum.Duration.Milliseconds())
+			for _, sk := range sum.Skipped {
+				s.cfg.Logger.Warn("sync skipped a host", "provider", sum.Provider, "host", sk.Name, "id", sk.ExternalID, "reason", sk.Reason)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
