@@ -1,0 +1,105 @@
+package provider
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func TestDoRetries(t *testing.T) {
+	var calls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch calls.Add(1) {
+		case 1:
+			w.WriteHeader(http.StatusBadGateway)
+		case 2:
+			w.Header().Set("Retry-After", "0")
+			w.WriteHeader(http.StatusTooManyRequests)
+		default:
+			w.Write([]byte(`{"ok":true}`))
+		}
+	}))
+	defer srv.Close()
+	req := func(ctx context.Context) (*http.Request, error) { return http.NewRequestWithContext(ctx, "GET", srv.URL+"?apikey=SECRET", nil) }
+	body, err := Do(context.Background(), srv.Client(), Retry{Base: time.Millisecond}, "test", "GET /", req, func([]byte) string { return "" })
+	if err != nil || string(body) != `{"ok":true}` || calls.Load() != 3 {
+		t.Fatalf("body %q err %v after %d calls", body, err, calls.Load())
+	}
+}
+
+func TestDoGivesUpAndKeepsSecretsOut(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusUnauthorized)
+		w.Write([]byte(`bad key`))
+	}))
+	defer srv.Close()
+	var calls int
+	req := func(ctx context.Context) (*http.Request, error) {
+		calls++
+		return http.NewRequestWithContext(ctx, "GET", srv.URL+"?apikey=SECRET", nil)
+	}
+	_, err := Do(context.Background(), srv.Client(), Retry{Base: time.Millisecond}, "test", "GET /x", req,
+		func(b []byte) string { return string(b) })
+	var pe *Error
+	if !errors.As(err, &pe) || pe.Status != 401 || calls != 1 || !strings.Contains(err.Error(), "bad key") {
+		t.Fatalf("401: %v after %d calls", err, calls)
+	}
+	// A dead server: transport errors name no URL (its query holds keys).
+	srv.Close()
+	_, err = Do(context.Background(), http.DefaultClient, Retry{Attempts: 2, Base: time.Millisecond}, "test", "GET /x", req,
+		func([]byte) string { return "" })
+	if err == nil || strings.Contains(err.Error(), "SECRET") {
+		t.Fatalf("transport error: %v", err)
+	}
+}
+
+func TestDoTimeoutAndCancel(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-time.After(2 * time.Second):
+		}
+	}))
+	defer srv.Close()
+	req := func(ctx context.Context) (*http.Request, error) { return http.NewRequestWithContext(ctx, "GET", srv.URL, nil) }
+	start := time.Now()
+	_, err := Do(context.Background(), srv.Client(), Retry{Attempts: 2, Base: time.Millisecond, Timeout: 50 * time.Millisecond}, "test", "GET /", req,
+		func([]byte) string { return "" })
+	if err == nil || !strings.Contains(err.Error(), "no answer within") || time.Since(start) > time.Second {
+		t.Fatalf("timeout: %v after %s", err, time.Since(start))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := Do(ctx, srv.Client(), Retry{}, "test", "GET /", req, func([]byte) string { return "" }); !errors.Is(err, context.Canceled) {
+		t.Fatalf("canceled: %v", err)
+	}
+}
+
+func TestParseGPUTable(t *testing.T) {
+	tb, err := ParseGPUTable("H100=94, X9=12x4")
+	if err != nil || tb["H100"] != (GPUSpec{94, 8}) || tb["X9"] != (GPUSpec{12, 4}) || tb["B300"] != (GPUSpec{268, 8}) {
+		t.Fatalf("%v %v", tb, err)
+	}
+	for _, bad := range []string{"H100", "H100=", "H100=-1", "=80", "H100=80x0", "H100=eighty"} {
+		if _, err := ParseGPUTable(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+func TestParseRetryAfter(t *testing.T) {
+	if d := parseRetryAfter("3"); d != 3*time.Second {
+		t.Errorf("seconds: %v", d)
+	}
+	if d := parseRetryAfter(time.Now().Add(2 * time.Second).UTC().Format(http.TimeFormat)); d <= 0 || d > 3*time.Second {
+		t.Errorf("date: %v", d)
+	}
+	if d := parseRetryAfter("soon"); d != 0 {
+		t.Errorf("garbage: %v", d)
+	}
+}
