@@ -25,7 +25,9 @@ func TestDoRetries(t *testing.T) {
 		}
 	}))
 	defer srv.Close()
-	req := func(ctx context.Context) (*http.Request, error) { return http.NewRequestWithContext(ctx, "GET", srv.URL+"?apikey=SECRET", nil) }
+	req := func(ctx context.Context) (*http.Request, error) {
+		return http.NewRequestWithContext(ctx, "GET", srv.URL+"?apikey=SECRET", nil)
+	}
 	body, err := Do(context.Background(), srv.Client(), Retry{Base: time.Millisecond}, "test", "GET /", req, func([]byte) string { return "" })
 	if err != nil || string(body) != `{"ok":true}` || calls.Load() != 3 {
 		t.Fatalf("body %q err %v after %d calls", body, err, calls.Load())
@@ -66,7 +68,9 @@ func TestDoTimeoutAndCancel(t *testing.T) {
 		}
 	}))
 	defer srv.Close()
-	req := func(ctx context.Context) (*http.Request, error) { return http.NewRequestWithContext(ctx, "GET", srv.URL, nil) }
+	req := func(ctx context.Context) (*http.Request, error) {
+		return http.NewRequestWithContext(ctx, "GET", srv.URL, nil)
+	}
 	start := time.Now()
 	_, err := Do(context.Background(), srv.Client(), Retry{Attempts: 2, Base: time.Millisecond, Timeout: 50 * time.Millisecond}, "test", "GET /", req,
 		func([]byte) string { return "" })
