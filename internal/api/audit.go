@@ -47,6 +47,9 @@ func (s *Server) listAudit(w http.ResponseWriter, r *http.Request) error {
 	}
 	af.TargetPK = optPtr(f.int64("target_pk", false))
 	if o := f.string("principal", false); o.Set {
+		if msg := registry.CheckLabel(o.Value, registry.MaxPrincipalLen); msg != "" {
+			f.errs.Add("principal", "%s", msg)
+		}
 		af.Principal = &o.Value
 	}
 	if o := f.time("since"); o.Set && !o.Null {

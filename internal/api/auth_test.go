@@ -305,12 +305,20 @@ func TestPermissionMatrix(t *testing.T) {
 					if ep.body != nil {
 						body = ep.body(f)
 					}
+					// Heartbeats are written in batches: flush around the
+					// request so one a refused request recorded would show.
+					if err := b.beats.Flush(context.Background()); err != nil {
+						t.Fatal(err)
+					}
 					before := b.snapshot(f, missing)
 					r := b.do(ep.method, ep.path(f, target), body,
 						"Authorization", "Bearer "+tokenFor(t, p.sub, p.role), "Node-Id", nodeID)
 					want := expect(ep, p, rel)
 					if r.status != want {
 						t.Fatalf("status %d, want %d; body %s", r.status, want, r.body)
+					}
+					if err := b.beats.Flush(context.Background()); err != nil {
+						t.Fatal(err)
 					}
 					if r.status >= 400 {
 						if r.status == 403 && !strings.Contains(string(r.body), `"detail"`) {

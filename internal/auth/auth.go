@@ -134,6 +134,11 @@ func (v *Verifier) Verify(raw string) (registry.Principal, error) {
 	if c.Subject == "" {
 		return registry.Principal{}, &TokenError{Reason: `the "sub" claim is missing`}
 	}
+	// The subject becomes a node's owner and lands in logs and the audit
+	// log: it must be a printable label of sane length.
+	if msg := registry.CheckLabel(c.Subject, registry.MaxPrincipalLen); msg != "" {
+		return registry.Principal{}, &TokenError{Reason: `the "sub" claim ` + msg}
+	}
 	role, ok := registry.ParseRole(c.Role)
 	if !ok {
 		return registry.Principal{}, &TokenError{Reason: `the "role" claim must be one of admin, scheduler, agent, reader`}
@@ -201,6 +206,9 @@ func (s Signer) Sign(sub string, role registry.Role, ttl time.Duration, now time
 	}
 	if sub == "" {
 		return "", errors.New("auth: the subject must not be empty")
+	}
+	if msg := registry.CheckLabel(sub, registry.MaxPrincipalLen); msg != "" {
+		return "", errors.New("auth: the subject " + msg)
 	}
 	if _, ok := registry.ParseRole(string(role)); !ok {
 		return "", fmt.Errorf("auth: unknown role %q (want admin, scheduler, agent or reader)", role)

@@ -66,7 +66,6 @@ type HardwareEcho struct {
 }
 
 // Check names every echoed read-only field whose value differs from cur.
-// nodes moves whenever a node changes generation, so any echo is accepted.
 func (e HardwareEcho) Check(cur Hardware) error {
 	var fe FieldErrors
 	if e.PK.Set && (e.PK.Null || e.PK.Value != cur.PK) {
@@ -77,6 +76,9 @@ func (e HardwareEcho) Check(cur Hardware) error {
 	}
 	if e.UpdatedAt.Set && (e.UpdatedAt.Null || !e.UpdatedAt.Value.Equal(cur.UpdatedAt)) {
 		fe.Add("updated_at", "is read-only; the hardware generation changed since you read it, or the value was edited")
+	}
+	if e.Nodes.Set && (e.Nodes.Null || e.Nodes.Value != cur.Nodes) {
+		fe.Add("nodes", "is read-only; %d nodes use this hardware generation now", cur.Nodes)
 	}
 	return fe.Err()
 }

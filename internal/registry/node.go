@@ -118,6 +118,13 @@ type errText string
 
 func (e errText) Error() string { return string(e) }
 
+// CheckLabel returns why s is not acceptable as a short label (a principal,
+// a driver version, a name), or "" when it is.
+func CheckLabel(s string, max int) string { return checkText(s, max) }
+
+// MaxPrincipalLen bounds token subjects and the names derived from them.
+const MaxPrincipalLen = 200
+
 // checkText returns why s is not acceptable as a short label, or "".
 func checkText(s string, max int) string {
 	if !utf8.ValidString(s) {
@@ -194,8 +201,6 @@ type NodeEcho struct {
 	Owner       Optional[string]
 	Source      Optional[string]
 	Schedulable Optional[bool]
-	// external_id and provider_state follow the provider and are accepted
-	// whatever their value, like schedulable.
 	ExternalID    Optional[string]
 	ProviderState Optional[string]
 	CreatedAt     Optional[time.Time]
@@ -229,14 +234,21 @@ func (e NodeEcho) Check(cur Node) error {
 	if e.CurrentJob.Set && !sameNullable(e.CurrentJob, cur.CurrentJob) {
 		fe.Add("current_job", "is read-only; jobs are assigned by claims, and this node's current_job is %s", formatNullable(cur.CurrentJob))
 	}
-	if e.Owner.Set && !(e.Owner.Null && cur.Owner == nil || !e.Owner.Null && cur.Owner != nil && *cur.Owner == e.Owner.Value) {
+	if e.Owner.Set && !sameString(e.Owner, cur.Owner) {
 		fe.Add("owner", "is read-only; it is the agent that registered the node")
 	}
 	if e.Source.Set && (e.Source.Null || e.Source.Value != cur.Source) {
 		fe.Add("source", "is read-only; it is %s for this node", cur.Source)
 	}
-	// schedulable follows the provider's state, which the sync worker may
-	// change at any moment without a client noticing: any echo is accepted.
+	if e.Schedulable.Set && e.Schedulable.Value != cur.Schedulable {
+		fe.Add("schedulable", "is read-only; it follows the provider's state of the host")
+	}
+	if e.ExternalID.Set && !sameString(e.ExternalID, cur.ExternalID) {
+		fe.Add("external_id", "is read-only; it is the provider's id of the host")
+	}
+	if e.ProviderState.Set && !sameString(e.ProviderState, cur.ProviderState) {
+		fe.Add("provider_state", "is read-only; the provider's state may have changed since you read the node")
+	}
 	if e.CreatedAt.Set && (e.CreatedAt.Null || !e.CreatedAt.Value.Equal(cur.CreatedAt)) {
 		fe.Add("created_at", "is read-only")
 	}
@@ -244,6 +256,13 @@ func (e NodeEcho) Check(cur Node) error {
 		fe.Add("updated_at", "is read-only; the node changed since you read it, or the value was edited")
 	}
 	return fe.Err()
+}
+
+func sameString(o Optional[string], cur *string) bool {
+	if o.Null {
+		return cur == nil
+	}
+	return cur != nil && *cur == o.Value
 }
 
 func sameNullable(o Optional[int64], cur *int64) bool {

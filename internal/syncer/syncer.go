@@ -178,6 +178,10 @@ func Nodes(inv provider.Inventory) ([]registry.ImportedNode, []provider.Skip) {
 				Reason: fmt.Sprintf("address %q is not an IP address", h.IP)})
 			continue
 		}
+		if reason := implausible(h); reason != "" {
+			skipped = append(skipped, provider.Skip{ExternalID: h.ExternalID, Name: h.Name, Reason: reason})
+			continue
+		}
 		base := registry.ImportedNode{ExternalID: h.ExternalID, IP: ip, CPUMem: h.CPUMemBytes,
 			GPUModel: h.GPUModel, State: h.State, Running: h.Running}
 		if h.GPUs <= 0 {
@@ -194,6 +198,26 @@ func Nodes(inv provider.Inventory) ([]registry.ImportedNode, []provider.Skip) {
 		}
 	}
 	return nodes, skipped
+}
+
+// Limits past which a provider's answer is taken for garbage rather than
+// a machine: one bad field must not make the registry allocate millions of
+// nodes or store absurd sizes.
+const (
+	maxGPUsPerHost = 64
+	maxMemBytes    = int64(1) << 50 // 1 PiB
+)
+
+func implausible(h provider.Host) string {
+	switch {
+	case h.GPUs > maxGPUsPerHost:
+		return fmt.Sprintf("reports %d GPUs on one host; more than %d is not believable", h.GPUs, maxGPUsPerHost)
+	case h.CPUMemBytes < 0 || h.CPUMemBytes > maxMemBytes:
+		return fmt.Sprintf("reports %d bytes of host memory", h.CPUMemBytes)
+	case h.GPUs > 0 && (h.GPUMemBytes < 0 || h.GPUMemBytes > maxMemBytes):
+		return fmt.Sprintf("reports %d bytes of memory per GPU", h.GPUMemBytes)
+	}
+	return ""
 }
 
 // Run syncs every interval until ctx ends. Only the replica holding the

@@ -364,3 +364,27 @@ func TestSyncLock(t *testing.T) {
 		t.Fatalf("next pass: %v", err)
 	}
 }
+
+func TestNodesMapping(t *testing.T) {
+	inv := provider.Inventory{Hosts: []provider.Host{
+		{ExternalID: "a", Name: "a", IP: "2001:DB8::1", GPUs: 2, GPUModel: "H100", GPUMemBytes: 80 << 30, CPUMemBytes: 1 << 40, State: "RUNNING", Running: true},
+		{ExternalID: "b", Name: "b", IP: "10.0.0.2", GPUs: 0, GPUModel: "ignored", CPUMemBytes: 1 << 30},
+		{ExternalID: "c", Name: "c", IP: "gpu-host.example", GPUs: 1},
+		{ExternalID: "d", Name: "d", IP: "10.0.0.4", GPUs: 1_000_000_000, GPUModel: "H100"},
+		{ExternalID: "e", Name: "e", IP: "10.0.0.5", GPUs: 1, GPUMemBytes: -1},
+	}}
+	nodes, skipped := syncer.Nodes(inv)
+	if len(nodes) != 3 || nodes[0].IP != "2001:db8::1" || nodes[1].Index != 1 || *nodes[1].GPUMem != 80<<30 {
+		t.Fatalf("nodes: %+v", nodes)
+	}
+	if cpu := nodes[2]; cpu.GPUMem != nil || cpu.GPUModel != "" || cpu.Index != 0 {
+		t.Errorf("CPU-only host: %+v", cpu)
+	}
+	var reasons []string
+	for _, s := range skipped {
+		reasons = append(reasons, s.ExternalID)
+	}
+	if diff := cmp.Diff([]string{"c", "d", "e"}, reasons); diff != "" {
+		t.Errorf("skipped (-want +got):\n%s", diff)
+	}
+}

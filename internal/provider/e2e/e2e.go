@@ -173,14 +173,18 @@ func (c *Client) page(ctx context.Context, page int) ([]cluster, error) {
 		return nil, &provider.Error{Provider: providerName, Op: op(page),
 			Message: fmt.Sprintf("answer code %v: %s", env.Code.v, c.describe(env))}
 	}
+	// An answer without the list is not an empty inventory: applying it
+	// would remove every free node of the provider.
 	var clusters []cluster
-	if d := bytes.TrimSpace(env.Data); len(d) > 0 && !bytes.Equal(d, []byte("null")) {
-		if d[0] != '[' {
-			return nil, malformed("data is not a list")
-		}
-		if err := json.Unmarshal(d, &clusters); err != nil {
-			return nil, malformed("%v", err)
-		}
+	d := bytes.TrimSpace(env.Data)
+	if len(d) == 0 || bytes.Equal(d, []byte("null")) {
+		return nil, malformed("the answer has no data list")
+	}
+	if d[0] != '[' {
+		return nil, malformed("data is not a list")
+	}
+	if err := json.Unmarshal(d, &clusters); err != nil {
+		return nil, malformed("%v", err)
 	}
 	return clusters, nil
 }

@@ -170,7 +170,7 @@ type product struct {
 
 type nodeList struct {
 	Count    *int      `json:"count"` // "any of [integer, null]"
-	GPUNodes []gpuNode `json:"gpu_nodes"`
+	GPUNodes *[]gpuNode `json:"gpu_nodes"`
 }
 
 type gpuNode struct {
@@ -214,13 +214,18 @@ func (c *Client) listNodes(ctx context.Context) ([]gpuNode, error) {
 		if err := c.get(ctx, op, "/v1/gpu-nodes", q, &nl); err != nil {
 			return nil, err
 		}
+		// An answer without the list is not an empty inventory: applying it
+		// would remove every free node of the provider.
+		if nl.GPUNodes == nil {
+			return nil, c.fail(op, "the answer has no gpu_nodes list; inventory not applied")
+		}
 		if page == 0 {
 			count = nl.Count
 		} else if !sameCount(count, nl.Count) {
 			return nil, c.fail(op, fmt.Sprintf("count changed from %s to %s while paging; inventory not applied",
 				countString(count), countString(nl.Count)))
 		}
-		for _, n := range nl.GPUNodes {
+		for _, n := range *nl.GPUNodes {
 			if seen[n.ID] {
 				return nil, c.fail(op, fmt.Sprintf("GPU node %q listed twice (list changed while paging?); inventory not applied", n.ID))
 			}
@@ -230,10 +235,10 @@ func (c *Client) listNodes(ctx context.Context) ([]gpuNode, error) {
 		switch {
 		case count != nil && len(nodes) >= *count:
 			return nodes, nil
-		case count == nil && len(nl.GPUNodes) < c.pageSize:
+		case count == nil && len(*nl.GPUNodes) < c.pageSize:
 			// No count to check against: a short page is the end.
 			return nodes, nil
-		case len(nl.GPUNodes) == 0:
+		case len(*nl.GPUNodes) == 0:
 			return nil, c.fail(op, fmt.Sprintf("count says %d GPU nodes but the pages held only %d; inventory incomplete, not applied",
 				*count, len(nodes)))
 		case len(nodes) > maxNodes:
