@@ -195,12 +195,12 @@ func applyNullable(o Optional[int64], cur *int64) *int64 {
 // NodeEcho holds the read-only fields a client sent back with an update.
 // Clients may echo them (GET, edit, PUT) but not change them.
 type NodeEcho struct {
-	PK          Optional[int64]
-	LastSeen    Optional[time.Time]
-	CurrentJob  Optional[int64]
-	Owner       Optional[string]
-	Source      Optional[string]
-	Schedulable Optional[bool]
+	PK            Optional[int64]
+	LastSeen      Optional[time.Time]
+	CurrentJob    Optional[int64]
+	Owner         Optional[string]
+	Source        Optional[string]
+	Schedulable   Optional[bool]
 	ExternalID    Optional[string]
 	ProviderState Optional[string]
 	CreatedAt     Optional[time.Time]

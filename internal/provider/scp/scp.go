@@ -169,7 +169,7 @@ type product struct {
 }
 
 type nodeList struct {
-	Count    *int      `json:"count"` // "any of [integer, null]"
+	Count    *int       `json:"count"` // "any of [integer, null]"
 	GPUNodes *[]gpuNode `json:"gpu_nodes"`
 }
 
