@@ -496,7 +496,7 @@ func TestCreateAdoptsImportedNode(t *testing.T) {
 	mem := int64(80) << 30
 	_, err := b.store.ApplyImport(context.Background(),
 		registry.Actor{Principal: registry.Principal{Sub: "sync:scp", Role: registry.RoleSystem}}, "scp",
-		[]registry.ImportedNode{{ExternalID: "h1", IP: "10.7.0.1", Index: 0, CPUMem: 1 << 40, GPUMem: &mem, GPUModel: "H100", State: "RUNNING", Running: true}})
+		[]registry.ImportedNode{{ExternalID: "h1", IP: "10.7.0.1", Index: 0, CPUMem: 1 << 40, GPUMem: &mem, GPUModel: "H100", State: "RUNNING", Running: true}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,6 +23,10 @@ type ImportResult struct {
 	// KeptBusy are nodes whose host vanished but which hold a job: kept,
 	// unschedulable, removed by the first pass after their release.
 	KeptBusy int
+	// KeptSkipped are nodes of hosts the provider still reports but that
+	// this pass skipped (no address, unknown product, …): left as they are
+	// rather than removed as if the host had vanished.
+	KeptSkipped int
 	// Conflicts are (ip, index) pairs another provider already imported.
 	Conflicts []string
 	// HardwareAdded are hardware generations created for new GPU models.

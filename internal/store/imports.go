@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -33,10 +34,13 @@ type pairKey struct {
 //   - a pair another provider imported: left alone and reported as a conflict;
 //   - a node of this provider the inventory no longer has: deleted when free;
 //     kept, unschedulable and marked gone while it holds a job, and deleted
-//     by the first pass after its release.
+//     by the first pass after its release;
+//   - unless its external id is one of skipped (a host the provider still
+//     reports but this pass could not map) or under one ("cluster" covers
+//     "cluster/worker"): then it is left as it is.
 //
 // Every change is audited under actor and appears on the watch feed.
-func (s *Store) ApplyImport(ctx context.Context, actor registry.Actor, source string, nodes []registry.ImportedNode) (registry.ImportResult, error) {
+func (s *Store) ApplyImport(ctx context.Context, actor registry.Actor, source string, nodes []registry.ImportedNode, skipped []string) (registry.ImportResult, error) {
 	var res registry.ImportResult
 	if _, ok := importLocks[source]; !ok {
 		return res, registry.Invalidf("unknown import source %q", source)
@@ -104,6 +108,10 @@ func (s *Store) ApplyImport(ctx context.Context, actor registry.Actor, source st
 			if _, ok := want[pairKey{n.IP, n.Index}]; ok {
 				continue
 			}
+			if underAny(n.ExternalID, skipped) {
+				res.KeptSkipped++
+				continue
+			}
 			switch {
 			case n.CurrentJob == nil:
 				remove = append(remove, n.PK)
@@ -136,6 +144,19 @@ func (s *Store) ApplyImport(ctx context.Context, actor registry.Actor, source st
 		return res, fmt.Errorf("store: import %s: %w", source, translate(err))
 	}
 	return res, nil
+}
+
+// underAny reports whether id is one of ids or below one ("c" covers "c/w").
+func underAny(id *string, ids []string) bool {
+	if id == nil {
+		return false
+	}
+	for _, k := range ids {
+		if k != "" && (*id == k || strings.HasPrefix(*id, k+"/")) {
+			return true
+		}
+	}
+	return false
 }
 
 func mapsKeys[K comparable, V any](m map[K]V) func(yield func(K) bool) {

@@ -85,7 +85,7 @@ func TestApplyImportLifecycle(t *testing.T) {
 		for _, n := range nodes {
 			all = append(all, n...)
 		}
-		res, err := st.ApplyImport(ctx, syncSCP, "scp", all)
+		res, err := st.ApplyImport(ctx, syncSCP, "scp", all, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -187,7 +187,7 @@ func TestApplyImportMergesAcrossSources(t *testing.T) {
 	if _, _, err := st.CreateNode(ctx, agent, registry.NodeSpec{IP: "10.2.0.1", Index: 0, CPUMem: 1, DriverVersion: "560.1", GPUMem: &mem}); err != nil {
 		t.Fatal(err)
 	}
-	res, err := st.ApplyImport(ctx, syncSCP, "scp", gpuHost("h", "10.2.0.1", 2, "A100", 80, true))
+	res, err := st.ApplyImport(ctx, syncSCP, "scp", gpuHost("h", "10.2.0.1", 2, "A100", 80, true), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -215,7 +215,7 @@ func TestApplyImportMergesAcrossSources(t *testing.T) {
 
 	// Another provider reporting the same pair does not take it over.
 	e2e := registry.Actor{Principal: registry.Principal{Sub: "sync:e2e", Role: registry.RoleSystem}}
-	res, err = st.ApplyImport(ctx, e2e, "e2e", gpuHost("x/1", "10.2.0.1", 1, "H100", 80, true))
+	res, err = st.ApplyImport(ctx, e2e, "e2e", gpuHost("x/1", "10.2.0.1", 1, "H100", 80, true), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,7 +225,7 @@ func TestApplyImportMergesAcrossSources(t *testing.T) {
 	if got := nodesOf(t, st, "10.2.0.1"); got[0].Source != "scp" {
 		t.Errorf("e2e took over an scp node: %+v", got)
 	}
-	if _, err := st.ApplyImport(ctx, e2e, "api", nil); !errors.Is(err, registry.ErrInvalid) {
+	if _, err := st.ApplyImport(ctx, e2e, "api", nil, nil); !errors.Is(err, registry.ErrInvalid) {
 		t.Errorf("import as api: %v", err)
 	}
 }

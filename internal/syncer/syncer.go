@@ -24,7 +24,9 @@ type Source interface {
 
 // Store applies an inventory. *store.Store implements it.
 type Store interface {
-	ApplyImport(ctx context.Context, actor registry.Actor, source string, nodes []registry.ImportedNode) (registry.ImportResult, error)
+	// ApplyImport makes source's nodes match nodes; nodes of the external
+	// ids in skipped (hosts reported but not mappable) are left alone.
+	ApplyImport(ctx context.Context, actor registry.Actor, source string, nodes []registry.ImportedNode, skipped []string) (registry.ImportResult, error)
 }
 
 // Locker takes the cluster-wide sync lock without waiting. While held, the
@@ -90,8 +92,12 @@ func (s Summary) String() string {
 		return b.String()
 	}
 	r := s.Result
-	fmt.Fprintf(&b, "%s: %d hosts seen → %d nodes: %d added, %d updated, %d unchanged, %d removed, %d kept because busy (%s)",
-		s.Provider, s.HostsSeen, s.Nodes, r.Added, r.Updated, r.Unchanged, r.Removed, r.KeptBusy, s.Duration.Round(time.Millisecond))
+	fmt.Fprintf(&b, "%s: %d hosts seen → %d nodes: %d added, %d updated, %d unchanged, %d removed, %d kept because busy",
+		s.Provider, s.HostsSeen, s.Nodes, r.Added, r.Updated, r.Unchanged, r.Removed, r.KeptBusy)
+	if r.KeptSkipped > 0 {
+		fmt.Fprintf(&b, ", %d kept as they were because their host was skipped", r.KeptSkipped)
+	}
+	fmt.Fprintf(&b, " (%s)", s.Duration.Round(time.Millisecond))
 	if len(r.HardwareAdded) > 0 {
 		fmt.Fprintf(&b, "\n  hardware generations created: %s", strings.Join(r.HardwareAdded, ", "))
 	}
@@ -157,7 +163,11 @@ func (s *Syncer) pass(ctx context.Context, st Store, src Source) Summary {
 	sum.Nodes = len(nodes)
 	sum.Skipped = skipped
 	actor := registry.Actor{Principal: registry.Principal{Sub: "sync:" + src.Name(), Role: registry.RoleSystem}}
-	sum.Result, err = st.ApplyImport(ctx, actor, src.Name(), nodes)
+	keep := make([]string, 0, len(skipped))
+	for _, sk := range skipped {
+		keep = append(keep, sk.ExternalID)
+	}
+	sum.Result, err = st.ApplyImport(ctx, actor, src.Name(), nodes, keep)
 	if err != nil {
 		sum.Err = err
 	}
@@ -242,7 +252,7 @@ func (s *Syncer) Run(ctx context.Context) {
 			}
 			s.cfg.Logger.Info("sync", "provider", sum.Provider, "hosts", sum.HostsSeen, "nodes", sum.Nodes,
 				"added", sum.Result.Added, "updated", sum.Result.Updated, "unchanged", sum.Result.Unchanged,
-				"removed", sum.Result.Removed, "kept_busy", sum.Result.KeptBusy, "skipped", len(sum.Skipped),
+				"removed", sum.Result.Removed, "kept_busy", sum.Result.KeptBusy, "kept_skipped", sum.Result.KeptSkipped, "skipped", len(sum.Skipped),
 				"conflicts", len(sum.Result.Conflicts), "duration_ms", sum.Duration.Milliseconds())
 			for _, sk := range sum.Skipped {
 				s.cfg.Logger.Warn("sync skipped a host", "provider", sum.Provider, "host", sk.Name, "id", sk.ExternalID, "reason", sk.Reason)

@@ -388,3 +388,38 @@ func TestNodesMapping(t *testing.T) {
 		t.Errorf("skipped (-want +got):\n%s", diff)
 	}
 }
+
+// A host the provider still reports but this pass cannot map (its address
+// went missing, its cluster lost its worker details) keeps its nodes as
+// they are: only hosts that vanish lose theirs.
+func TestSyncKeepsSkippedHosts(t *testing.T) {
+	b := setup(t)
+	b.inventory()
+	if _, err := b.run(); err != nil {
+		t.Fatal(err)
+	}
+	before := b.table()
+	b.scp.Lock()
+	b.scp.Nodes[10].PolicyIP = "" // briefly without an address
+	b.scp.Unlock()
+	b.e2e.Lock()
+	b.e2e.Clusters[0].NoOfNodes = 2
+	b.e2e.Clusters[0].Workers = nil // worker details missing this time
+	b.e2e.Unlock()
+	sums, err := b.run()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := sums[0].Result; r.KeptSkipped != 8 || r.Removed != 0 {
+		t.Errorf("scp: %+v", r)
+	}
+	if r := sums[1].Result; r.KeptSkipped != 16 || r.Removed != 0 {
+		t.Errorf("e2e: %+v", r)
+	}
+	if diff := cmp.Diff(before, b.table()); diff != "" {
+		t.Errorf("skipped hosts lost nodes:\n%s", diff)
+	}
+	if !strings.Contains(sums[1].String(), "kept as they were because their host was skipped") {
+		t.Errorf("summary does not say so:\n%s", sums[1])
+	}
+}
