@@ -18,6 +18,7 @@ import (
 type Events interface {
 	Subscribe(ctx context.Context) (events <-chan registry.NodeEvent, cut <-chan struct{}, last int64, cancel func(), err error)
 	Backfill(ctx context.Context, after, upto int64, fn func(registry.NodeEvent) error) error
+	Latest(ctx context.Context) (int64, error)
 }
 
 // watchFilter selects events by the node they carry.
@@ -154,15 +155,26 @@ func (s *Server) watchNodes(w http.ResponseWriter, r *http.Request) error {
 		return nil
 	}
 	floor := last // live events at or below it were covered by the backfill
+	if resume > last {
+		// This replica's hub may lag the log by a moment (the client saw the
+		// event through another replica): ask the log itself.
+		latest, err := s.events.Latest(ctx)
+		if err != nil {
+			s.logger.WarnContext(ctx, "watch: reading the latest event failed", "request_id", requestID(ctx), "err", err)
+			return nil // the client retries
+		}
+		floor = max(floor, latest)
+	}
 	switch {
 	case resume < 0:
-	case resume > last:
+	case resume > floor:
 		// An id this registry never issued (another database, a restore).
+		last = floor
 		if err := reset("Last-Event-ID is ahead of this registry's events; re-list"); err != nil {
 			return nil
 		}
 	default:
-		err := s.events.Backfill(ctx, resume, last, func(e registry.NodeEvent) error {
+		err := s.events.Backfill(ctx, resume, floor, func(e registry.NodeEvent) error {
 			if !filter.match(e.Node) {
 				return nil
 			}

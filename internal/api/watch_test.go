@@ -19,6 +19,7 @@ import (
 	"github.com/registryd/registryd/internal/auth"
 	"github.com/registryd/registryd/internal/registry"
 	"github.com/registryd/registryd/internal/store"
+	"github.com/registryd/registryd/internal/watch"
 )
 
 // sseEvent is one parsed Server-Sent Event.
@@ -270,4 +271,43 @@ func TestWatchKeepAlive(t *testing.T) {
 		}
 	}
 	t.Error("no keep-alive comment on an idle stream")
+}
+
+// laggingHub is a hub whose own position trails the log, as a replica's
+// does for a moment after a change made through another replica.
+type laggingHub struct {
+	*watch.Hub
+	lag int64
+}
+
+func (h laggingHub) Subscribe(ctx context.Context) (<-chan registry.NodeEvent, <-chan struct{}, int64, func(), error) {
+	ev, cut, last, cancel, err := h.Hub.Subscribe(ctx)
+	return ev, cut, last - h.lag, cancel, err
+}
+
+// A client resuming on a replica that lags behind the id it saw elsewhere
+// gets the missed events from the log, not a reset.
+func TestWatchResumeOnLaggingReplica(t *testing.T) {
+	b := setup(t)
+	w := watchStream(t, b.url, "", b.token)
+	for i := range 3 {
+		b.createNode(map[string]any{"index": i})
+	}
+	var ids []int64
+	for range 3 {
+		ids = append(ids, w.next().ID)
+	}
+	verifier, _ := auth.NewVerifier(auth.Config{Secret: testSecret})
+	lagging := httptest.NewServer(api.New(api.Config{Store: b.store, OpenAPI: registryd.OpenAPI, Auth: verifier,
+		Events: laggingHub{Hub: startHub(t, b.store), lag: 2}}))
+	t.Cleanup(lagging.Close)
+	time.Sleep(300 * time.Millisecond) // the new hub has read the log's position
+	r := watchStream(t, lagging.URL, "", b.token, "Last-Event-ID", fmt.Sprint(ids[1]))
+	if e := r.next(); e.Type != "created" || e.ID != ids[2] {
+		t.Fatalf("resume on a lagging replica: %+v (want the missed event %d, no reset)", e, ids[2])
+	}
+	pk := b.createNode(map[string]any{"index": 7})
+	if e := r.next(); e.Type != "created" || e.nodePK() != pk {
+		t.Errorf("then live: %+v (want node %d)", e, pk)
+	}
 }

@@ -273,6 +273,13 @@ func (h *Hub) Subscribe(ctx context.Context) (events <-chan registry.NodeEvent, 
 	return s.ch, s.done, last, s.Close, nil
 }
 
+// Latest returns the newest event id in the change log, which may be ahead
+// of what this hub has handed out yet.
+func (h *Hub) Latest(ctx context.Context) (int64, error) {
+	_, latest, err := h.store.EventHorizon(ctx)
+	return latest, err
+}
+
 // Backfill calls fn for every event in (after, upto], in order, from the
 // change log. ErrTooOld when retention already pruned some of them.
 func (h *Hub) Backfill(ctx context.Context, after, upto int64, fn func(registry.NodeEvent) error) error {
