@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -194,9 +195,9 @@ func TestClaimFilters(t *testing.T) {
 	stopped := b.createNode(map[string]any{"ip": "10.1.0.2", "hardware_generation": h100, "gpu_mem": 80 << 30})
 	b.exec("UPDATE nodes SET schedulable = false WHERE pk = $1", stopped)
 	stale := b.createNode(map[string]any{"ip": "10.1.0.3", "hardware_generation": h100, "gpu_mem": 80 << 30})
-	b.exec("UPDATE nodes SET last_seen = now() - interval '10 minutes' WHERE pk = $1", stale)
+	b.seen("-10 minutes", stale)
 	fresh := b.createNode(map[string]any{"ip": "10.1.0.4", "hardware_generation": h100, "gpu_mem": 80 << 30})
-	b.exec("UPDATE nodes SET last_seen = now() WHERE pk = $1", fresh)
+	b.seen("0", fresh)
 	b.createNode(map[string]any{"ip": "10.1.0.5", "hardware_generation": a100, "gpu_mem": 80 << 30})
 
 	var c claimResult
@@ -310,7 +311,7 @@ func TestETags(t *testing.T) {
 		t.Errorf("cpu_mem %v after refused writes", got)
 	}
 	// Heartbeats do not move the tag; claims do.
-	b.exec("UPDATE nodes SET last_seen = now()") // what a heartbeat flush writes
+	b.seen("0", must64(t, path)) // what a heartbeat flush writes
 	b.must(http.StatusNotModified, b.do("GET", path, nil, "If-None-Match", newTag))
 	b.must(http.StatusOK, b.do("POST", "/v1/nodes/claim", map[string]any{"job": 1}))
 	b.must(http.StatusOK, b.do("GET", path, nil, "If-None-Match", newTag))
@@ -430,5 +431,38 @@ func TestConcurrentClaimsAcrossReplicas(t *testing.T) {
 	t.Logf("%d claims gave out %d nodes", len(answers), len(owner))
 	if len(owner) != 120 {
 		t.Errorf("%d of 120 nodes claimed in the end", len(owner))
+	}
+}
+
+// must64 reads the pk at the end of a node path.
+func must64(t *testing.T, path string) int64 {
+	t.Helper()
+	pk, err := strconv.ParseInt(path[strings.LastIndex(path, "/")+1:], 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pk
+}
+
+// A heartbeat flush in progress does not make nodes unclaimable: liveness
+// is written apart from the node rows claims lock.
+func TestClaimWhileHeartbeatsFlush(t *testing.T) {
+	b := setup(t)
+	a := b.createNode(map[string]any{"index": 0})
+	c := b.createNode(map[string]any{"index": 1})
+	ctx := context.Background()
+	tx, err := b.store.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	// What a flush does, left uncommitted so its locks stay held.
+	if _, err := tx.Exec(ctx, `INSERT INTO node_liveness (node_pk, last_seen) VALUES ($1, now()), ($2, now())`, a, c); err != nil {
+		t.Fatal(err)
+	}
+	var got claimResult
+	b.must(http.StatusOK, b.do("POST", "/v1/nodes/claim", map[string]any{"job": 1, "count": 2, "same_host": true})).json(t, &got)
+	if len(got.Nodes) != 2 {
+		t.Errorf("claimed %v during a heartbeat flush", got.pks())
 	}
 }

@@ -299,11 +299,11 @@ func TestUpdateNodeLastSeenEcho(t *testing.T) {
 	path := fmt.Sprintf("/v1/nodes/%d", pk)
 	node := b.must(http.StatusOK, b.do("GET", path, nil)).object(t)
 	// A heartbeat lands between the client's GET and its PUT.
-	b.exec("UPDATE nodes SET last_seen = now() WHERE pk = $1", pk)
+	b.seen("0", pk)
 	node["driver_version"] = "after-heartbeat"
 	b.must(http.StatusOK, b.do("PUT", path, node)) // last_seen: null echoed, node seen since
 	node = b.must(http.StatusOK, b.do("GET", path, nil)).object(t)
-	b.exec("UPDATE nodes SET last_seen = now() + interval '1 second' WHERE pk = $1", pk)
+	b.seen("1 second", pk)
 	b.must(http.StatusOK, b.do("PATCH", path, map[string]any{"last_seen": node["last_seen"], "cpu_mem": 7}))
 }
 
@@ -399,8 +399,8 @@ func TestListNodes(t *testing.T) {
 		pks = append(pks, b.createNode(f))
 	}
 	b.exec("UPDATE nodes SET current_job = 5 WHERE pk = $1", pks[1])
-	b.exec("UPDATE nodes SET last_seen = now() WHERE pk = ANY($1)", []int64{pks[2], pks[3]})
-	b.exec("UPDATE nodes SET last_seen = now() - interval '1 hour' WHERE pk = $1", pks[4])
+	b.seen("0", pks[2], pks[3])
+	b.seen("-1 hour", pks[4])
 
 	list := func(body any) []int64 {
 		t.Helper()

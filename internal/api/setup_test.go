@@ -228,6 +228,14 @@ func (b *bundle) countNodes() int {
 	return n
 }
 
+// seen sets last_seen of nodes to now() + offset (an SQL interval), as a
+// heartbeat flush would.
+func (b *bundle) seen(offset string, pks ...int64) {
+	b.t.Helper()
+	b.exec(`INSERT INTO node_liveness (node_pk, last_seen) SELECT unnest($1::bigint[]), now() + $2::interval
+		ON CONFLICT (node_pk) DO UPDATE SET last_seen = excluded.last_seen`, pks, offset)
+}
+
 // exec runs SQL directly, for states the API cannot make yet.
 func (b *bundle) exec(sql string, args ...any) {
 	b.t.Helper()

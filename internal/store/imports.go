@@ -70,7 +70,7 @@ func (s *Store) ApplyImport(ctx context.Context, actor registry.Actor, source st
 			SELECT `+nodeColumns+` FROM nodes
 			WHERE source = $1
 			   OR (ip, gpu_index) IN (SELECT u.ip, u.idx FROM unnest($2::inet[], $3::int[]) AS u(ip, idx))
-			ORDER BY pk FOR UPDATE`, source, ips, idxs)
+			ORDER BY pk`, source, ips, idxs)
 		existing, err := pgx.CollectRows(rows, scanNode)
 		if err != nil {
 			return err
@@ -260,6 +260,7 @@ func (s *Store) importInsert(ctx context.Context, actor registry.Actor, source s
 		SELECT u.ip, u.idx, u.cpu, '', u.hw, u.gpu, $1, u.run, u.state, u.ext
 		FROM unnest($2::inet[], $3::int[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bool[], $8::text[], $9::text[])
 			AS u(ip, idx, cpu, hw, gpu, run, state, ext)
+		ON CONFLICT (ip, gpu_index) DO NOTHING -- registered a moment ago: the next pass merges it
 		RETURNING `+nodeColumns, source, ips, idxs, cpu, hws, gpu, run, state, ext)
 	added, err := pgx.CollectRows(rows, scanNode)
 	if err != nil {
@@ -312,7 +313,7 @@ func (s *Store) importGone(ctx context.Context, actor registry.Actor, pks []int6
 	}
 	rows, _ := s.db.Query(ctx, `
 		UPDATE nodes SET schedulable = false, provider_state = $2, updated_at = now(), version = version + 1
-		WHERE pk = ANY($1) RETURNING `+nodeColumns, pks, registry.ProviderGone)
+		WHERE pk = ANY($1) AND current_job IS NOT NULL RETURNING `+nodeColumns, pks, registry.ProviderGone)
 	marked, err := pgx.CollectRows(rows, scanNode)
 	if err != nil {
 		return err
@@ -327,11 +328,16 @@ func (s *Store) importRemove(ctx context.Context, actor registry.Actor, pks []in
 	if len(pks) == 0 {
 		return nil
 	}
-	// current_job IS NULL again under the lock: a claim between the read
-	// and here is impossible (rows are locked), but say it in SQL anyway.
+	// The inventory was read without locking, so that claims are never
+	// held up by a pass: a node claimed since is not deleted here (the next
+	// pass marks it gone), and one released since is not marked gone above
+	// (the next pass removes it).
 	rows, _ := s.db.Query(ctx, `DELETE FROM nodes WHERE pk = ANY($1) AND current_job IS NULL RETURNING `+nodeColumns, pks)
 	removed, err := pgx.CollectRows(rows, scanNode)
 	if err != nil {
+		return err
+	}
+	if _, err := s.db.Exec(ctx, `DELETE FROM node_liveness WHERE node_pk = ANY($1)`, pks); err != nil {
 		return err
 	}
 	res.Removed += len(removed)
@@ -341,15 +347,6 @@ func (s *Store) importRemove(ctx context.Context, actor registry.Actor, pks []in
 	docs := make([]registry.Node, len(removed))
 	copy(docs, removed)
 	return s.auditEachDelete(ctx, actor, docs)
-}
-
-// qualified prefixes nodeColumns for an UPDATE … FROM, where names could
-// be ambiguous.
-func qualified(alias string) string {
-	return alias + ".pk, host(" + alias + ".ip), " + alias + ".gpu_index, " + alias + ".cpu_mem, " + alias + ".driver_version, " +
-		alias + ".hardware_generation, " + alias + ".gpu_mem, " + alias + ".last_seen, " + alias + ".current_job, " +
-		alias + ".owner, " + alias + ".source, " + alias + ".schedulable, " + alias + ".external_id, " + alias + ".provider_state, " +
-		alias + ".created_at, " + alias + ".updated_at, " + alias + ".version"
 }
 
 // auditEach writes one entry per node in one statement; before may be nil

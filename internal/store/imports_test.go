@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -115,7 +116,12 @@ func TestApplyImportLifecycle(t *testing.T) {
 
 	// What agents and schedulers own survives an update of what the provider knows.
 	pk := firstPK(t, st, "10.1.0.1")
-	st.Pool().Exec(ctx, "UPDATE nodes SET driver_version = '550.1', current_job = 9, last_seen = now() WHERE pk = $1", pk)
+	if _, err := st.Pool().Exec(ctx, "UPDATE nodes SET driver_version = '550.1', current_job = 9 WHERE pk = $1", pk); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.TouchNodes(ctx, []int64{pk}, []time.Time{time.Now()}); err != nil {
+		t.Fatal(err)
+	}
 	a2 := gpuHost("a", "10.1.0.1", 2, "H100", 94, true) // memory changed
 	res = apply(a2, b, c)
 	if res.Updated != 2 {

@@ -15,10 +15,21 @@ import (
 	"github.com/registryd/registryd/internal/registry"
 )
 
-// nodeColumns is the select list scanNode reads, in order.
-const nodeColumns = `pk, host(ip), gpu_index, cpu_mem, driver_version, hardware_generation,
-	gpu_mem, last_seen, current_job, owner, source, schedulable, external_id, provider_state,
-	created_at, updated_at, version`
+// nodeColumns is the select list scanNode reads, in order, for queries
+// whose node table is named nodes. last_seen lives in node_liveness (see
+// migration 00006).
+var nodeColumns = qualified("nodes")
+
+// qualified is the select list for a node table named alias.
+func qualified(alias string) string {
+	c := func(col string) string { return alias + "." + col }
+	return strings.Join([]string{
+		c("pk"), "host(" + c("ip") + ")", c("gpu_index"), c("cpu_mem"), c("driver_version"), c("hardware_generation"),
+		c("gpu_mem"), "(SELECT l.last_seen FROM node_liveness l WHERE l.node_pk = " + c("pk") + ")",
+		c("current_job"), c("owner"), c("source"), c("schedulable"), c("external_id"), c("provider_state"),
+		c("created_at"), c("updated_at"), c("version"),
+	}, ", ")
+}
 
 func scanNode(row pgx.CollectableRow) (registry.Node, error) {
 	var n registry.Node
@@ -255,6 +266,9 @@ func (s *Store) DeleteNode(ctx context.Context, actor registry.Actor, pk int64, 
 		if _, err := tx.db.Exec(ctx, `DELETE FROM nodes WHERE pk = $1`, pk); err != nil {
 			return fmt.Errorf("store: delete node %d: %w", pk, translate(err))
 		}
+		if _, err := tx.db.Exec(ctx, `DELETE FROM node_liveness WHERE node_pk = $1`, pk); err != nil {
+			return fmt.Errorf("store: delete node %d: %w", pk, translate(err))
+		}
 		out = cur
 		if err := tx.recordChanges(ctx, "deleted", cur); err != nil {
 			return err
@@ -333,7 +347,7 @@ func (q *query) where(f registry.NodeFilter) {
 		q.add("gpu_index = " + q.arg(*f.Index))
 	}
 	if f.SeenWithin != nil {
-		q.add("last_seen >= now() - " + q.arg(*f.SeenWithin) + "::interval")
+		q.add("EXISTS (SELECT 1 FROM node_liveness l WHERE l.node_pk = nodes.pk AND l.last_seen >= now() - " + q.arg(*f.SeenWithin) + "::interval)")
 	}
 }
 
@@ -511,14 +525,18 @@ func (s *Store) ReleaseNodes(ctx context.Context, actor registry.Actor, r regist
 }
 
 // TouchNodes records heartbeats: each node's last_seen becomes the given
-// time unless it already holds a later one. Missing nodes are skipped. Rows
-// are locked in pk order so that replicas flushing overlapping batches
-// cannot deadlock; the caller passes pks sorted.
+// time unless it already holds a later one. Missing nodes are skipped. It
+// writes node_liveness only, so it never locks a node row a claim wants.
+// Rows are written in pk order so that replicas flushing overlapping
+// batches cannot deadlock.
 func (s *Store) TouchNodes(ctx context.Context, pks []int64, seen []time.Time) error {
 	_, err := s.db.Exec(ctx, `
-		UPDATE nodes n SET last_seen = v.t
-		FROM (SELECT * FROM unnest($1::bigint[], $2::timestamptz[]) AS u(pk, t) ORDER BY pk) v
-		WHERE n.pk = v.pk AND (n.last_seen IS NULL OR n.last_seen < v.t)`, pks, seen)
+		INSERT INTO node_liveness (node_pk, last_seen)
+		SELECT u.pk, u.t FROM unnest($1::bigint[], $2::timestamptz[]) AS u(pk, t)
+		WHERE EXISTS (SELECT 1 FROM nodes n WHERE n.pk = u.pk)
+		ORDER BY u.pk
+		ON CONFLICT (node_pk) DO UPDATE SET last_seen = excluded.last_seen
+		WHERE node_liveness.last_seen < excluded.last_seen`, pks, seen)
 	if err != nil {
 		return fmt.Errorf("store: touch nodes: %w", translate(err))
 	}
