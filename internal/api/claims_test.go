@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -450,19 +451,20 @@ func TestClaimWhileHeartbeatsFlush(t *testing.T) {
 	b := setup(t)
 	a := b.createNode(map[string]any{"index": 0})
 	c := b.createNode(map[string]any{"index": 1})
-	ctx := context.Background()
-	tx, err := b.store.Pool().Begin(ctx)
+	// The real flush, held open in a transaction so its locks stay held
+	// while a scheduler claims.
+	err := b.store.WithTx(context.Background(), func(tx *store.Store) error {
+		if err := tx.TouchNodes(context.Background(), []int64{a, c}, []time.Time{time.Now(), time.Now()}); err != nil {
+			return err
+		}
+		var got claimResult
+		b.must(http.StatusOK, b.do("POST", "/v1/nodes/claim", map[string]any{"job": 1, "count": 2, "same_host": true})).json(t, &got)
+		if len(got.Nodes) != 2 {
+			t.Errorf("claimed %v during a heartbeat flush", got.pks())
+		}
+		return nil
+	})
 	if err != nil {
 		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	// What a flush does, left uncommitted so its locks stay held.
-	if _, err := tx.Exec(ctx, `INSERT INTO node_liveness (node_pk, last_seen) VALUES ($1, now()), ($2, now())`, a, c); err != nil {
-		t.Fatal(err)
-	}
-	var got claimResult
-	b.must(http.StatusOK, b.do("POST", "/v1/nodes/claim", map[string]any{"job": 1, "count": 2, "same_host": true})).json(t, &got)
-	if len(got.Nodes) != 2 {
-		t.Errorf("claimed %v during a heartbeat flush", got.pks())
 	}
 }

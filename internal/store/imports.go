@@ -66,8 +66,12 @@ func (s *Store) ApplyImport(ctx context.Context, actor registry.Actor, source st
 			ips = append(ips, n.IP)
 			idxs = append(idxs, int32(n.Index))
 		}
+		// Read without locks, so a pass never holds up claims on rows it
+		// leaves alone; then lock just the rows it will write, in pk order
+		// (the order claims and releases lock in), and decide again from
+		// what they hold now.
 		rows, _ := tx.db.Query(ctx, `
-			SELECT `+nodeColumns+` FROM nodes
+			SELECT `+withLiveness("nodes")+` FROM nodes LEFT JOIN node_liveness l ON l.node_pk = nodes.pk
 			WHERE source = $1
 			   OR (ip, gpu_index) IN (SELECT u.ip, u.idx FROM unnest($2::inet[], $3::int[]) AS u(ip, idx))
 			ORDER BY pk`, source, ips, idxs)
@@ -75,59 +79,47 @@ func (s *Store) ApplyImport(ctx context.Context, actor registry.Actor, source st
 		if err != nil {
 			return err
 		}
-		have := make(map[pairKey]registry.Node, len(existing))
+		p := importPlan{source: source, want: want, skipped: skipped, hw: hw}
+		have := make(map[pairKey]bool, len(existing))
+		var candidates []int64
 		for _, n := range existing {
-			have[pairKey{n.IP, n.Index}] = n
+			have[pairKey{n.IP, n.Index}] = true
+			if d := p.decide(n); d.writes() {
+				candidates = append(candidates, n.PK)
+			} else {
+				d.count(&res)
+			}
 		}
-
 		var inserts []registry.ImportedNode
-		var updates []importUpdate
 		for _, k := range slices.SortedFunc(mapsKeys(want), comparePairs) {
-			in := want[k]
-			cur, ok := have[k]
-			switch {
-			case !ok:
-				inserts = append(inserts, in)
-			case cur.Source != source && cur.Source != "api":
-				res.Conflicts = append(res.Conflicts, fmt.Sprintf("%s index %d is already imported from %s (node %d)", k.ip, k.index, cur.Source, cur.PK))
-			default:
-				u := importUpdate{pk: cur.PK, cpuMem: in.CPUMem, gpuMem: in.GPUMem, hw: hwOf(hw, in.GPUModel),
-					schedulable: in.Running, state: in.State, externalID: in.ExternalID}
-				if u.same(cur, source) {
-					res.Unchanged++
-				} else {
-					updates = append(updates, u)
-				}
+			if !have[k] {
+				inserts = append(inserts, want[k])
 			}
-		}
-		var gone, remove []int64
-		for _, n := range existing {
-			if n.Source != source {
-				continue
-			}
-			if _, ok := want[pairKey{n.IP, n.Index}]; ok {
-				continue
-			}
-			if underAny(n.ExternalID, skipped) {
-				res.KeptSkipped++
-				continue
-			}
-			switch {
-			case n.CurrentJob == nil:
-				remove = append(remove, n.PK)
-			case n.ProviderState == nil || *n.ProviderState != registry.ProviderGone || n.Schedulable:
-				gone = append(gone, n.PK)
-				res.KeptBusy++
-			default:
-				res.KeptBusy++ // already marked: nothing to write
-			}
-		}
-		before := make(map[int64]registry.Node, len(existing))
-		for _, n := range existing {
-			before[n.PK] = n
 		}
 		if err := tx.importInsert(ctx, actor, source, hw, inserts, &res); err != nil {
 			return err
+		}
+
+		rows, _ = tx.db.Query(ctx, `SELECT `+nodeColumns+` FROM nodes WHERE pk = ANY($1) ORDER BY pk FOR UPDATE`, candidates)
+		locked, err := pgx.CollectRows(rows, scanNode)
+		if err != nil {
+			return err
+		}
+		var updates []importUpdate
+		var gone, remove []int64
+		before := make(map[int64]registry.Node, len(locked))
+		for _, n := range locked {
+			before[n.PK] = n
+			d := p.decide(n)
+			d.count(&res)
+			switch d.kind {
+			case decideUpdate:
+				updates = append(updates, d.update)
+			case decideGone:
+				gone = append(gone, n.PK)
+			case decideRemove:
+				remove = append(remove, n.PK)
+			}
 		}
 		if err := tx.importUpdate(ctx, actor, source, updates, before, &res); err != nil {
 			return err
@@ -144,6 +136,79 @@ func (s *Store) ApplyImport(ctx context.Context, actor registry.Actor, source st
 		return res, fmt.Errorf("store: import %s: %w", source, translate(err))
 	}
 	return res, nil
+}
+
+// importPlan decides, node by node, what a pass does.
+type importPlan struct {
+	source  string
+	want    map[pairKey]registry.ImportedNode
+	skipped []string
+	hw      map[string]int64
+}
+
+type decisionKind int
+
+const (
+	decideNothing     decisionKind = iota // another source's node the inventory does not name
+	decideUnchanged                       // holds what the provider says
+	decideUpdate                          // provider-owned fields differ
+	decideConflict                        // the pair belongs to another provider
+	decideKeptSkipped                     // vanished from the mapping, but its host was skipped
+	decideKeptBusy                        // vanished, holds a job, already marked gone
+	decideGone                            // vanished, holds a job: mark gone
+	decideRemove                          // vanished and free
+)
+
+type decision struct {
+	kind     decisionKind
+	update   importUpdate
+	conflict string
+}
+
+func (d decision) writes() bool {
+	return d.kind == decideUpdate || d.kind == decideGone || d.kind == decideRemove
+}
+
+// count adds a decision that writes nothing (or a final one) to res;
+// writes are counted by the statements that make them.
+func (d decision) count(res *registry.ImportResult) {
+	switch d.kind {
+	case decideUnchanged:
+		res.Unchanged++
+	case decideConflict:
+		res.Conflicts = append(res.Conflicts, d.conflict)
+	case decideKeptSkipped:
+		res.KeptSkipped++
+	case decideKeptBusy, decideGone:
+		res.KeptBusy++
+	}
+}
+
+func (p importPlan) decide(n registry.Node) decision {
+	k := pairKey{n.IP, n.Index}
+	if in, ok := p.want[k]; ok {
+		if n.Source != p.source && n.Source != "api" {
+			return decision{kind: decideConflict,
+				conflict: fmt.Sprintf("%s index %d is already imported from %s (node %d)", k.ip, k.index, n.Source, n.PK)}
+		}
+		u := importUpdate{pk: n.PK, cpuMem: in.CPUMem, gpuMem: in.GPUMem, hw: hwOf(p.hw, in.GPUModel),
+			schedulable: in.Running, state: in.State, externalID: in.ExternalID}
+		if u.same(n, p.source) {
+			return decision{kind: decideUnchanged}
+		}
+		return decision{kind: decideUpdate, update: u}
+	}
+	switch {
+	case n.Source != p.source:
+		return decision{kind: decideNothing}
+	case underAny(n.ExternalID, p.skipped):
+		return decision{kind: decideKeptSkipped}
+	case n.CurrentJob == nil:
+		return decision{kind: decideRemove}
+	case n.ProviderState == nil || *n.ProviderState != registry.ProviderGone || n.Schedulable:
+		return decision{kind: decideGone}
+	}
+	return decision{kind: decideKeptBusy}
 }
 
 // underAny reports whether id is one of ids or below one ("c" covers "c/w").
@@ -287,6 +352,7 @@ func (s *Store) importUpdate(ctx context.Context, actor registry.Actor, source s
 	for i, u := range ups {
 		pks[i], cpu[i], gpu[i], hws[i], run[i], state[i], ext[i] = u.pk, u.cpuMem, u.gpuMem, u.hw, u.schedulable, u.state, u.externalID
 	}
+	// The rows are locked (ApplyImport); the update is in pk order too.
 	rows, _ := s.db.Query(ctx, `
 		UPDATE nodes n SET cpu_mem = u.cpu, gpu_mem = u.gpu, hardware_generation = u.hw, schedulable = u.run,
 			provider_state = u.state, external_id = u.ext, source = $1, updated_at = now(), version = n.version + 1
@@ -313,7 +379,7 @@ func (s *Store) importGone(ctx context.Context, actor registry.Actor, pks []int6
 	}
 	rows, _ := s.db.Query(ctx, `
 		UPDATE nodes SET schedulable = false, provider_state = $2, updated_at = now(), version = version + 1
-		WHERE pk = ANY($1) AND current_job IS NOT NULL RETURNING `+nodeColumns, pks, registry.ProviderGone)
+		WHERE pk = ANY($1) RETURNING `+nodeColumns, pks, registry.ProviderGone)
 	marked, err := pgx.CollectRows(rows, scanNode)
 	if err != nil {
 		return err
@@ -328,16 +394,17 @@ func (s *Store) importRemove(ctx context.Context, actor registry.Actor, pks []in
 	if len(pks) == 0 {
 		return nil
 	}
-	// The inventory was read without locking, so that claims are never
-	// held up by a pass: a node claimed since is not deleted here (the next
-	// pass marks it gone), and one released since is not marked gone above
-	// (the next pass removes it).
+	// The rows are locked and were found free; the condition repeats it.
 	rows, _ := s.db.Query(ctx, `DELETE FROM nodes WHERE pk = ANY($1) AND current_job IS NULL RETURNING `+nodeColumns, pks)
 	removed, err := pgx.CollectRows(rows, scanNode)
 	if err != nil {
 		return err
 	}
-	if _, err := s.db.Exec(ctx, `DELETE FROM node_liveness WHERE node_pk = ANY($1)`, pks); err != nil {
+	gonePKs := make([]int64, len(removed))
+	for i, n := range removed {
+		gonePKs[i] = n.PK
+	}
+	if _, err := s.db.Exec(ctx, `DELETE FROM node_liveness WHERE node_pk = ANY($1)`, gonePKs); err != nil {
 		return err
 	}
 	res.Removed += len(removed)

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"testing"
 	"time"
@@ -234,4 +235,104 @@ func TestApplyImportMergesAcrossSources(t *testing.T) {
 	if _, err := st.ApplyImport(ctx, e2e, "api", nil, nil); !errors.Is(err, registry.ErrInvalid) {
 		t.Errorf("import as api: %v", err)
 	}
+}
+
+// The pass reads its provider's nodes without locks and then locks the
+// rows it will write. Changes that land in between — a release, a claim —
+// are what it decides on: nothing stale is written or audited.
+func TestApplyImportDecidesOnLockedRows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st := open(t, pgtest.New(t))
+	apply := func(nodes ...[]registry.ImportedNode) {
+		t.Helper()
+		var all []registry.ImportedNode
+		for _, n := range nodes {
+			all = append(all, n...)
+		}
+		if _, err := st.ApplyImport(ctx, syncSCP, "scp", all, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	busyHost := gpuHost("busy", "10.3.0.1", 1, "H100", 80, true) // vanishes; its node is released mid-pass
+	freeHost := gpuHost("free", "10.3.0.2", 1, "H100", 80, true) // vanishes; its node is claimed mid-pass
+	kept := gpuHost("kept", "10.3.0.3", 1, "H100", 80, true)     // changes memory; claimed mid-pass
+	apply(busyHost, freeHost, kept)
+	sched := registry.Actor{Principal: registry.Principal{Sub: "sched", Role: registry.RoleScheduler}}
+	claim := func(job int64, ip string) {
+		t.Helper()
+		if _, err := st.ClaimNodes(ctx, sched, registry.Claim{Job: job, Count: 1, Filter: registry.NodeFilter{IP: &ip}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	claim(1, "10.3.0.1")
+
+	// A blocker holds an uncommitted node at a pair the next inventory
+	// adds: the pass stalls on it after its read, before it locks.
+	blocker, err := st.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := blocker.Exec(ctx, `INSERT INTO nodes (ip, gpu_index, cpu_mem, driver_version) VALUES ('10.3.0.9', 0, 1, 'x')`); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan registry.ImportResult)
+	go func() {
+		res, err := st.ApplyImport(ctx, syncSCP, "scp",
+			append(gpuHost("kept", "10.3.0.3", 1, "H100", 94, true), gpuHost("new", "10.3.0.9", 1, "H100", 80, true)...), nil)
+		if err != nil {
+			t.Error(err)
+		}
+		done <- res
+	}()
+	waitForLockWait(t, st)
+	if _, _, err := st.ReleaseNodes(ctx, sched, registry.Release{Job: 1}); err != nil {
+		t.Fatal(err)
+	}
+	claim(2, "10.3.0.2")
+	claim(3, "10.3.0.3")
+	blocker.Rollback(ctx)
+	res := <-done
+
+	if got := nodesOf(t, st, "10.3.0.1"); len(got) != 0 {
+		t.Errorf("released mid-pass, the node of a vanished host stayed: %+v", got)
+	}
+	want := []nodeView{{Index: 0, Source: "scp", Schedulable: false, State: registry.ProviderGone, GPUMem: 80, Job: 2}}
+	if diff := cmp.Diff(want, nodesOf(t, st, "10.3.0.2")); diff != "" {
+		t.Errorf("claimed mid-pass, the node of a vanished host (-want +got):\n%s", diff)
+	}
+	if res.Removed != 1 || res.KeptBusy != 1 || res.Updated != 1 || res.Added != 1 {
+		t.Errorf("result: %+v", res)
+	}
+	// The audit entry of the update shows the claim in its "before".
+	var before []byte
+	err = st.Pool().QueryRow(ctx, `SELECT before FROM audit_log WHERE principal = 'sync:scp' AND action = 'node.update'
+		AND target_pk = (SELECT pk FROM nodes WHERE ip = '10.3.0.3') ORDER BY id DESC LIMIT 1`).Scan(&before)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		CurrentJob *int64 `json:"current_job"`
+	}
+	if err := json.Unmarshal(before, &doc); err != nil || doc.CurrentJob == nil || *doc.CurrentJob != 3 {
+		t.Errorf("audit before image is stale: %s", before)
+	}
+}
+
+// waitForLockWait waits until some session of the test database waits on
+// a lock.
+func waitForLockWait(t *testing.T, st *store.Store) {
+	t.Helper()
+	for range 200 {
+		var n int
+		if err := st.Pool().QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatal("the pass never waited on the blocker")
 }

@@ -20,12 +20,21 @@ import (
 // migration 00006).
 var nodeColumns = qualified("nodes")
 
-// qualified is the select list for a node table named alias.
+// qualified is the select list for a node table named alias; last_seen
+// comes from a subquery, cheap for the few rows most statements touch.
 func qualified(alias string) string {
+	return columns(alias, "(SELECT l.last_seen FROM node_liveness l WHERE l.node_pk = "+alias+".pk)")
+}
+
+// withLiveness is the select list for a query that joins node_liveness as
+// l: bulk reads, where a join beats a subquery per row.
+func withLiveness(alias string) string { return columns(alias, "l.last_seen") }
+
+func columns(alias, lastSeen string) string {
 	c := func(col string) string { return alias + "." + col }
 	return strings.Join([]string{
 		c("pk"), "host(" + c("ip") + ")", c("gpu_index"), c("cpu_mem"), c("driver_version"), c("hardware_generation"),
-		c("gpu_mem"), "(SELECT l.last_seen FROM node_liveness l WHERE l.node_pk = " + c("pk") + ")",
+		c("gpu_mem"), lastSeen,
 		c("current_job"), c("owner"), c("source"), c("schedulable"), c("external_id"), c("provider_state"),
 		c("created_at"), c("updated_at"), c("version"),
 	}, ", ")
