@@ -347,7 +347,8 @@ func TestSyncLock(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 		_, _ = b.store.Pool().Exec(ctx, `
 			SELECT pg_terminate_backend(pid) FROM pg_locks
-			WHERE locktype = 'advisory' AND granted AND objid = $1`, lockKey)
+			WHERE locktype = 'advisory' AND granted AND objid = $1
+			  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`, lockKey)
 	}()
 	sums, err := b.run()
 	if err == nil {
@@ -408,7 +409,7 @@ func TestSyncKeepsSkippedHosts(t *testing.T) {
 	b.e2e.Unlock()
 	sums, err := b.run()
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v: %v", err, sums)
 	}
 	if r := sums[0].Result; r.KeptSkipped != 8 || r.Removed != 0 {
 		t.Errorf("scp: %+v", r)
