@@ -2,18 +2,25 @@ package api_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 
+	registryd "github.com/registryd/registryd"
 	"github.com/registryd/registryd/internal/api"
+	"github.com/registryd/registryd/internal/auth"
 	"github.com/registryd/registryd/internal/registry"
+	"github.com/registryd/registryd/internal/store"
 )
 
 func TestCreateNode(t *testing.T) {
@@ -511,4 +518,61 @@ func TestCreateAdoptsImportedNode(t *testing.T) {
 	// Adopted once; the next registration is a conflict.
 	b.token = tokenFor(t, "agent-gpu-10", registry.RoleAgent)
 	b.must(http.StatusConflict, b.do("POST", "/v1/nodes/create", body))
+}
+
+// failingLists fails every ListNodes call after the first: the database
+// going away while a long list streams.
+type failingLists struct {
+	*store.Store
+	calls atomic.Int32
+}
+
+func (f *failingLists) ListNodes(ctx context.Context, filter registry.NodeFilter) ([]registry.Node, error) {
+	if f.calls.Add(1) > 1 {
+		return nil, fmt.Errorf("store: list nodes: %w", registry.ErrUnavailable)
+	}
+	return f.Store.ListNodes(ctx, filter)
+}
+
+// A list that fails after its first batch is cut off: the client sees a
+// broken response, never a short array that looks complete.
+func TestListNodesFailsMidStream(t *testing.T) {
+	b := setup(t)
+	for i := range 5 {
+		b.createNode(map[string]any{"index": i})
+	}
+	verifier, _ := auth.NewVerifier(auth.Config{Secret: testSecret})
+	srv := httptest.NewServer(api.New(api.Config{Store: &failingLists{Store: b.store}, OpenAPI: registryd.OpenAPI,
+		Auth: verifier, ListBatch: 2}))
+	defer srv.Close()
+	req, _ := http.NewRequest("POST", srv.URL+"/v1/nodes/list", nil)
+	req.Header.Set("Authorization", "Bearer "+b.token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err == nil {
+		t.Fatalf("read a complete-looking body: %s", body)
+	}
+	var nodes []map[string]any
+	if json.Unmarshal(body, &nodes) == nil {
+		t.Errorf("the truncated body parses as JSON: %s", body)
+	}
+	// The first batch fails before anything is written: a clean 503.
+	first := &failingLists{Store: b.store}
+	first.calls.Store(1)
+	srv2 := httptest.NewServer(api.New(api.Config{Store: first, OpenAPI: registryd.OpenAPI, Auth: verifier}))
+	defer srv2.Close()
+	req, _ = http.NewRequest("POST", srv2.URL+"/v1/nodes/list", nil)
+	req.Header.Set("Authorization", "Bearer "+b.token)
+	resp2, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp2.Body.Close()
+	if resp2.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("first batch failing: status %d", resp2.StatusCode)
+	}
 }
