@@ -127,6 +127,20 @@ func tokenSecret(cfg config, logger *slog.Logger) (secret []byte, created bool, 
 	return auth.LoadOrCreateSecret(filepath.Join(dir, "jwt-secret"))
 }
 
+// openMigrated opens the database and makes sure its schema is the
+// binary's (migrating when allowed): what serve and sync both need.
+func openMigrated(ctx context.Context, cfg config, logger *slog.Logger) (*database, error) {
+	db, err := openDatabase(ctx, cfg, logger)
+	if err != nil {
+		return nil, err
+	}
+	if err := prepareSchema(ctx, db, cfg.Migrate, logger); err != nil {
+		db.close()
+		return nil, err
+	}
+	return db, nil
+}
+
 // prepareSchema migrates when allowed, otherwise refuses a schema that is
 // not exactly the one this binary knows.
 func prepareSchema(ctx context.Context, db *database, migrate bool, logger *slog.Logger) error {
@@ -171,14 +185,11 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 	}
 	defer ln.Close()
 
-	db, err := openDatabase(ctx, cfg, logger)
+	db, err := openMigrated(ctx, cfg, logger)
 	if err != nil {
 		return err
 	}
 	defer db.close()
-	if err := prepareSchema(ctx, db, cfg.Migrate, logger); err != nil {
-		return err
-	}
 
 	secret, _, err := tokenSecret(cfg, logger)
 	if err != nil {

@@ -77,14 +77,11 @@ func syncCmd(ctx context.Context, cfg config, args []string, stdout, stderr io.W
 		return errUsage
 	}
 	logger := newLogger(cfg, stderr)
-	db, err := openDatabase(ctx, cfg, logger)
+	db, err := openMigrated(ctx, cfg, logger)
 	if err != nil {
 		return err
 	}
 	defer db.close()
-	if err := prepareSchema(ctx, db, cfg.Migrate, logger); err != nil {
-		return err
-	}
 	s, err := newSyncer(cfg, db.store, logger)
 	if err != nil {
 		return err
