@@ -48,6 +48,30 @@ func benchServer(b *testing.B, n int) string {
 	return ts.URL
 }
 
+// call sends one request, drains the answer, fails on a status other than
+// want and returns the body's size. body "" sends none.
+func call(b *testing.B, client *http.Client, method, url, body string, want int) int64 {
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, url, rd)
+	if err != nil {
+		b.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := client.Do(req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	n, _ := io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != want {
+		b.Fatalf("%s %s: status %d, want %d", method, url, resp.StatusCode, want)
+	}
+	return n
+}
+
 // benchClient sends an admin token with every request.
 func benchClient(b *testing.B) *http.Client {
 	return &http.Client{Transport: bearer{token: tokenFor(b, "bench", registry.RoleAdmin),
@@ -73,15 +97,7 @@ func BenchmarkGetNode(b *testing.B) {
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			resp, err := client.Get(fmt.Sprintf("%s/v1/nodes/%d", url, 1+rand.IntN(n)))
-			if err != nil {
-				b.Fatal(err)
-			}
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				b.Fatalf("status %d", resp.StatusCode)
-			}
+			call(b, client, "GET", fmt.Sprintf("%s/v1/nodes/%d", url, 1+rand.IntN(n)), "", http.StatusOK)
 		}
 	})
 }
@@ -97,15 +113,7 @@ func BenchmarkCreateNode(b *testing.B) {
 			i := seq.Add(1)
 			body := fmt.Sprintf(`{"ip":"10.%d.%d.%d","index":%d,"cpu_mem":1,"driver_version":"d","hardware_generation":1,"gpu_mem":1}`,
 				(i>>16)&255, (i>>8)&255, i&255, i>>24)
-			resp, err := client.Post(url+"/v1/nodes/create", "application/json", strings.NewReader(body))
-			if err != nil {
-				b.Fatal(err)
-			}
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusCreated {
-				b.Fatalf("status %d", resp.StatusCode)
-			}
+			call(b, client, "POST", url+"/v1/nodes/create", body, http.StatusCreated)
 		}
 	})
 }
@@ -116,16 +124,8 @@ func BenchmarkListFreePage(b *testing.B) {
 	client := benchClient(b)
 	b.ResetTimer()
 	for b.Loop() {
-		resp, err := client.Post(url+"/v1/nodes/list", "application/json",
-			strings.NewReader(`{"free":true,"hardware_generation":1,"min_gpu_mem":85899345920,"after":50000,"limit":100}`))
-		if err != nil {
-			b.Fatal(err)
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			b.Fatalf("status %d", resp.StatusCode)
-		}
+		call(b, client, "POST", url+"/v1/nodes/list",
+			`{"free":true,"hardware_generation":1,"min_gpu_mem":85899345920,"after":50000,"limit":100}`, http.StatusOK)
 	}
 }
 
@@ -135,13 +135,7 @@ func BenchmarkListAll(b *testing.B) {
 	client := benchClient(b)
 	b.ResetTimer()
 	for b.Loop() {
-		resp, err := client.Post(url+"/v1/nodes/list", "application/json", nil)
-		if err != nil {
-			b.Fatal(err)
-		}
-		n, _ := io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		b.SetBytes(n)
+		b.SetBytes(call(b, client, "POST", url+"/v1/nodes/list", "", http.StatusOK))
 	}
 }
 
@@ -157,15 +151,7 @@ func BenchmarkClaimRelease(b *testing.B) {
 		for pb.Next() {
 			j := job.Add(1)
 			for _, path := range []string{"/v1/nodes/claim", "/v1/nodes/release"} {
-				resp, err := client.Post(url+path, "application/json", strings.NewReader(fmt.Sprintf(`{"job":%d}`, j)))
-				if err != nil {
-					b.Fatal(err)
-				}
-				io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				if resp.StatusCode != http.StatusOK {
-					b.Fatalf("%s: status %d", path, resp.StatusCode)
-				}
+				call(b, client, "POST", url+path, fmt.Sprintf(`{"job":%d}`, j), http.StatusOK)
 			}
 		}
 	})
