@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/rsa"
@@ -27,25 +26,6 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-// syncBuffer is a bytes.Buffer safe for the server goroutine to write while
-// the test reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func envFunc(env map[string]string) func(string) string {
 	return func(k string) string { return env[k] }
 }
@@ -55,8 +35,8 @@ var servingRE = regexp.MustCompile(`serving on (http://\S+)`)
 // server is registryd running in-process through run.
 type server struct {
 	url    string
-	stdout *syncBuffer
-	stderr *syncBuffer
+	stdout *apitest.Buffer
+	stderr *apitest.Buffer
 	stop   func() error // cancels run and returns its error
 }
 
@@ -65,7 +45,7 @@ func startServer(t *testing.T, env map[string]string) *server {
 	t.Helper()
 	env["REGISTRY_LISTEN"] = "127.0.0.1:0"
 	ctx, cancel := context.WithCancel(context.Background())
-	stdout, stderr := &syncBuffer{}, &syncBuffer{}
+	stdout, stderr := &apitest.Buffer{}, &apitest.Buffer{}
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, []string{"serve"}, envFunc(env), stdout, stderr) }()
 	deadline := time.After(60 * time.Second)
@@ -95,7 +75,7 @@ func startServer(t *testing.T, env map[string]string) *server {
 
 func runCmd(t *testing.T, env map[string]string, args ...string) (stdout, stderr string, err error) {
 	t.Helper()
-	var out, errb syncBuffer
+	var out, errb apitest.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	err = run(ctx, args, envFunc(env), &out, &errb)

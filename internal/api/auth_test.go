@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,6 +16,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/registryd/registryd/internal/api"
+	"github.com/registryd/registryd/internal/apitest"
 	"github.com/registryd/registryd/internal/registry"
 )
 
@@ -43,7 +43,7 @@ func TestAuthenticationRequired(t *testing.T) {
 }
 
 func TestInvalidTokens(t *testing.T) {
-	logs := &syncBuffer{}
+	logs := &apitest.Buffer{}
 	b := setup(t, func(c *api.Config) {
 		c.Logger = slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	})
@@ -73,24 +73,6 @@ func TestInvalidTokens(t *testing.T) {
 	if !strings.Contains(logs.String(), `"status":401`) {
 		t.Errorf("the refusals were not logged at all:\n%s", logs.String())
 	}
-}
-
-// syncBuffer collects log lines written by server goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // A token made by hand with the shared secret, not by registryd's code,
