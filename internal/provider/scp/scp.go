@@ -226,7 +226,7 @@ func (c *Client) listNodes(ctx context.Context) ([]gpuNode, error) {
 				countString(count), countString(nl.Count)))
 		}
 		for _, n := range *nl.GPUNodes {
-			if seen[n.ID] {
+			if n.ID != "" && seen[n.ID] { // id-less nodes are skipped later, not fatal
 				return nil, c.fail(op, fmt.Sprintf("GPU node %q listed twice (list changed while paging?); inventory not applied", n.ID))
 			}
 			seen[n.ID] = true
@@ -382,6 +382,11 @@ func (idx productIndex) find(n gpuNode) (*product, string) {
 
 // host maps one GPU node, or says why it cannot become registry nodes.
 func (c *Client) host(n gpuNode, idx productIndex) (provider.Host, string) {
+	if strings.TrimSpace(n.ID) == "" {
+		// The id is how later passes find the host again; without it
+		// the host's nodes could never be updated or removed.
+		return provider.Host{}, "no id"
+	}
 	ip := strings.TrimSpace(n.PolicyIP)
 	if ip == "" {
 		return provider.Host{}, "no policy_ip"
