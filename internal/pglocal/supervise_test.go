@@ -2,9 +2,12 @@ package pglocal
 
 import (
 	"context"
+	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -72,20 +75,46 @@ func queryWorks(url string) bool {
 	return conn.QueryRow(ctx, "SELECT 1").Scan(&one) == nil
 }
 
+// logBuffer collects log output for a test to read while goroutines write.
+type logBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// recordingLogger logs to the test and to the returned buffer.
+func recordingLogger(t *testing.T) (*slog.Logger, *logBuffer) {
+	buf := &logBuffer{}
+	return slog.New(slog.NewTextHandler(io.MultiWriter(t.Output(), buf), &slog.HandlerOptions{Level: slog.LevelInfo})), buf
+}
+
 // The server is brought back after a SIGKILL (with a backend left behind
 // that keeps its shared memory attached), after a clean stop nobody asked
-// for, and after a failing spell; the URL never changes; Stop ends it all.
+// for, and after a failing spell; the URL never changes; Stop in the middle
+// of failing restarts ends it all.
 func TestSuperviseRestarts(t *testing.T) {
 	t.Parallel()
 	needBinaries(t)
 	dir := filepath.Join(reachableTempDir(t), "data")
-	c := start(t, Options{DataDir: dir, Ephemeral: true, Logger: testLogger(t)})
+	logger, logs := recordingLogger(t)
+	c := start(t, Options{DataDir: dir, Ephemeral: true, Logger: logger})
 	url := c.URL()
 	sup := supervise(t, c, SuperviseOptions{Attempts: 100, Backoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond})
 
 	// SIGKILL, while a stopped backend keeps the old shared memory in use:
-	// without killing the old process group first, every restart fails
-	// with "pre-existing shared memory block ... is still in use".
+	// unless the leftovers are killed first, the new postmaster refuses to
+	// start ("pre-existing shared memory block ... is still in use").
 	conn := connect(t, url)
 	var backend int
 	if err := conn.QueryRow(context.Background(), "SELECT pg_backend_pid()").Scan(&backend); err != nil {
@@ -102,6 +131,9 @@ func TestSuperviseRestarts(t *testing.T) {
 	waitUntil(t, 30*time.Second, "restart after SIGKILL", func() bool { return up(c) && queryWorks(url) })
 	if st, err := readProcStat(backend); err == nil && st.state != 'Z' {
 		t.Errorf("the stopped backend %d of the killed server still runs", backend)
+	}
+	if l := logs.String(); !strings.Contains(l, `msg="pglocal: postgres restarted"`) || strings.Contains(l, "restart failed") {
+		t.Errorf("want a restart at the first attempt; log:\n%s", l)
 	}
 
 	// A clean fast shutdown nobody asked for (SIGINT, as pg_ctl stop -m fast).
@@ -128,7 +160,7 @@ func TestSuperviseRestarts(t *testing.T) {
 	if !down || since.Before(killedAt) || time.Since(since) > 10*time.Second {
 		t.Fatalf("DownSince = %v, %v after the kill at %v", since, down, killedAt)
 	}
-	time.Sleep(300 * time.Millisecond) // let a few attempts fail
+	waitUntil(t, 10*time.Second, "failed restarts", func() bool { return strings.Count(logs.String(), "restart failed") >= 3 })
 	if s2, down := c.DownSince(); !down || !s2.Equal(since) {
 		t.Errorf("DownSince while restarts fail = %v, %v; want %v, true", s2, down, since)
 	}
@@ -137,25 +169,51 @@ func TestSuperviseRestarts(t *testing.T) {
 	}
 	waitUntil(t, 30*time.Second, "restart once the data is back", func() bool { return up(c) && queryWorks(url) })
 
-	// Stop right after a kill: whatever the supervisor was doing, nothing
-	// runs on the data directory afterwards and Supervise returns nil.
+	// Stop while restarts are failing, then the data comes back: no
+	// restart may follow, and Supervise returns nil.
+	if err := os.Rename(dir, away); err != nil {
+		t.Fatal(err)
+	}
 	old = c.current()
 	_ = syscall.Kill(old.proc.Pid, syscall.SIGKILL)
+	<-old.exited
+	failed := strings.Count(logs.String(), "restart failed")
+	waitUntil(t, 10*time.Second, "a failed restart", func() bool { return strings.Count(logs.String(), "restart failed") > failed })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_ = c.Stop(ctx) // may report the kill
+	_ = c.Stop(ctx) // reports the kill
+	if err := os.Rename(away, dir); err != nil {
+		t.Fatal(err)
+	}
 	if err := sup.wait(t, 10*time.Second); err != nil {
 		t.Errorf("Supervise after Stop: %v", err)
 	}
-	<-c.current().exited
+	if c.current() != old {
+		t.Error("a server was started after Stop")
+	}
 	if pids := serverProcesses(dir); len(pids) > 0 {
 		t.Errorf("postgres processes %v still running after Stop", pids)
 	}
-	if queryWorks(url) {
-		t.Error("server answers after Stop")
-	}
 	if _, down := c.DownSince(); down {
 		t.Error("DownSince reports down after Stop")
+	}
+}
+
+// A Stop asked for is not a crash: Supervise returns nil without a
+// restart or an alarm.
+func TestSuperviseCleanStop(t *testing.T) {
+	t.Parallel()
+	needBinaries(t)
+	logger, logs := recordingLogger(t)
+	c := start(t, Options{DataDir: filepath.Join(reachableTempDir(t), "data"), Ephemeral: true, Logger: logger})
+	sup := supervise(t, c, SuperviseOptions{})
+	old := c.current()
+	stop(t, c)
+	if err := sup.wait(t, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if c.current() != old || strings.Contains(logs.String(), "exited unexpectedly") {
+		t.Errorf("Stop was taken for a crash; log:\n%s", logs.String())
 	}
 }
 
