@@ -281,9 +281,12 @@ func TestFallbackDataDir(t *testing.T) {
 			t.Errorf("%s: %v, want a refusal naming %s", name, err, planted)
 		}
 	}
-	// And a base that is not root's own.
-	chown(t, base2, nobody)
-	if _, err := embeddedDataDir(cfg, logger); err == nil || !strings.Contains(err.Error(), base2) {
+	// And a base that is not root's own, even if empty.
+	base3 := filepath.Join(pgtest.TempDir(t), "var-lib-registryd")
+	mkdir(t, base3, 0o711)
+	chown(t, base3, nobody)
+	cfg.embedded.fallbackBase = base3
+	if _, err := embeddedDataDir(cfg, logger); err == nil || !strings.Contains(err.Error(), base3+" belongs to uid") {
 		t.Errorf("a base of another user: %v, want a refusal naming it", err)
 	}
 }

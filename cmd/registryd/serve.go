@@ -110,6 +110,14 @@ func embeddedDataDir(cfg config, logger *slog.Logger) (string, error) {
 		alt := filepath.Join(base, hex.EncodeToString(sum[:6]))
 		logger.Warn("data directory is not reachable by the postgres user; using another",
 			"wanted", dir, "using", alt, "reason", err.Error(), "hint", "set REGISTRY_DATA_DIR to choose")
+		// Earlier versions fell back to /var/tmp; what is there may be
+		// ours or planted, so it is never picked up by itself.
+		if old := filepath.Join("/var/tmp", "registryd-"+hex.EncodeToString(sum[:6])); old != alt {
+			if _, err := os.Lstat(old); err == nil {
+				logger.Warn("an earlier registryd kept this checkout's data in a folder anyone could have made; it is not used",
+					"ignored", old, "hint", "if it is yours, check it and move it to "+alt)
+			}
+		}
 		dir = alt
 	}
 	if err := privateDir(dir, mode); err != nil {
