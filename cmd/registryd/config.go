@@ -37,6 +37,8 @@ type config struct {
 	E2E          e2eConfig
 	SyncInterval time.Duration // REGISTRY_SYNC_INTERVAL
 	SyncTimeout  time.Duration // REGISTRY_SYNC_TIMEOUT
+
+	embedded embeddedTuning // tests only; not from the environment
 }
 
 // scpConfig enables the Samsung SDS Cloud importer when Endpoint is set.

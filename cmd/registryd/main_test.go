@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -37,34 +36,44 @@ type server struct {
 	url    string
 	stdout *apitest.Buffer
 	stderr *apitest.Buffer
-	stop   func() error // cancels run and returns its error
+	stop   func() error  // cancels run and returns its error
+	done   chan struct{} // closed when run has returned
 }
 
 // startServer runs `registryd serve` with env and waits until it listens.
 func startServer(t *testing.T, env map[string]string) *server {
 	t.Helper()
 	env["REGISTRY_LISTEN"] = "127.0.0.1:0"
+	return startServing(t, func(ctx context.Context, stdout, stderr io.Writer) error {
+		return run(ctx, []string{"serve"}, envFunc(env), stdout, stderr)
+	})
+}
+
+// startServing runs serveFn, a way to call serve, and waits until it
+// listens.
+func startServing(t *testing.T, serveFn func(ctx context.Context, stdout, stderr io.Writer) error) *server {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	stdout, stderr := &apitest.Buffer{}, &apitest.Buffer{}
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, []string{"serve"}, envFunc(env), stdout, stderr) }()
+	done := make(chan struct{})
+	var runErr error
+	go func() { runErr = serveFn(ctx, stdout, stderr); close(done) }()
 	deadline := time.After(60 * time.Second)
 	for {
 		if m := servingRE.FindStringSubmatch(stdout.String()); m != nil {
-			s := &server{url: m[1], stdout: stdout, stderr: stderr}
-			var once sync.Once
-			var err error
+			s := &server{url: m[1], stdout: stdout, stderr: stderr, done: done}
 			s.stop = func() error {
-				once.Do(func() { cancel(); err = <-done })
-				return err
+				cancel()
+				<-done
+				return runErr
 			}
 			t.Cleanup(func() { s.stop() })
 			return s
 		}
 		select {
-		case err := <-done:
+		case <-done:
 			cancel()
-			t.Fatalf("serve exited before listening: %v\nstderr:\n%s", err, stderr.String())
+			t.Fatalf("serve exited before listening: %v\nstderr:\n%s", runErr, stderr.String())
 		case <-deadline:
 			cancel()
 			t.Fatalf("serve did not start in time; stderr:\n%s", stderr.String())

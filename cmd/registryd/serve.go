@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -8,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -37,6 +39,7 @@ func newLogger(cfg config, w io.Writer) *slog.Logger {
 type database struct {
 	store    *store.Store
 	embedded bool
+	cluster  *pglocal.Cluster // the embedded PostgreSQL; nil for REGISTRY_DATABASE_URL
 	close    func()
 }
 
@@ -45,13 +48,13 @@ type database struct {
 func openDatabase(ctx context.Context, cfg config, logger *slog.Logger) (*database, error) {
 	url := cfg.DatabaseURL
 	stopCluster := func() {}
-	embedded := url == ""
-	if embedded {
+	var cluster *pglocal.Cluster
+	if cfg.DatabaseURL == "" {
 		c, err := startEmbedded(ctx, cfg, logger)
 		if err != nil {
 			return nil, err
 		}
-		url = c.URL()
+		cluster, url = c, c.URL()
 		stopCluster = func() {
 			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 			defer cancel()
@@ -65,36 +68,76 @@ func openDatabase(ctx context.Context, cfg config, logger *slog.Logger) (*databa
 		stopCluster()
 		return nil, err
 	}
-	return &database{store: st, embedded: embedded, close: func() { st.Close(); stopCluster() }}, nil
+	return &database{store: st, embedded: cluster != nil, cluster: cluster,
+		close: func() { st.Close(); stopCluster() }}, nil
 }
 
 // embeddedDataDir resolves REGISTRY_DATA_DIR for the embedded default. It
 // holds the PostgreSQL cluster (postgres/) and the token secret
 // (jwt-secret). As root the server runs as the postgres user, which may not
 // be able to enter the checkout (under /root, say); rather than fail on a
-// fresh clone, the data then goes to a directory of its own, named after
-// the checkout so each checkout keeps its own data.
+// fresh clone, the data then goes to a directory of its own under
+// /var/lib/registryd, named after the checkout so each checkout keeps its
+// own data. Whichever it is, it must be ours and closed to other users'
+// writes (privateDir), or nothing starts.
 func embeddedDataDir(cfg config, logger *slog.Logger) (string, error) {
 	dir, err := filepath.Abs(cfg.DataDir)
 	if err != nil {
 		return "", err
 	}
+	// Someone else's folder is refused as such, before asking whether the
+	// postgres user can enter it.
+	if err := checkPrivateDir(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return "", err
+	}
+	// 0711 as root: the postgres user passes through to its cluster, and
+	// nobody else lists the directory; the secret file itself is 0600.
+	mode := os.FileMode(0o700)
+	if os.Geteuid() == 0 {
+		mode = 0o711
+	}
 	if err := pglocal.CheckAccess(filepath.Join(dir, "postgres")); err != nil {
 		if cfg.DataDirSet || os.Geteuid() != 0 {
 			return "", err
 		}
+		// Not /var/tmp or /tmp: anyone can create a directory there first
+		// and hand us their own secret. Only root can create in /var/lib.
+		base := cmp.Or(cfg.embedded.fallbackBase, fallbackBase)
+		if err := privateDir(base, 0o711); err != nil {
+			return "", err
+		}
 		sum := sha256.Sum256([]byte(dir))
-		alt := filepath.Join("/var/tmp", "registryd-"+hex.EncodeToString(sum[:6]))
+		alt := filepath.Join(base, hex.EncodeToString(sum[:6]))
 		logger.Warn("data directory is not reachable by the postgres user; using another",
 			"wanted", dir, "using", alt, "reason", err.Error(), "hint", "set REGISTRY_DATA_DIR to choose")
+		// Earlier versions fell back to /var/tmp; what is there may be
+		// ours or planted, so it is never picked up by itself.
+		if old := filepath.Join("/var/tmp", "registryd-"+hex.EncodeToString(sum[:6])); old != alt {
+			if _, err := os.Lstat(old); err == nil {
+				logger.Warn("an earlier registryd kept this checkout's data in a folder anyone could have made; it is not used",
+					"ignored", old, "hint", "if it is yours, check it and move it to "+alt)
+			}
+		}
 		dir = alt
 	}
-	// 0711: the postgres user passes through to its cluster; nobody else
-	// lists the directory, and the secret file itself is 0600.
-	if err := os.MkdirAll(dir, 0o711); err != nil {
-		return "", fmt.Errorf("create data directory: %w", err)
+	if err := privateDir(dir, mode); err != nil {
+		return "", err
 	}
 	return dir, nil
+}
+
+// openDataDir is embeddedDataDir plus its token secret, checked (or made)
+// too: every command that uses the data directory refuses one that anyone
+// else could have prepared.
+func openDataDir(cfg config, logger *slog.Logger) (dir string, secret []byte, created bool, err error) {
+	if dir, err = embeddedDataDir(cfg, logger); err != nil {
+		return "", nil, false, err
+	}
+	secret, created, err = auth.LoadOrCreateSecret(filepath.Join(dir, "jwt-secret"))
+	if err != nil {
+		return "", nil, false, fmt.Errorf("token secret: %w (or set REGISTRY_DATA_DIR to a directory of your own)", err)
+	}
+	return dir, secret, created, nil
 }
 
 // startEmbedded runs registryd's own PostgreSQL in the data directory.
@@ -102,7 +145,7 @@ func startEmbedded(ctx context.Context, cfg config, logger *slog.Logger) (*pgloc
 	if _, err := pglocal.FindBinDir(); err != nil {
 		return nil, err
 	}
-	dir, err := embeddedDataDir(cfg, logger)
+	dir, _, _, err := openDataDir(cfg, logger)
 	if err != nil {
 		return nil, err
 	}
@@ -120,11 +163,8 @@ func tokenSecret(cfg config, logger *slog.Logger) (secret []byte, created bool, 
 	if cfg.DatabaseURL != "" {
 		return nil, false, errors.New("no token keys configured: with REGISTRY_DATABASE_URL set, set REGISTRY_JWT_SECRET (at least 32 bytes, e.g. `openssl rand -hex 32`), REGISTRY_JWT_SECRET_FILE or REGISTRY_JWT_PUBLIC_KEYS; every replica needs the same keys")
 	}
-	dir, err := embeddedDataDir(cfg, logger)
-	if err != nil {
-		return nil, false, err
-	}
-	return auth.LoadOrCreateSecret(filepath.Join(dir, "jwt-secret"))
+	_, secret, created, err = openDataDir(cfg, logger)
+	return secret, created, err
 }
 
 // openMigrated opens the database and makes sure its schema is the
@@ -177,6 +217,10 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 		return errUsage
 	}
 	logger := newLogger(cfg, stderr)
+	// Cancelled on a signal, or when the embedded database is lost for
+	// good: either way every background loop below stops.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 
 	// Listen before starting anything slow, so a taken port fails at once.
 	ln, err := net.Listen("tcp", cfg.Listen)
@@ -190,6 +234,8 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 		return err
 	}
 	defer db.close()
+	dbFailed, stopSupervising := superviseEmbedded(ctx, db, cfg.embedded)
+	defer stopSupervising() // before db.close: no restart while stopping
 
 	secret, _, err := tokenSecret(cfg, logger)
 	if err != nil {
@@ -238,6 +284,7 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 		Auth:       verifier,
 		Heartbeats: beats,
 		Events:     hub,
+		Health:     embeddedHealth(db.cluster, cfg.embedded.healthGrace),
 		Ready: func(ctx context.Context) error {
 			st, err := db.store.CheckSchema(ctx)
 			if err != nil {
@@ -275,9 +322,15 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
+	var exitErr error
 	select {
 	case err := <-errc:
+		cancel()
 		return fmt.Errorf("serve: %w", err)
+	case err := <-dbFailed:
+		logger.Error("embedded PostgreSQL is down and could not be restarted; shutting down", "err", err)
+		exitErr = fmt.Errorf("embedded PostgreSQL: %w", err)
+		cancel()
 	case <-ctx.Done():
 	}
 	logger.Info("shutting down", "timeout", cfg.ShutdownTimeout.String())
@@ -288,5 +341,5 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 		srv.Close()
 	}
 	logger.Info("stopped")
-	return nil
+	return exitErr
 }

@@ -51,6 +51,9 @@ type Config struct {
 	// Ready reports whether the server can serve: database reachable and
 	// schema current. Its error text is shown on /readyz.
 	Ready func(ctx context.Context) error
+	// Health, when set, makes /healthz answer 503 with its error text:
+	// for what a restart of the process should cure (optional).
+	Health func(ctx context.Context) error
 	// OpenAPI is the spec served at /openapi.yaml.
 	OpenAPI []byte
 	// ListBatch is how many nodes list reads per query while streaming;
@@ -83,6 +86,7 @@ type Server struct {
 	store      Store
 	logger     *slog.Logger
 	ready      func(ctx context.Context) error
+	health     func(ctx context.Context) error
 	openapi    []byte
 	listBatch  int
 	auth       Authenticator
@@ -100,6 +104,7 @@ func New(cfg Config) *Server {
 		store:      cfg.Store,
 		logger:     orDiscard(cfg.Logger),
 		ready:      cfg.Ready,
+		health:     cfg.Health,
 		openapi:    cfg.OpenAPI,
 		listBatch:  cfg.ListBatch,
 		auth:       cfg.Auth,
@@ -190,6 +195,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.router.Se
 func (s *Server) Router() chi.Routes { return s.router }
 
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) error {
+	if s.health != nil {
+		if err := s.health(r.Context()); err != nil {
+			s.logger.WarnContext(r.Context(), "unhealthy", "err", err)
+			return &httpError{status: http.StatusServiceUnavailable, detail: "unhealthy: " + err.Error()}
+		}
+	}
 	return writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 

@@ -16,9 +16,14 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"os"
+	"os/user"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
@@ -268,40 +273,184 @@ func ParsePublicKeys(data []byte) ([]crypto.PublicKey, error) {
 // LoadOrCreateSecret returns the secret kept in path, creating it (0600,
 // 32 random bytes as 64 hex characters) when the file does not exist yet.
 // created reports whether this call made it.
+//
+// A secret anyone else could have written is no secret: whoever planted it
+// can sign any token. So the directory holding it must belong to the user
+// we run as with no group or other write access, and the file must be a
+// regular file of ours that nobody else may read or write (CheckPrivate);
+// otherwise the error names the path, what is wrong and the fix. Both are
+// checked on what was actually opened, not on the names, so a directory or
+// file swapped in after a caller's own checks is caught too.
 func LoadOrCreateSecret(path string) (secret []byte, created bool, err error) {
-	b, err := os.ReadFile(path)
-	if err == nil {
-		s := []byte(strings.TrimSpace(string(b)))
-		if len(s) < MinSecretBytes {
-			return nil, false, fmt.Errorf("auth: %s holds a secret shorter than %d bytes", path, MinSecretBytes)
-		}
-		return s, false, nil
+	dir, name := filepath.Split(path)
+	if dir == "" {
+		dir = "."
 	}
-	if !errors.Is(err, os.ErrNotExist) {
-		return nil, false, fmt.Errorf("auth: read secret: %w", err)
+	if err := os.MkdirAll(dir, 0o711); err != nil {
+		return nil, false, fmt.Errorf("auth: create secret: %w", err)
 	}
-	raw := make([]byte, 32)
-	if _, err := rand.Read(raw); err != nil {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, false, fmt.Errorf("auth: secret directory: %w", err)
+	}
+	defer root.Close()
+	dfi, err := root.Stat(".")
+	if err != nil {
+		return nil, false, fmt.Errorf("auth: secret directory: %w", err)
+	}
+	if err := CheckPrivate(filepath.Clean(dir), dfi, 0o022); err != nil {
 		return nil, false, err
 	}
-	s := []byte(hex.EncodeToString(raw))
-	if err := os.MkdirAll(filepath.Dir(path), 0o711); err != nil {
-		return nil, false, fmt.Errorf("auth: create secret: %w", err)
+	// Two tries: a file that appears between "not there" and O_EXCL is
+	// another process's fresh secret, to be read instead.
+	for range 2 {
+		secret, err := readSecret(root, path, name)
+		if !errors.Is(err, fs.ErrNotExist) {
+			return secret, false, err
+		}
+		secret, err = createSecret(root, path, name)
+		if !errors.Is(err, fs.ErrExist) {
+			return secret, err == nil, err
+		}
 	}
-	// O_EXCL: two processes starting at once must not both write a secret.
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if errors.Is(err, os.ErrExist) {
-		return LoadOrCreateSecret(path)
+	return nil, false, fmt.Errorf("auth: %s keeps appearing and disappearing", path)
+}
+
+// readSecret reads name in root, refusing anything but a private regular
+// file. A missing file is an error wrapping fs.ErrNotExist.
+func readSecret(root *os.Root, path, name string) ([]byte, error) {
+	lfi, err := root.Lstat(name)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, err
 	}
 	if err != nil {
-		return nil, false, fmt.Errorf("auth: create secret: %w", err)
+		return nil, fmt.Errorf("auth: read secret: %w", err)
 	}
-	if _, err := f.Write(append(s, '\n')); err != nil {
-		f.Close()
-		return nil, false, fmt.Errorf("auth: write secret: %w", err)
+	if !lfi.Mode().IsRegular() {
+		return nil, fmt.Errorf("auth: %s is not a regular file (%v); a token secret must be one: remove it and start again to make a new secret", path, lfi.Mode().Type())
 	}
-	if err := f.Close(); err != nil {
-		return nil, false, fmt.Errorf("auth: write secret: %w", err)
+	f, err := root.Open(name)
+	if err != nil {
+		return nil, fmt.Errorf("auth: read secret: %w", err)
 	}
-	return s, true, nil
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("auth: read secret: %w", err)
+	}
+	if !os.SameFile(lfi, fi) {
+		return nil, fmt.Errorf("auth: %s changed while being opened; try again", path)
+	}
+	if err := CheckPrivate(path, fi, 0o077); err != nil {
+		return nil, err
+	}
+	b, err := io.ReadAll(io.LimitReader(f, 4096))
+	if err != nil {
+		return nil, fmt.Errorf("auth: read secret: %w", err)
+	}
+	s := []byte(strings.TrimSpace(string(b)))
+	if len(s) < MinSecretBytes {
+		return nil, fmt.Errorf("auth: %s holds a secret shorter than %d bytes", path, MinSecretBytes)
+	}
+	return s, nil
+}
+
+// createSecret writes a new secret to name in root; an existing file is an
+// error wrapping fs.ErrExist. The secret is written to a temporary file
+// first and then linked into place, so a process starting at the same
+// moment sees either no secret or a whole one, never a half-written file.
+func createSecret(root *os.Root, path, name string) ([]byte, error) {
+	raw := make([]byte, 40)
+	if _, err := rand.Read(raw); err != nil {
+		return nil, err
+	}
+	s := []byte(hex.EncodeToString(raw[:32]))
+	tmp := name + ".new-" + hex.EncodeToString(raw[32:])
+	f, err := root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("auth: create secret: %w", err)
+	}
+	defer root.Remove(tmp)
+	_, err = f.Write(append(s, '\n'))
+	if err := errors.Join(err, f.Sync(), f.Close()); err != nil {
+		return nil, fmt.Errorf("auth: write secret: %w", err)
+	}
+	// Link, unlike rename, fails when name exists: two processes starting
+	// at once must not both install a secret.
+	if err := root.Link(tmp, name); errors.Is(err, fs.ErrExist) {
+		return nil, fs.ErrExist
+	} else if err != nil {
+		return nil, fmt.Errorf("auth: create secret: %w", err)
+	}
+	return s, nil
+}
+
+// CheckPrivate returns an error unless fi, the file or directory at path,
+// belongs to the user this process runs as (root, when running as root)
+// and has none of the permission bits in deny: 0o022 for "nobody else may
+// write it", 0o077 for "nobody else may touch it". The error names the
+// path, the owner or mode found and the command that fixes it.
+func CheckPrivate(path string, fi fs.FileInfo, deny fs.FileMode) error {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return fmt.Errorf("auth: %s: cannot tell its owner on this system", path)
+	}
+	what := "file"
+	if fi.IsDir() {
+		what = "directory"
+	}
+	if me := os.Geteuid(); int(st.Uid) != me {
+		name := strconv.Itoa(me)
+		if u, err := user.LookupId(name); err == nil {
+			name = u.Username
+		}
+		return fmt.Errorf("auth: %s %s belongs to %s, but registryd runs as %s: another user may have made it and put "+
+			"their own contents there; remove it, or if it is yours after all, run: chown %s %s",
+			what, path, userName(int(st.Uid)), userName(me), name, path)
+	}
+	if bad := fi.Mode().Perm() & deny; bad != 0 {
+		return fmt.Errorf("auth: %s %s has mode %v: %s; run: chmod %s %s",
+			what, path, fi.Mode(), whoMay(bad), chmodArg(bad), path)
+	}
+	return nil
+}
+
+// userName is "uid N (name)", or "uid N" for an unknown user.
+func userName(uid int) string {
+	if u, err := user.LookupId(strconv.Itoa(uid)); err == nil {
+		return fmt.Sprintf("uid %d (%s)", uid, u.Username)
+	}
+	return fmt.Sprintf("uid %d", uid)
+}
+
+// whoMay says what the permission bits in bad let other users do.
+func whoMay(bad fs.FileMode) string {
+	var may []string
+	if bad&0o044 != 0 {
+		may = append(may, "read")
+	}
+	if bad&0o022 != 0 {
+		may = append(may, "write")
+	}
+	if bad&0o011 != 0 {
+		may = append(may, "enter or run")
+	}
+	return "group or other users may " + strings.Join(may, " and ") + " it"
+}
+
+// chmodArg is the symbolic chmod mode removing the bits in bad, e.g. go-w.
+func chmodArg(bad fs.FileMode) string {
+	var who, perms string
+	if bad&0o070 != 0 {
+		who += "g"
+	}
+	if bad&0o007 != 0 {
+		who += "o"
+	}
+	for i, p := range "rwx" {
+		if bad&(0o044>>i) != 0 {
+			perms += string(p)
+		}
+	}
+	return who + "-" + perms
 }

@@ -72,17 +72,29 @@ type Cluster struct {
 	tempSock bool // sockDir was made by MkdirTemp and is ours to remove
 	database string
 	pgCtl    string
+	postgres string   // the server binary
+	args     []string // its command line, the same for every (re)start
+	ra       runAs
 	logger   *slog.Logger
 	tail     *logTail
 
-	proc    *os.Process
-	exited  chan struct{} // closed once the server has exited
-	waitErr error         // the server's exit status; read only after exited
-	logDone chan struct{} // closed once the server's output is drained
+	mu        sync.Mutex
+	srv       *server   // the current postmaster; Supervise replaces it
+	stopping  bool      // Stop was called: no more restarts
+	downSince time.Time // when Supervise saw the server die; zero while up
 
 	stopMu  sync.Mutex
 	stopped bool
 	stopErr error
+}
+
+// server is one run of the postmaster.
+type server struct {
+	proc     *os.Process
+	exited   chan struct{} // closed once the server has exited
+	waitErr  error         // the server's exit status; read only after exited
+	exitedAt time.Time     // read only after exited
+	logDone  chan struct{} // closed once the server's output is drained
 }
 
 // Start initdbs if needed, starts postgres as a child process, waits until it
@@ -107,8 +119,6 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		database: cmp.Or(opts.Database, "registry"),
 		logger:   opts.Logger,
 		tail:     &logTail{max: tailLines},
-		exited:   make(chan struct{}),
-		logDone:  make(chan struct{}),
 	}
 	if c.logger == nil {
 		c.logger = slog.New(slog.DiscardHandler)
@@ -120,10 +130,12 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		}
 	}
 	c.pgCtl = filepath.Join(binDir, "pg_ctl")
+	c.postgres = filepath.Join(binDir, "postgres")
 	ra, err := serverUser()
 	if err != nil {
 		return nil, err
 	}
+	c.ra = ra
 
 	// Check before creating anything, so a refused path leaves no litter,
 	// and again after: a restrictive umask can make the new parents 0700.
@@ -152,12 +164,14 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		return nil, err
 	}
 
-	args := serverArgs(dataDir, c.sockDir, opts.Ephemeral, opts.Settings)
-	if err := c.spawn(filepath.Join(binDir, "postgres"), args, ra); err != nil {
+	c.args = serverArgs(dataDir, c.sockDir, opts.Ephemeral, opts.Settings)
+	if c.srv, err = c.spawn(); err != nil {
 		c.removeTempSocketDir()
 		return nil, err
 	}
-	err = c.waitReady(ctx)
+	readyCtx, cancel := context.WithTimeout(ctx, readyTimeout)
+	err = c.waitReady(readyCtx, c.srv)
+	cancel()
 	if err == nil {
 		err = c.createDatabase(ctx)
 	}
@@ -306,19 +320,20 @@ func serverArgs(dataDir, sockDir string, ephemeral bool, settings map[string]str
 }
 
 // spawn starts the server with its output piped into c.tail.
-func (c *Cluster) spawn(postgres string, args []string, ra runAs) error {
+func (c *Cluster) spawn() (*server, error) {
 	r, w, err := os.Pipe()
 	if err != nil {
-		return fmt.Errorf("pglocal: start postgres: %w", err)
+		return nil, fmt.Errorf("pglocal: start postgres: %w", err)
 	}
-	cmd := exec.Command(postgres, args...)
+	cmd := exec.Command(c.postgres, c.args...)
 	cmd.Dir = c.dataDir
 	cmd.Stdout, cmd.Stderr = w, w
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Setpgid:    true,
 		Pdeathsig:  syscall.SIGINT,
-		Credential: ra.cred,
+		Credential: c.ra.cred,
 	}
+	s := &server{exited: make(chan struct{}), logDone: make(chan struct{})}
 	started := make(chan error, 1)
 	go func() {
 		// Pdeathsig fires when the OS *thread* that forked the child exits,
@@ -331,28 +346,27 @@ func (c *Cluster) spawn(postgres string, args []string, ra runAs) error {
 			return
 		}
 		started <- nil
-		c.waitErr = cmd.Wait()
-		close(c.exited)
+		s.waitErr = cmd.Wait()
+		s.exitedAt = time.Now()
+		close(s.exited)
 	}()
 	err = <-started
 	w.Close() // the child holds its own copy; ours would keep the pipe from reaching EOF
 	if err != nil {
 		r.Close()
-		return fmt.Errorf("pglocal: start postgres: %w", err)
+		return nil, fmt.Errorf("pglocal: start postgres: %w", err)
 	}
-	c.proc = cmd.Process
+	s.proc = cmd.Process
 	go func() {
-		defer close(c.logDone)
+		defer close(s.logDone)
 		c.tail.follow(r, c.logger)
 	}()
-	return nil
+	return s, nil
 }
 
-// waitReady polls until the server accepts connections, it exits, or the
-// timeout passes.
-func (c *Cluster) waitReady(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
-	defer cancel()
+// waitReady polls until the server accepts connections, it exits, or ctx
+// ends.
+func (c *Cluster) waitReady(ctx context.Context, s *server) error {
 	for {
 		attemptCtx, cancelAttempt := context.WithTimeout(ctx, 2*time.Second)
 		conn, err := pgx.Connect(attemptCtx, c.URLFor("postgres"))
@@ -361,10 +375,10 @@ func (c *Cluster) waitReady(ctx context.Context) error {
 			return conn.Close(ctx)
 		}
 		select {
-		case <-c.exited:
-			c.drainLog(time.Second)
+		case <-s.exited:
+			s.drainLog(time.Second)
 			return fmt.Errorf("pglocal: postgres exited during start-up (%v); last log lines:\n%s",
-				c.waitErr, c.tail.last(errorLines))
+				s.waitErr, c.tail.last(errorLines))
 		case <-ctx.Done():
 			return fmt.Errorf("pglocal: postgres not accepting connections (%w; last attempt: %v); last log lines:\n%s",
 				ctx.Err(), err, c.tail.last(errorLines))
@@ -436,7 +450,8 @@ func (c *Cluster) DataDir() string {
 // ctx ends first it escalates to SIGQUIT (immediate shutdown, crash recovery
 // on next start) and finally kills the whole process group. It is idempotent:
 // later calls return the first call's result. It also removes a temporary
-// socket directory if Start made one.
+// socket directory if Start made one. Once Stop is called, Supervise
+// restarts nothing.
 func (c *Cluster) Stop(ctx context.Context) error {
 	c.stopMu.Lock()
 	defer c.stopMu.Unlock()
@@ -444,8 +459,12 @@ func (c *Cluster) Stop(ctx context.Context) error {
 		return c.stopErr
 	}
 	c.stopped = true
-	err := c.stop(ctx)
-	c.drainLog(2 * time.Second)
+	c.mu.Lock()
+	c.stopping = true
+	s := c.srv
+	c.mu.Unlock()
+	err := c.stop(ctx, s)
+	s.drainLog(2 * time.Second)
 	if rmErr := c.removeTempSocketDir(); rmErr != nil && err == nil {
 		err = fmt.Errorf("pglocal: stop: %w", rmErr)
 	}
@@ -453,46 +472,47 @@ func (c *Cluster) Stop(ctx context.Context) error {
 	return err
 }
 
-func (c *Cluster) stop(ctx context.Context) error {
+func (c *Cluster) stop(ctx context.Context, s *server) error {
 	select {
-	case <-c.exited:
-		return c.exitError()
+	case <-s.exited:
+		// It died on its own; backends it left behind go too.
+		_ = killServer(c.dataDir, 5*time.Second)
+		return c.exitError(s)
 	default:
 	}
-	// Errors mean the process is already gone; c.exited will tell.
-	_ = c.proc.Signal(syscall.SIGINT)
+	// Errors mean the process is already gone; s.exited will tell.
+	_ = s.proc.Signal(syscall.SIGINT)
 	select {
-	case <-c.exited:
-		return c.exitError()
+	case <-s.exited:
+		return c.exitError(s)
 	case <-ctx.Done():
 	}
 	c.logger.Warn("pglocal: fast shutdown timed out; sending SIGQUIT", "dir", c.dataDir)
-	_ = c.proc.Signal(syscall.SIGQUIT)
+	_ = s.proc.Signal(syscall.SIGQUIT)
 	select {
-	case <-c.exited:
+	case <-s.exited:
 	case <-time.After(5 * time.Second):
-		// The server runs in its own process group (Setpgid): this takes
-		// its backends down with it.
-		_ = syscall.Kill(-c.proc.Pid, syscall.SIGKILL)
-		<-c.exited
+		_ = s.proc.Kill()
+		_ = killServer(c.dataDir, 5*time.Second) // its backends too
+		<-s.exited
 	}
 	return fmt.Errorf("pglocal: stop: postgres did not shut down in time and was forced: %w", ctx.Err())
 }
 
-func (c *Cluster) exitError() error {
-	if c.waitErr == nil {
+func (c *Cluster) exitError(s *server) error {
+	if s.waitErr == nil {
 		return nil
 	}
-	c.drainLog(time.Second)
-	return fmt.Errorf("pglocal: postgres exited: %w; last log lines:\n%s", c.waitErr, c.tail.last(errorLines))
+	s.drainLog(time.Second)
+	return fmt.Errorf("pglocal: postgres exited: %w; last log lines:\n%s", s.waitErr, c.tail.last(errorLines))
 }
 
 // drainLog waits (briefly) until the server's output has been read to the
 // end, so error messages include its last words and no log line is emitted
 // after Stop returns.
-func (c *Cluster) drainLog(limit time.Duration) {
+func (s *server) drainLog(limit time.Duration) {
 	select {
-	case <-c.logDone:
+	case <-s.logDone:
 	case <-time.After(limit):
 	}
 }

@@ -193,7 +193,7 @@ func TestHelperStartAndHang(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fmt.Printf("postmaster %d\n", c.proc.Pid)
+	fmt.Printf("postmaster %d\n", c.current().proc.Pid)
 	time.Sleep(time.Minute) // until killed; Pdeathsig stops the server even if nobody does
 }
 

@@ -149,15 +149,26 @@ func setup() {
 	template, setupErr = ensureTemplate(ctx, adminURL)
 }
 
+// throwawayPrefix names the temp dirs of test clusters (and TempDir's).
+const throwawayPrefix = "registryd-pgtest-"
+
 // startLocal starts a throwaway cluster under the system temp dir, which the
 // postgres system user can always enter (a checkout may not be).
+//
+// Main removes it after the tests, but a test binary that dies (a `go test
+// -timeout` panic, SIGKILL) cannot: its server stops by itself (Pdeathsig)
+// and the directory, named after the test process, is swept by the next
+// run that starts a cluster.
 func startLocal(ctx context.Context) (string, error) {
-	dir, err := os.MkdirTemp("", "registryd-pgtest-")
-	if err != nil {
-		return "", err
+	removed, err := pglocal.SweepThrowaway(throwawayPrefix)
+	if len(removed) > 0 {
+		fmt.Fprintf(os.Stderr, "pgtest: removed test cluster dirs left by dead test processes: %v\n", removed)
 	}
-	// MkdirTemp makes 0700; the server user must be able to pass through.
-	if err := os.Chmod(dir, 0o755); err != nil {
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "pgtest: %v\n", err) // leftovers are no reason to fail the tests
+	}
+	dir, err := pglocal.MkdirThrowaway(throwawayPrefix)
+	if err != nil {
 		return "", err
 	}
 	c, err := pglocal.Start(ctx, pglocal.Options{
@@ -177,6 +188,20 @@ func startLocal(ctx context.Context) (string, error) {
 		os.RemoveAll(dir)
 	})
 	return c.URLFor("postgres"), nil
+}
+
+// TempDir is a fresh directory under the system temp dir that the postgres
+// system user can enter, for a test that starts its own cluster. It is
+// removed when the test ends, or by a later run's sweep if the test binary
+// dies first.
+func TempDir(t testing.TB) string {
+	t.Helper()
+	dir, err := pglocal.MkdirThrowaway(throwawayPrefix)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
 }
 
 // ensureTemplate creates, once per schema, a migrated database to clone.
