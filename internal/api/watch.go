@@ -170,18 +170,17 @@ func (s *Server) watchNodes(w http.ResponseWriter, r *http.Request) error {
 	w.Header().Set("X-Accel-Buffering", "no") // nginx: do not buffer the stream
 	w.WriteHeader(http.StatusOK)
 
-	// write buffers a chunk; flush sends what is buffered. Events come in
-	// batches, so a batch costs one flush, not one per event.
+	// Events come in batches: a batch gets one write deadline and one
+	// flush, not one per event. deadline starts a batch; write buffers a
+	// chunk of it; flush sends what is buffered.
+	deadline := func() { _ = rc.SetWriteDeadline(time.Now().Add(s.watchWriteTimeout)) }
 	write := func(chunk []byte) error {
-		_ = rc.SetWriteDeadline(time.Now().Add(s.watchWriteTimeout))
 		_, err := w.Write(chunk)
 		return err
 	}
-	flush := func() error {
-		_ = rc.SetWriteDeadline(time.Now().Add(s.watchWriteTimeout))
-		return rc.Flush()
-	}
+	flush := func() error { return rc.Flush() }
 	send := func(chunk string) error {
+		deadline()
 		if err := write([]byte(chunk)); err != nil {
 			return err
 		}
@@ -219,9 +218,11 @@ func (s *Server) watchNodes(w http.ResponseWriter, r *http.Request) error {
 			if !filter.match(e.Node) {
 				return nil
 			}
+			deadline()
 			return write(frame)
 		})
 		if err == nil {
+			deadline()
 			err = flush()
 		}
 		switch {
@@ -253,6 +254,7 @@ func (s *Server) watchNodes(w http.ResponseWriter, r *http.Request) error {
 				return nil
 			}
 		case <-sub.Wake():
+			deadline()
 			sent := false
 			err := sub.Next(func(e registry.NodeEvent, frame []byte) error {
 				if e.ID <= floor || !filter.match(e.Node) {

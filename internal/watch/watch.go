@@ -8,10 +8,13 @@
 // may fall (in bytes of encoded events; beyond that it is cut off and its
 // client resumes from the change log with Last-Event-ID) and how many
 // backfills read the change log at once (so that a crowd of resuming
-// watchers leaves the database pool to normal traffic).
+// watchers leaves the database pool, and the CPUs, to normal traffic).
+// Resuming watchers share the pages they read: a crowd resuming from the
+// same id costs one query and one encoding per page.
 package watch
 
 import (
+	"container/list"
 	"context"
 	"log/slog"
 	"sort"
@@ -52,8 +55,8 @@ type Options struct {
 	MaxStreams int
 	// MaxPerPrincipal caps the subscriptions of one principal; default 64.
 	MaxPerPrincipal int
-	// BackfillConcurrency is how many backfills may query the store at
-	// once; default 1.
+	// BackfillConcurrency is how many backfills may query the store (and
+	// encode what they read) at once; default 1.
 	BackfillConcurrency int
 	// BackfillPage is how many events a backfill reads per query; default
 	// 100. The connection goes back to the pool between pages.
@@ -83,8 +86,11 @@ type Hub struct {
 	store     Store
 	opts      Options
 	backfills chan struct{} // semaphore of backfill queries
+	pages     pageCache     // recent backfill pages, encoded
 
-	mu   sync.Mutex
+	// mu guards what follows; subscribers taking events share it for
+	// reading, so thousands of them woken at once do not queue.
+	mu   sync.RWMutex
 	last int64 // newest event delivered to subscribers
 	// head counts the bytes of every encoded event broadcast so far;
 	// a subscriber's lag is head minus its position.
@@ -131,7 +137,8 @@ func New(store Store, opts Options) *Hub {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	return &Hub{store: store, opts: opts, backfills: make(chan struct{}, opts.BackfillConcurrency),
-		subs: map[*Subscription]struct{}{}, byPrincipal: map[string]int{},
+		pages: pageCache{budget: opts.MaxPending, byAfter: map[int64]*list.Element{}},
+		subs:  map[*Subscription]struct{}{}, byPrincipal: map[string]int{},
 		ready: make(chan struct{}), kick: make(chan struct{}, 1), events: make(chan struct{}, 1)}
 }
 
@@ -376,11 +383,11 @@ const maxBatch = 256
 func (s *Subscription) Next(fn func(e registry.NodeEvent, frame []byte) error) error {
 	h := s.hub
 	for {
-		h.mu.Lock()
+		h.mu.RLock()
 		select {
 		case <-s.done:
 			// Cut off: the window may no longer hold what it missed.
-			h.mu.Unlock()
+			h.mu.RUnlock()
 			return nil
 		default:
 		}
@@ -388,7 +395,7 @@ func (s *Subscription) Next(fn func(e registry.NodeEvent, frame []byte) error) e
 		i := sort.Search(len(h.window), func(i int) bool { return h.window[i].end > pos })
 		batch := h.window[i:min(len(h.window), i+maxBatch)]
 		batch = append([]*event(nil), batch...)
-		h.mu.Unlock()
+		h.mu.RUnlock()
 		if len(batch) == 0 {
 			return nil
 		}
@@ -464,62 +471,4 @@ func (h *Hub) Streams() int {
 func (h *Hub) Latest(ctx context.Context) (int64, error) {
 	_, latest, err := h.store.EventHorizon(ctx)
 	return latest, err
-}
-
-// query runs f, which reads the store for a backfill, once one of the
-// BackfillConcurrency slots is free.
-func (h *Hub) query(ctx context.Context, f func() error) error {
-	select {
-	case h.backfills <- struct{}{}:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	defer func() { <-h.backfills }()
-	return f()
-}
-
-// Backfill calls fn for every event in (after, upto], in order, from the
-// change log, with the event's encoding. It reads pages of BackfillPage
-// events, each under one of the BackfillConcurrency slots, and calls fn
-// only after the page's query has given its connection back. ErrTooOld
-// when retention already pruned some of the events.
-func (h *Hub) Backfill(ctx context.Context, after, upto int64, fn func(e registry.NodeEvent, frame []byte) error) error {
-	var pruned int64
-	err := h.query(ctx, func() (err error) {
-		pruned, _, err = h.store.EventHorizon(ctx)
-		return err
-	})
-	if err != nil {
-		return err
-	}
-	if after < pruned {
-		return ErrTooOld
-	}
-	for after < upto {
-		var events []registry.NodeEvent
-		err := h.query(ctx, func() (err error) {
-			events, err = h.store.NodeEventsAfter(ctx, after, h.opts.BackfillPage)
-			return err
-		})
-		if err != nil {
-			return err
-		}
-		if len(events) == 0 {
-			return nil
-		}
-		for _, e := range events {
-			if e.ID > upto {
-				return nil
-			}
-			frame, err := h.opts.Encode(e)
-			if err != nil {
-				return err
-			}
-			if err := fn(e, frame); err != nil {
-				return err
-			}
-			after = e.ID
-		}
-	}
-	return nil
 }

@@ -1,6 +1,7 @@
 package watch
 
 import (
+	"container/list"
 	"context"
 	"errors"
 	"fmt"
@@ -345,9 +346,9 @@ func TestStreamCaps(t *testing.T) {
 func TestBackfillsQueryTheStoreWithBoundedConcurrency(t *testing.T) {
 	t.Parallel()
 	st := &memStore{delay: 2 * time.Millisecond}
-	st.add(200)
+	st.add(230)
 	enc := &encoder{}
-	const concurrency, page = 2, 20
+	const concurrency, page, backfills = 2, 40, 30
 	h := New(st, Options{Encode: enc.encode, BackfillConcurrency: concurrency, BackfillPage: page})
 
 	// One client is stuck: its first write never returns until the end.
@@ -363,20 +364,23 @@ func TestBackfillsQueryTheStoreWithBoundedConcurrency(t *testing.T) {
 	}()
 	<-stuckIn
 
+	// Each resumes from its own id, different modulo the page size, so none
+	// can use pages another read.
 	var wg sync.WaitGroup
-	errs := make(chan error, 30)
-	for range 30 {
+	errs := make(chan error, backfills)
+	for i := range backfills {
 		wg.Go(func() {
-			var want int64 = 1
-			err := h.Backfill(context.Background(), 0, 200, func(e registry.NodeEvent, frame []byte) error {
+			from := int64(i + 1)
+			want := from + 1
+			err := h.Backfill(context.Background(), from, from+200, func(e registry.NodeEvent, frame []byte) error {
 				if e.ID != want || len(frame) != frameSize {
 					return fmt.Errorf("got event %d (%d bytes), want %d", e.ID, len(frame), want)
 				}
 				want++
 				return nil
 			})
-			if err == nil && want != 201 {
-				err = fmt.Errorf("backfill stopped at %d", want-1)
+			if err == nil && want != from+201 {
+				err = fmt.Errorf("backfill from %d stopped at %d", from, want-1)
 			}
 			errs <- err
 		})
@@ -397,8 +401,46 @@ func TestBackfillsQueryTheStoreWithBoundedConcurrency(t *testing.T) {
 	if p := st.peak.Load(); p != concurrency {
 		t.Errorf("at most %d event queries ran at once, want exactly the bound %d", p, concurrency)
 	}
-	if q := st.queries.Load(); q < 30*200/page {
+	if q := st.queries.Load(); q < backfills*200/page {
 		t.Errorf("%d queries: pages larger than %d?", q, page)
+	}
+}
+
+// A crowd resuming from the same id reads each page once (or once per
+// slot, when two miss together) and sends the same encoded bytes.
+func TestConcurrentBackfillsSharePages(t *testing.T) {
+	t.Parallel()
+	st := &memStore{delay: time.Millisecond}
+	st.add(205) // 10 full pages and a short one, which is never kept
+	enc := &encoder{}
+	const concurrency, page, backfills = 2, 20, 50
+	h := New(st, Options{Encode: enc.encode, BackfillConcurrency: concurrency, BackfillPage: page})
+	frames := make([][][]byte, backfills)
+	var wg sync.WaitGroup
+	for i := range backfills {
+		wg.Go(func() {
+			_ = h.Backfill(context.Background(), 0, 205, func(e registry.NodeEvent, frame []byte) error {
+				frames[i] = append(frames[i], frame)
+				return nil
+			})
+		})
+	}
+	wg.Wait()
+	for i := range backfills {
+		if len(frames[i]) != 205 {
+			t.Fatalf("backfill %d got %d events", i, len(frames[i]))
+		}
+		for j := range 200 {
+			if &frames[i][j][0] != &frames[0][j][0] {
+				t.Fatalf("backfill %d encoded event %d again", i, j+1)
+			}
+		}
+	}
+	if q := st.queries.Load(); q > concurrency*10+backfills {
+		t.Errorf("%d queries for %d backfills of the same 10 full pages", q, backfills)
+	}
+	if n := enc.calls.Load(); n > concurrency*200+backfills*5 {
+		t.Errorf("%d encodings for %d backfills of the same 205 events", n, backfills)
 	}
 }
 
@@ -457,4 +499,29 @@ func TestNewRequiresEncode(t *testing.T) {
 		}
 	}()
 	New(&memStore{}, Options{})
+}
+
+// The page cache stays within its budget, dropping the least recently
+// used page first.
+func TestPageCacheBudget(t *testing.T) {
+	t.Parallel()
+	c := pageCache{budget: 3 * frameSize, byAfter: map[int64]*list.Element{}}
+	for after := range int64(3) {
+		c.put(&page{after: after, bytes: frameSize})
+	}
+	c.get(0) // now 1 is the least recently used
+	c.put(&page{after: 3, bytes: frameSize})
+	if c.get(1) != nil || c.get(0) == nil || c.get(2) == nil || c.get(3) == nil {
+		t.Error("the least recently used page was not the one dropped")
+	}
+	if c.put(&page{after: 9, bytes: 4 * frameSize}); c.get(9) != nil {
+		t.Error("a page over the whole budget was kept")
+	}
+	if c.size > c.budget {
+		t.Errorf("size %d over budget %d", c.size, c.budget)
+	}
+	p := &page{after: 2, bytes: frameSize}
+	if got := c.put(p); got == p {
+		t.Error("a second page for the same id replaced the first")
+	}
 }
