@@ -143,7 +143,7 @@ func TestIdleConnectionsMakeRoomOldestFirst(t *testing.T) {
 	// The oldest ones were closed.
 	for i, c := range clients[:held-limit] {
 		if !c.closedByServer() {
-			t.Errorf("connection %d (of %d, oldest first) is still open", i, held)
+			t.Fatalf("connection %d (of %d, oldest first) is still open", i, held)
 		}
 	}
 	// A new client is answered, and clients[held-limit], now the oldest
