@@ -228,3 +228,69 @@ func TestLimitsConfig(t *testing.T) {
 		t.Errorf("derived from this process's limit: %+v", got)
 	}
 }
+
+// The limits reach the server from the environment: explicit connection
+// limit, total and per-principal watch caps.
+func TestServeLimitsFromEnv(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"REGISTRY_DATABASE_URL": pgtest.New(t), "REGISTRY_JWT_SECRET": testSecret,
+		"REGISTRY_MAX_CONNECTIONS": "3", "REGISTRY_WATCH_MAX_STREAMS": "2", "REGISTRY_WATCH_MAX_PER_PRINCIPAL": "1"}
+	srv := startServer(t, env)
+	addr := strings.TrimPrefix(srv.url, "http://")
+	token := func(sub string) string {
+		out, stderr, err := runCmd(t, env, "token", "--sub", sub, "--role", "reader")
+		if err != nil {
+			t.Fatalf("token: %v\n%s", err, stderr)
+		}
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		return lines[len(lines)-1]
+	}
+	dial := func() *httpConn {
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return &httpConn{c: c, br: bufio.NewReader(c)}
+	}
+	watch := func(tok string) int {
+		c := dial()
+		_ = c.c.SetDeadline(time.Now().Add(5 * time.Second))
+		fmt.Fprintf(c.c, "GET /v1/nodes/watch HTTP/1.1\r\nHost: registryd\r\nAuthorization: Bearer %s\r\n\r\n", tok)
+		resp, err := http.ReadResponse(c.br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != http.StatusOK {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		return resp.StatusCode
+	}
+	a, b, c := token("a"), token("b"), token("c")
+	if code := watch(a); code != 200 {
+		t.Fatalf("first stream: %d", code)
+	}
+	if code := watch(a); code != http.StatusTooManyRequests {
+		t.Errorf("a second stream of one principal: %d, want 429", code)
+	}
+	if code := watch(b); code != 200 {
+		t.Fatalf("another principal's stream: %d", code)
+	}
+	if code := watch(c); code != http.StatusTooManyRequests {
+		t.Errorf("a third stream in all: %d, want 429", code)
+	}
+	// Two of the three connections stream; the third slot goes to the
+	// newest client, the idle one before it is closed.
+	first := dial()
+	if err := first.healthz(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := dial().healthz(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	_ = first.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := first.br.Peek(1); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("with REGISTRY_MAX_CONNECTIONS=3 and two streams, the idle connection was not closed for a newcomer: %v", err)
+	}
+}
