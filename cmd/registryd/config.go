@@ -33,6 +33,8 @@ type config struct {
 
 	WatchRetention time.Duration // REGISTRY_WATCH_RETENTION: how long watch events stay resumable
 
+	limits // connections and watch streams
+
 	SCP          scpConfig
 	E2E          e2eConfig
 	SyncInterval time.Duration // REGISTRY_SYNC_INTERVAL
@@ -129,6 +131,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		}
 		c.WatchRetention = d
 	}
+	c.limits = loadLimits(getenv, &errs)
 	c.SyncInterval, c.SyncTimeout = 5*time.Minute, 10*time.Minute
 	for name, dst := range map[string]*time.Duration{"REGISTRY_SYNC_INTERVAL": &c.SyncInterval, "REGISTRY_SYNC_TIMEOUT": &c.SyncTimeout} {
 		if v := getenv(name); v != "" {
@@ -203,4 +206,40 @@ func or(v, def string) string {
 		return def
 	}
 	return v
+}
+
+// limits bound what clients can make the server hold. Zero means derived
+// at start (see serve).
+type limits struct {
+	MaxConnections           int // REGISTRY_MAX_CONNECTIONS; 0: from RLIMIT_NOFILE
+	WatchMaxStreams          int // REGISTRY_WATCH_MAX_STREAMS; 0: half the connection limit, at most 10,000
+	WatchMaxPerPrincipal     int // REGISTRY_WATCH_MAX_PER_PRINCIPAL
+	WatchBufferBytes         int // REGISTRY_WATCH_BUFFER_BYTES: how far a watcher may lag, in bytes
+	WatchBackfillConcurrency int // REGISTRY_WATCH_BACKFILL_CONCURRENCY; 0: a quarter of the pool, at least 1
+}
+
+func loadLimits(getenv func(string) string, errs *[]string) limits {
+	l := limits{WatchMaxPerPrincipal: 64, WatchBufferBytes: 1 << 20}
+	for _, v := range []struct {
+		name string
+		min  int
+		dst  *int
+	}{
+		{"REGISTRY_MAX_CONNECTIONS", 1, &l.MaxConnections},
+		{"REGISTRY_WATCH_MAX_STREAMS", 1, &l.WatchMaxStreams},
+		{"REGISTRY_WATCH_MAX_PER_PRINCIPAL", 1, &l.WatchMaxPerPrincipal},
+		{"REGISTRY_WATCH_BUFFER_BYTES", 16 << 10, &l.WatchBufferBytes},
+		{"REGISTRY_WATCH_BACKFILL_CONCURRENCY", 1, &l.WatchBackfillConcurrency},
+	} {
+		s := getenv(v.name)
+		if s == "" {
+			continue
+		}
+		n, err := strconv.Atoi(s)
+		if err != nil || n < v.min {
+			*errs = append(*errs, fmt.Sprintf("%s=%q: want an integer of at least %d", v.name, s, v.min))
+		}
+		*v.dst = n
+	}
+	return l
 }

@@ -20,6 +20,7 @@ import (
 	registryd "github.com/registryd/registryd"
 	"github.com/registryd/registryd/internal/api"
 	"github.com/registryd/registryd/internal/auth"
+	"github.com/registryd/registryd/internal/connlimit"
 	"github.com/registryd/registryd/internal/heartbeat"
 	"github.com/registryd/registryd/internal/pglocal"
 	"github.com/registryd/registryd/internal/registry"
@@ -266,12 +267,19 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 		defer func() { <-syncDone }()
 	}
 
+	lim := deriveLimits(cfg.limits, int(db.store.Pool().Config().MaxConns), logger)
+
 	// The watch hub stops with the signal, which ends every watch stream so
 	// that the HTTP shutdown below is not held up by them.
 	hub := watch.New(db.store, watch.Options{
-		Channels:  watch.Channels{Changes: store.ChangesChannel, Events: store.EventsChannel},
-		Retention: cfg.WatchRetention,
-		Logger:    logger,
+		Channels:            watch.Channels{Changes: store.ChangesChannel, Events: store.EventsChannel},
+		Encode:              api.EncodeEvent,
+		Retention:           cfg.WatchRetention,
+		MaxPending:          lim.WatchBufferBytes,
+		MaxStreams:          lim.WatchMaxStreams,
+		MaxPerPrincipal:     lim.WatchMaxPerPrincipal,
+		BackfillConcurrency: lim.WatchBackfillConcurrency,
+		Logger:              logger,
 	})
 	hubDone := make(chan struct{})
 	go func() { hub.Run(ctx); close(hubDone) }()
@@ -306,6 +314,12 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 	}
+	// Idle keep-alive connections make room for new clients once the
+	// connection limit is reached (oldest idle first).
+	limited, err := connlimit.Wrap(srv, ln, connlimit.Options{Max: lim.MaxConnections, Logger: logger})
+	if err != nil {
+		return err
+	}
 	addr := "http://" + ln.Addr().String()
 	logger.Info("registryd listening", "addr", addr, "embedded_postgres", db.embedded)
 	fmt.Fprintf(stdout, "registryd is serving on %s\n", addr)
@@ -321,7 +335,7 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 	}
 
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() { errc <- srv.Serve(limited) }()
 	var exitErr error
 	select {
 	case err := <-errc:
@@ -342,4 +356,42 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 	}
 	logger.Info("stopped")
 	return exitErr
+}
+
+// deriveLimits fills in the limits left to be derived: the connection
+// limit from the soft RLIMIT_NOFILE (raised to the hard limit when
+// allowed) minus a reserve of the pool size plus 64 descriptors; the total
+// of watch streams as half the connection limit (at most 10,000), so
+// streams never hold every connection; backfills as a quarter of the pool.
+func deriveLimits(l limits, pool int, logger *slog.Logger) limits {
+	nofile, err := connlimit.NoFile()
+	if err != nil {
+		nofile = 1024
+		logger.Warn("cannot read the file descriptor limit; assuming 1024", "err", err, "hint", "set REGISTRY_MAX_CONNECTIONS")
+	}
+	reserve := connlimit.Reserve(pool)
+	derived := connlimit.FromNoFile(nofile, reserve)
+	switch {
+	case l.MaxConnections == 0:
+		l.MaxConnections = derived
+		if nofile < uint64(reserve+connlimit.MinLimit) {
+			logger.Warn("the file descriptor limit is too low for a useful connection limit; raise it (ulimit -n)",
+				"nofile", nofile, "reserve", reserve, "max_connections", l.MaxConnections)
+		}
+		logger.Info("connection limit derived from the file descriptor limit",
+			"max_connections", l.MaxConnections, "nofile", nofile, "reserve", reserve)
+	case l.MaxConnections > derived:
+		logger.Warn("REGISTRY_MAX_CONNECTIONS is more than the file descriptor limit leaves room for; connections may use up every descriptor",
+			"max_connections", l.MaxConnections, "nofile", nofile, "reserve", reserve, "hint", "raise the limit (ulimit -n) or lower REGISTRY_MAX_CONNECTIONS")
+	}
+	if l.WatchMaxStreams == 0 {
+		l.WatchMaxStreams = max(1, min(l.MaxConnections/2, 10_000))
+	}
+	if l.WatchBackfillConcurrency == 0 {
+		l.WatchBackfillConcurrency = max(1, pool/4)
+	}
+	logger.Info("limits", "max_connections", l.MaxConnections, "watch_max_streams", l.WatchMaxStreams,
+		"watch_max_per_principal", l.WatchMaxPerPrincipal, "watch_buffer_bytes", l.WatchBufferBytes,
+		"watch_backfill_concurrency", l.WatchBackfillConcurrency)
+	return l
 }

@@ -74,6 +74,9 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 		p.Status, p.Detail = http.StatusPreconditionFailed, publicMessage(err)
 	case errors.Is(err, registry.ErrForbidden):
 		p.Status, p.Detail = http.StatusForbidden, publicMessage(err)
+	case errors.Is(err, registry.ErrTooMany):
+		p.Status, p.Detail = http.StatusTooManyRequests, publicMessage(err)
+		w.Header().Set("Retry-After", "5")
 	case errors.Is(err, registry.ErrUnavailable):
 		p.Status, p.Detail = http.StatusServiceUnavailable, "the database is unavailable; retry shortly"
 		w.Header().Set("Retry-After", "1")

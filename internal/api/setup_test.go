@@ -93,6 +93,7 @@ func startHub(t *testing.T, st *store.Store) *watch.Hub {
 	t.Helper()
 	hub := watch.New(st, watch.Options{
 		Channels: watch.Channels{Changes: store.ChangesChannel, Events: store.EventsChannel},
+		Encode:   api.EncodeEvent,
 		Poll:     100 * time.Millisecond,
 	})
 	ctx, cancel := context.WithCancel(context.Background())

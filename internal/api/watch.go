@@ -16,9 +16,31 @@ import (
 
 // Events is the change feed behind watch. *watch.Hub implements it.
 type Events interface {
-	Subscribe(ctx context.Context) (events <-chan registry.NodeEvent, cut <-chan struct{}, last int64, cancel func(), err error)
-	Backfill(ctx context.Context, after, upto int64, fn func(registry.NodeEvent) error) error
+	// Subscribe opens a stream for principal; an error matching
+	// registry.ErrTooMany when a cap on streams is reached.
+	Subscribe(ctx context.Context, principal string) (EventStream, error)
+	// Backfill calls fn for every event in (after, upto] from the change
+	// log, with its encoding (see EncodeEvent).
+	Backfill(ctx context.Context, after, upto int64, fn func(e registry.NodeEvent, frame []byte) error) error
 	Latest(ctx context.Context) (int64, error)
+}
+
+// EventStream is one watcher's subscription. It is an alias of an unnamed
+// interface so that *watch.Hub, whose Subscribe returns the identical
+// watch.Stream, implements Events without either package importing the
+// other.
+type EventStream = interface {
+	// Wake is signalled when Next may have events.
+	Wake() <-chan struct{}
+	// Done is closed when the watcher fell too far behind or the feed
+	// stopped: the stream ends and the client resumes.
+	Done() <-chan struct{}
+	// Last is the newest event id the stream will not deliver.
+	Last() int64
+	// Next calls fn with each pending event and its shared encoding.
+	Next(fn func(e registry.NodeEvent, frame []byte) error) error
+	// Close ends the subscription.
+	Close()
 }
 
 // watchFilter selects events by the node they carry.
@@ -99,10 +121,25 @@ type eventJSON struct {
 	Node nodeJSON  `json:"node"`
 }
 
+// EncodeEvent is an event as a watch stream sends it: one Server-Sent
+// Event with its id, type and NodeEvent document. The watch hub encodes
+// each event once with it and shares the bytes among every watcher.
+func EncodeEvent(e registry.NodeEvent) ([]byte, error) {
+	data, err := json.Marshal(eventJSON{Kind: e.Kind, At: e.At.UTC(), Node: toNodeJSON(e.Node)})
+	if err != nil {
+		return nil, fmt.Errorf("api: encode event %d: %w", e.ID, err)
+	}
+	b := make([]byte, 0, len(data)+len(e.Kind)+40)
+	b = fmt.Appendf(b, "id: %d\nevent: %s\ndata: ", e.ID, e.Kind)
+	b = append(b, data...)
+	return append(b, "\n\n"...), nil
+}
+
 // watchNodes is GET /v1/nodes/watch, a Server-Sent Events stream of node
 // changes. Each event's id increases; a client that reconnects with
 // Last-Event-ID gets everything it missed from the change log, or a
-// "reset" event when retention already removed it.
+// "reset" event when retention already removed it. Streams are capped per
+// server and per principal (429 beyond).
 func (s *Server) watchNodes(w http.ResponseWriter, r *http.Request) error {
 	filter, err := readWatchFilter(r.URL.Query())
 	if err != nil {
@@ -116,11 +153,12 @@ func (s *Server) watchNodes(w http.ResponseWriter, r *http.Request) error {
 		return &httpError{status: http.StatusServiceUnavailable, detail: "watching is not enabled on this server"}
 	}
 	ctx := r.Context()
-	events, cut, last, cancel, err := s.events.Subscribe(ctx)
+	sub, err := s.events.Subscribe(ctx, principalFrom(ctx).Sub)
 	if err != nil {
 		return err
 	}
-	defer cancel()
+	defer sub.Close()
+	last := sub.Last()
 
 	rc := http.NewResponseController(w)
 	// A stream outlives the server's request timeouts; each write gets its
@@ -132,19 +170,21 @@ func (s *Server) watchNodes(w http.ResponseWriter, r *http.Request) error {
 	w.Header().Set("X-Accel-Buffering", "no") // nginx: do not buffer the stream
 	w.WriteHeader(http.StatusOK)
 
-	send := func(chunk string) error {
-		_ = rc.SetWriteDeadline(time.Now().Add(s.watchWriteTimeout))
-		if _, err := fmt.Fprint(w, chunk); err != nil {
-			return err
-		}
-		return rc.Flush()
+	// Events come in batches: a batch gets one write deadline and one
+	// flush, not one per event. deadline starts a batch; write buffers a
+	// chunk of it; flush sends what is buffered.
+	deadline := func() { _ = rc.SetWriteDeadline(time.Now().Add(s.watchWriteTimeout)) }
+	write := func(chunk []byte) error {
+		_, err := w.Write(chunk)
+		return err
 	}
-	sendEvent := func(e registry.NodeEvent) error {
-		data, err := json.Marshal(eventJSON{Kind: e.Kind, At: e.At.UTC(), Node: toNodeJSON(e.Node)})
-		if err != nil {
+	flush := func() error { return rc.Flush() }
+	send := func(chunk string) error {
+		deadline()
+		if err := write([]byte(chunk)); err != nil {
 			return err
 		}
-		return send(fmt.Sprintf("id: %d\nevent: %s\ndata: %s\n\n", e.ID, e.Kind, data))
+		return flush()
 	}
 	reset := func(reason string) error {
 		data, _ := json.Marshal(map[string]any{"reason": reason, "last_event_id": last})
@@ -174,19 +214,26 @@ func (s *Server) watchNodes(w http.ResponseWriter, r *http.Request) error {
 			return nil
 		}
 	default:
-		err := s.events.Backfill(ctx, resume, floor, func(e registry.NodeEvent) error {
+		err := s.events.Backfill(ctx, resume, floor, func(e registry.NodeEvent, frame []byte) error {
 			if !filter.match(e.Node) {
 				return nil
 			}
-			return sendEvent(e)
+			deadline()
+			return write(frame)
 		})
+		if err == nil {
+			deadline()
+			err = flush()
+		}
 		switch {
 		case errors.Is(err, registry.ErrGone):
 			if reset(publicMessage(err)) != nil {
 				return nil
 			}
 		case err != nil:
-			s.logger.WarnContext(ctx, "watch backfill failed", "request_id", requestID(ctx), "err", err)
+			if ctx.Err() == nil {
+				s.logger.WarnContext(ctx, "watch backfill failed", "request_id", requestID(ctx), "err", err)
+			}
 			return nil // the client resumes from what it got
 		}
 	}
@@ -197,7 +244,7 @@ func (s *Server) watchNodes(w http.ResponseWriter, r *http.Request) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-cut:
+		case <-sub.Done():
 			// Fell behind (or the server is stopping): end the stream; the
 			// client resumes with Last-Event-ID from the change log.
 			_ = send(": falling behind; reconnect with Last-Event-ID\n\n")
@@ -206,11 +253,20 @@ func (s *Server) watchNodes(w http.ResponseWriter, r *http.Request) error {
 			if send(": keep-alive\n\n") != nil {
 				return nil
 			}
-		case e := <-events:
-			if e.ID <= floor || !filter.match(e.Node) {
-				continue
+		case <-sub.Wake():
+			deadline()
+			sent := false
+			err := sub.Next(func(e registry.NodeEvent, frame []byte) error {
+				if e.ID <= floor || !filter.match(e.Node) {
+					return nil
+				}
+				sent = true
+				return write(frame)
+			})
+			if err == nil && sent {
+				err = flush()
 			}
-			if sendEvent(e) != nil {
+			if err != nil {
 				return nil
 			}
 		}

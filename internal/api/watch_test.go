@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -280,10 +281,20 @@ type laggingHub struct {
 	lag int64
 }
 
-func (h laggingHub) Subscribe(ctx context.Context) (<-chan registry.NodeEvent, <-chan struct{}, int64, func(), error) {
-	ev, cut, last, cancel, err := h.Hub.Subscribe(ctx)
-	return ev, cut, last - h.lag, cancel, err
+func (h laggingHub) Subscribe(ctx context.Context, principal string) (api.EventStream, error) {
+	s, err := h.Hub.Subscribe(ctx, principal)
+	if err != nil {
+		return nil, err
+	}
+	return laggingStream{EventStream: s, lag: h.lag}, nil
 }
+
+type laggingStream struct {
+	api.EventStream
+	lag int64
+}
+
+func (s laggingStream) Last() int64 { return s.EventStream.Last() - s.lag }
 
 // A client resuming on a replica that lags behind the id it saw elsewhere
 // gets the missed events from the log, not a reset.
@@ -309,5 +320,162 @@ func TestWatchResumeOnLaggingReplica(t *testing.T) {
 	pk := b.createNode(map[string]any{"index": 7})
 	if e := r.next(); e.Type != "created" || e.nodePK() != pk {
 		t.Errorf("then live: %+v (want node %d)", e, pk)
+	}
+}
+
+// limitedWatchServer is a second server on b's database whose hub has
+// the given options.
+func limitedWatchServer(t *testing.T, b *bundle, st watch.Store, opts func(*watch.Options)) (string, *watch.Hub) {
+	t.Helper()
+	o := watch.Options{
+		Channels: watch.Channels{Changes: store.ChangesChannel, Events: store.EventsChannel},
+		Encode:   api.EncodeEvent,
+		Poll:     100 * time.Millisecond,
+	}
+	opts(&o)
+	hub := watch.New(st, o)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { hub.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	verifier, _ := auth.NewVerifier(auth.Config{Secret: testSecret})
+	srv := httptest.NewServer(api.New(api.Config{Store: b.store, OpenAPI: registryd.OpenAPI, Auth: verifier, Events: hub}))
+	t.Cleanup(srv.Close)
+	return srv.URL, hub
+}
+
+// Watch streams are capped per principal and per server: beyond either,
+// 429 with Retry-After and a problem document; a stream that ends frees
+// its slot.
+func TestWatchStreamCaps(t *testing.T) {
+	b := setup(t)
+	url, hub := limitedWatchServer(t, b, b.store, func(o *watch.Options) { o.MaxStreams, o.MaxPerPrincipal = 3, 2 })
+	r1, r2, r3 := tokenFor(t, "reader-1", registry.RoleReader), tokenFor(t, "reader-2", registry.RoleReader), tokenFor(t, "reader-3", registry.RoleReader)
+
+	// refused checks a refusal through the validating client, so the 429
+	// is held to openapi.yaml too.
+	refused := func(token, why string) {
+		t.Helper()
+		req, _ := http.NewRequest("GET", url+"/v1/nodes/watch", nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := b.client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var p struct {
+			Status int    `json:"status"`
+			Detail string `json:"detail"`
+		}
+		_ = json.NewDecoder(resp.Body).Decode(&p)
+		if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") != "5" ||
+			resp.Header.Get("Content-Type") != "application/problem+json" || p.Status != 429 || !strings.Contains(p.Detail, why) {
+			t.Fatalf("want 429 (%s): %d Retry-After %q %+v", why, resp.StatusCode, resp.Header.Get("Retry-After"), p)
+		}
+	}
+	first := watchStream(t, url, "", r1)
+	if s := watchStream(t, url, "", r1); first.status != http.StatusOK || s.status != http.StatusOK {
+		t.Fatalf("status %d, %d", first.status, s.status)
+	}
+	refused(r1, "per principal")
+	if s := watchStream(t, url, "", r2); s.status != http.StatusOK {
+		t.Fatalf("another principal: %d", s.status)
+	}
+	refused(r3, "this server already has 3")
+
+	// The first stream ends: its slot is free once the server noticed.
+	first.close()
+	deadline := time.Now().Add(5 * time.Second)
+	for hub.Streams() != 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the closed stream still holds its slot: %d streams", hub.Streams())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	s := watchStream(t, url, "", r3)
+	if s.status != http.StatusOK {
+		t.Fatalf("after a stream ended: %d", s.status)
+	}
+	pk := b.createNode(nil)
+	if e := s.next(); e.Type != "created" || e.nodePK() != pk {
+		t.Errorf("the new stream got %+v", e)
+	}
+}
+
+// countingStore counts the backfill queries (pages of backfillPage
+// events) running at once against the real store.
+type countingStore struct {
+	*store.Store
+	page           int
+	inflight, peak atomic.Int64
+}
+
+func (c *countingStore) NodeEventsAfter(ctx context.Context, after int64, limit int) ([]registry.NodeEvent, error) {
+	if limit != c.page {
+		return c.Store.NodeEventsAfter(ctx, after, limit) // the hub's own live reads
+	}
+	n := c.inflight.Add(1)
+	defer c.inflight.Add(-1)
+	for p := c.peak.Load(); n > p && !c.peak.CompareAndSwap(p, n); p = c.peak.Load() {
+	}
+	return c.Store.NodeEventsAfter(ctx, after, limit)
+}
+
+// Many watchers resuming from the start at once read the change log
+// through a bound of concurrent queries, in small pages, so a list still
+// gets a database connection while they catch up.
+func TestWatchBackfillsLeaveThePoolToLists(t *testing.T) {
+	b := setup(t)
+	const events, watchers, page = 100, 30, 10
+	for i := range events {
+		b.createNode(map[string]any{"index": i})
+	}
+	st, err := store.Open(context.Background(), b.dbURL, store.Options{MaxConns: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	counting := &countingStore{Store: st, page: page}
+	url, _ := limitedWatchServer(t, b, counting, func(o *watch.Options) {
+		o.BackfillConcurrency, o.BackfillPage, o.MaxPerPrincipal = 1, page, watchers
+	})
+	verifier, _ := auth.NewVerifier(auth.Config{Secret: testSecret})
+	lists := httptest.NewServer(api.New(api.Config{Store: st, OpenAPI: registryd.OpenAPI, Auth: verifier}))
+	t.Cleanup(lists.Close)
+
+	var streams []*stream
+	for range watchers {
+		streams = append(streams, watchStream(t, url, "", b.token, "Last-Event-ID", "0"))
+	}
+	// A list on the same pool answers while they catch up.
+	listDone := make(chan int, 1)
+	go func() {
+		req, _ := http.NewRequest("POST", lists.URL+"/v1/nodes/list", strings.NewReader(`{"limit":10}`))
+		req.Header.Set("Authorization", "Bearer "+b.token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			listDone <- 0
+			return
+		}
+		resp.Body.Close()
+		listDone <- resp.StatusCode
+	}()
+	select {
+	case code := <-listDone:
+		if code != http.StatusOK {
+			t.Fatalf("list during backfills: %d", code)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a list did not answer within 10s while watchers caught up")
+	}
+	for i, s := range streams {
+		for j := range events {
+			if e := s.next(); e.Type != "created" {
+				t.Fatalf("watcher %d, event %d: %+v", i, j, e)
+			}
+		}
+	}
+	if p := counting.peak.Load(); p != 1 {
+		t.Errorf("%d backfill queries ran at once, want 1", p)
 	}
 }

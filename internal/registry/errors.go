@@ -32,6 +32,9 @@ var (
 	// ErrUnavailable means a dependency (the database) cannot be reached right
 	// now; the same request may succeed later.
 	ErrUnavailable = errors.New("unavailable")
+	// ErrTooMany means a cap on concurrent use was reached (too many watch
+	// streams); the same request may succeed once others have finished.
+	ErrTooMany = errors.New("too many")
 )
 
 // FieldError names one bad field of a request and what is wrong with it.

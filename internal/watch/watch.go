@@ -1,15 +1,25 @@
 // Package watch fans node change events out to watchers. Each replica runs
 // one Hub: it listens for PostgreSQL notifications, takes its turn at
-// sequencing committed changes into events, reads new events once and hands
-// them to every subscriber. A subscriber that cannot keep up is cut off
-// (its client resumes from the change log with Last-Event-ID) instead of
-// holding back the others.
+// sequencing committed changes into events, reads new events once, encodes
+// each once and shares the bytes among every subscriber.
+//
+// Everything a watcher can make the hub hold is bounded: the number of
+// subscriptions (in total and per principal), how far behind a subscriber
+// may fall (in bytes of encoded events; beyond that it is cut off and its
+// client resumes from the change log with Last-Event-ID) and how many
+// backfills read the change log at once (so that a crowd of resuming
+// watchers leaves the database pool, and the CPUs, to normal traffic).
+// Resuming watchers share the pages they read: a crowd resuming from the
+// same id costs one query and one encoding per page.
 package watch
 
 import (
+	"container/list"
 	"context"
 	"log/slog"
+	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/registryd/registryd/internal/registry"
@@ -32,36 +42,93 @@ type Channels struct {
 // Options tune a Hub.
 type Options struct {
 	Channels Channels
+	// Encode turns an event into the bytes a watcher is sent. Required.
+	// The hub calls it once per live event and shares the result, read
+	// only, among every subscriber.
+	Encode func(registry.NodeEvent) ([]byte, error)
 	// Retention is how long events stay resumable; default 24h.
 	Retention time.Duration
-	// Buffer is how many events a subscriber may lag behind before it is
-	// cut off; default 1024.
-	Buffer int
+	// MaxPending is how many bytes of encoded events a subscriber may have
+	// not yet taken before it is cut off; default 1 MiB.
+	MaxPending int
+	// MaxStreams caps the subscriptions of this hub; default 1000.
+	MaxStreams int
+	// MaxPerPrincipal caps the subscriptions of one principal; default 64.
+	MaxPerPrincipal int
+	// BackfillConcurrency is how many backfills may query the store (and
+	// encode what they read) at once; default 1.
+	BackfillConcurrency int
+	// BackfillPage is how many events a backfill reads per query; default
+	// 100. The connection goes back to the pool between pages.
+	BackfillPage int
 	// Poll is the fallback interval when notifications are lost; default 1s.
 	Poll   time.Duration
 	Logger *slog.Logger
 }
 
-// Hub is one replica's event fan-out.
-type Hub struct {
-	store Store
-	opts  Options
+// Defaults of Options.
+const (
+	DefaultMaxPending      = 1 << 20
+	DefaultMaxStreams      = 1000
+	DefaultMaxPerPrincipal = 64
+	DefaultBackfillPage    = 100
+)
 
-	mu     sync.Mutex
-	last   int64 // newest event delivered to subscribers
-	subs   map[*Subscription]struct{}
-	ready  chan struct{} // closed once last is known
-	kick   chan struct{} // new changes were committed somewhere
-	events chan struct{} // new events were stamped somewhere
+// event is one live event, encoded once and shared by every subscriber.
+type event struct {
+	registry.NodeEvent
+	frame []byte
+	end   int64 // the hub's byte offset after this event
 }
 
-// New returns a Hub; call Run.
+// Hub is one replica's event fan-out.
+type Hub struct {
+	store     Store
+	opts      Options
+	backfills chan struct{} // semaphore of backfill queries
+	pages     pageCache     // recent backfill pages, encoded
+
+	// mu guards what follows; subscribers taking events share it for
+	// reading, so thousands of them woken at once do not queue.
+	mu   sync.RWMutex
+	last int64 // newest event delivered to subscribers
+	// head counts the bytes of every encoded event broadcast so far;
+	// a subscriber's lag is head minus its position.
+	head int64
+	// window holds the recent events that a subscriber not yet cut off
+	// may still need: those ending within MaxPending of head.
+	window      []*event
+	subs        map[*Subscription]struct{} // not cut off
+	streams     int                        // open subscriptions, cut off or not
+	byPrincipal map[string]int
+	stopped     bool
+	ready       chan struct{} // closed once last is known
+	kick        chan struct{} // new changes were committed somewhere
+	events      chan struct{} // new events were stamped somewhere
+}
+
+// New returns a Hub; call Run. It panics without Options.Encode.
 func New(store Store, opts Options) *Hub {
+	if opts.Encode == nil {
+		panic("watch: Options.Encode is required")
+	}
 	if opts.Retention <= 0 {
 		opts.Retention = 24 * time.Hour
 	}
-	if opts.Buffer <= 0 {
-		opts.Buffer = 1024
+	if opts.MaxPending <= 0 {
+		opts.MaxPending = DefaultMaxPending
+	}
+	if opts.MaxStreams <= 0 {
+		opts.MaxStreams = DefaultMaxStreams
+	}
+	if opts.MaxPerPrincipal <= 0 {
+		opts.MaxPerPrincipal = DefaultMaxPerPrincipal
+	}
+	if opts.BackfillConcurrency <= 0 {
+		opts.BackfillConcurrency = 1
+	}
+	if opts.BackfillPage <= 0 {
+		opts.BackfillPage = DefaultBackfillPage
 	}
 	if opts.Poll <= 0 {
 		opts.Poll = time.Second
@@ -69,7 +136,9 @@ func New(store Store, opts Options) *Hub {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Hub{store: store, opts: opts, subs: map[*Subscription]struct{}{},
+	return &Hub{store: store, opts: opts, backfills: make(chan struct{}, opts.BackfillConcurrency),
+		pages: pageCache{budget: opts.MaxPending, byAfter: map[int64]*list.Element{}},
+		subs:  map[*Subscription]struct{}{}, byPrincipal: map[string]int{},
 		ready: make(chan struct{}), kick: make(chan struct{}, 1), events: make(chan struct{}, 1)}
 }
 
@@ -89,8 +158,10 @@ func (h *Hub) Run(ctx context.Context) {
 	wg.Go(func() { h.fanOut(ctx) })
 	wg.Wait()
 	h.mu.Lock()
+	h.stopped = true
 	for s := range h.subs {
 		s.cut()
+		delete(h.subs, s)
 	}
 	h.mu.Unlock()
 }
@@ -187,7 +258,7 @@ func (h *Hub) fanOut(ctx context.Context) {
 			h.mu.Lock()
 			after := h.last
 			h.mu.Unlock()
-			events, err := h.store.NodeEventsAfter(ctx, after, 500)
+			events, err := h.store.NodeEventsAfter(ctx, after, h.batch())
 			if err != nil {
 				if ctx.Err() == nil {
 					h.opts.Logger.Warn("watch: reading events failed; will retry", "err", err)
@@ -202,75 +273,197 @@ func (h *Hub) fanOut(ctx context.Context) {
 	}
 }
 
+// batch is how many events fanOut reads at once: up to 500, fewer for a
+// small MaxPending so that one batch (at about 2 KiB an event, more than a
+// node's document takes) cannot cut off a subscriber that keeps up.
+func (h *Hub) batch() int {
+	return min(500, max(8, h.opts.MaxPending/2/2048))
+}
+
+// broadcast encodes events once, appends them to the shared window, cuts
+// off every subscriber now lagging by more than MaxPending bytes and wakes
+// the others.
 func (h *Hub) broadcast(events []registry.NodeEvent) {
+	encoded := make([]*event, 0, len(events))
+	failed := false
+	for _, e := range events {
+		frame, err := h.opts.Encode(e)
+		if err != nil {
+			// Never skip an event silently: every subscriber resumes from
+			// the log instead (where the failure shows again, in the log).
+			h.opts.Logger.Error("watch: cannot encode an event; ending every stream", "event", e.ID, "err", err)
+			failed = true
+			break
+		}
+		encoded = append(encoded, &event{NodeEvent: e, frame: frame})
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.last = events[len(events)-1].ID
+	if failed {
+		for s := range h.subs {
+			s.cut()
+			delete(h.subs, s)
+		}
+		return
+	}
+	for _, e := range encoded {
+		h.head += int64(len(e.frame))
+		e.end = h.head
+	}
+	h.window = append(h.window, encoded...)
+	// Events ending at or before head-MaxPending are needed only by
+	// subscribers that are cut off below.
+	floor := h.head - int64(h.opts.MaxPending)
+	if drop := sort.Search(len(h.window), func(i int) bool { return h.window[i].end > floor }); drop > 0 {
+		clear(h.window[:drop])
+		h.window = h.window[drop:]
+	}
 	for s := range h.subs {
-		for _, e := range events {
-			select {
-			case s.ch <- e:
-			default:
-				// Too slow: cut it off rather than wait or drop silently.
-				s.cut()
-				delete(h.subs, s)
+		if h.head-s.pos.Load() > int64(h.opts.MaxPending) {
+			// Too slow: cut it off rather than hold more for it.
+			s.cut()
+			delete(h.subs, s)
+			continue
+		}
+		signal(s.wake)
+	}
+}
+
+// Stream is one watcher's subscription as the HTTP layer uses it. It is
+// an alias of an unnamed interface so that a consumer declaring the same
+// method set (internal/api does) accepts *Hub without importing this
+// package.
+type Stream = interface {
+	// Wake is signalled when Next may have events.
+	Wake() <-chan struct{}
+	// Done is closed when the subscriber is cut off (it fell more than
+	// MaxPending bytes behind) or the hub stopped: the stream must end
+	// and the client resume from its last id.
+	Done() <-chan struct{}
+	// Last is the id of the newest event the subscription will not
+	// deliver; backfill (after, Last] from the log when resuming.
+	Last() int64
+	// Next calls fn with each pending event, oldest first, and its shared
+	// encoding (never modify it), until none is left or fn fails.
+	Next(fn func(e registry.NodeEvent, frame []byte) error) error
+	// Close ends the subscription and frees its slot.
+	Close()
+}
+
+// Subscription receives every event after Last.
+type Subscription struct {
+	hub       *Hub
+	principal string
+	last      int64
+	pos       atomic.Int64 // the hub's byte offset this subscriber has taken up to
+	wake      chan struct{}
+	done      chan struct{}
+	cutOnce   sync.Once
+	closeOnce sync.Once
+}
+
+func (s *Subscription) cut() { s.cutOnce.Do(func() { close(s.done) }) }
+
+// Wake implements Stream.
+func (s *Subscription) Wake() <-chan struct{} { return s.wake }
+
+// Done implements Stream.
+func (s *Subscription) Done() <-chan struct{} { return s.done }
+
+// Last implements Stream.
+func (s *Subscription) Last() int64 { return s.last }
+
+// maxBatch bounds the events one Next takes under the hub's lock.
+const maxBatch = 256
+
+// Next implements Stream. Events count as taken as fn returns for each,
+// so a subscriber blocked in fn (writing to a client that does not read)
+// lags, and is cut off once the lag passes MaxPending.
+func (s *Subscription) Next(fn func(e registry.NodeEvent, frame []byte) error) error {
+	h := s.hub
+	for {
+		h.mu.RLock()
+		select {
+		case <-s.done:
+			// Cut off: the window may no longer hold what it missed.
+			h.mu.RUnlock()
+			return nil
+		default:
+		}
+		pos := s.pos.Load()
+		i := sort.Search(len(h.window), func(i int) bool { return h.window[i].end > pos })
+		batch := h.window[i:min(len(h.window), i+maxBatch)]
+		batch = append([]*event(nil), batch...)
+		h.mu.RUnlock()
+		if len(batch) == 0 {
+			return nil
+		}
+		for _, e := range batch {
+			if err := fn(e.NodeEvent, e.frame); err != nil {
+				return err
 			}
-			if s.isCut() {
-				break
-			}
+			s.pos.Store(e.end)
 		}
 	}
-	h.last = events[len(events)-1].ID
 }
 
-// Subscription receives every event after the id Subscribe returned. Its
-// done channel closes when the subscriber fell too far behind or the hub
-// stopped: the stream must end and the client resume from its last id.
-type Subscription struct {
-	hub  *Hub
-	ch   chan registry.NodeEvent
-	done chan struct{}
-	once sync.Once
-}
-
-func (s *Subscription) cut() { s.once.Do(func() { close(s.done) }) }
-
-func (s *Subscription) isCut() bool {
-	select {
-	case <-s.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// Close unsubscribes.
+// Close implements Stream.
 func (s *Subscription) Close() {
-	s.hub.mu.Lock()
-	delete(s.hub.subs, s)
-	s.hub.mu.Unlock()
-	s.cut()
+	s.closeOnce.Do(func() {
+		h := s.hub
+		h.mu.Lock()
+		delete(h.subs, s)
+		h.streams--
+		if h.byPrincipal[s.principal]--; h.byPrincipal[s.principal] <= 0 {
+			delete(h.byPrincipal, s.principal)
+		}
+		h.mu.Unlock()
+		s.cut()
+	})
 }
 
 // ErrTooOld means a resume point lies before events retention pruned. It
 // matches registry.ErrGone.
 var ErrTooOld = registry.Errorf(registry.ErrGone, "the events after that id were removed by retention; re-list and watch from now")
 
-// Subscribe starts a subscription. It returns its events (in id order), a
-// channel closed when the subscriber is cut off, the id of the newest event
-// it will not receive (the caller backfills (after, last] with Backfill
-// when resuming), and a function that ends the subscription.
-func (h *Hub) Subscribe(ctx context.Context) (events <-chan registry.NodeEvent, cut <-chan struct{}, last int64, cancel func(), err error) {
+// Subscribe starts a subscription for principal, or refuses it with an
+// error matching registry.ErrTooMany when this hub already has
+// MaxStreams subscriptions, or the principal MaxPerPrincipal.
+func (h *Hub) Subscribe(ctx context.Context, principal string) (Stream, error) {
 	select {
 	case <-h.ready:
 	case <-ctx.Done():
-		return nil, nil, 0, nil, ctx.Err()
+		return nil, ctx.Err()
 	}
-	s := &Subscription{hub: h, ch: make(chan registry.NodeEvent, h.opts.Buffer), done: make(chan struct{})}
 	h.mu.Lock()
-	h.subs[s] = struct{}{}
-	last = h.last
-	h.mu.Unlock()
-	return s.ch, s.done, last, s.Close, nil
+	defer h.mu.Unlock()
+	if h.streams >= h.opts.MaxStreams {
+		return nil, registry.Errorf(registry.ErrTooMany,
+			"this server already has %d watch streams open, its maximum; retry later or watch through another replica", h.streams)
+	}
+	if n := h.byPrincipal[principal]; n >= h.opts.MaxPerPrincipal {
+		return nil, registry.Errorf(registry.ErrTooMany,
+			"%q already has %d watch streams open on this server, the maximum per principal; close one or retry later", principal, n)
+	}
+	s := &Subscription{hub: h, principal: principal, last: h.last,
+		wake: make(chan struct{}, 1), done: make(chan struct{})}
+	s.pos.Store(h.head)
+	h.streams++
+	h.byPrincipal[principal]++
+	if h.stopped {
+		s.cut()
+	} else {
+		h.subs[s] = struct{}{}
+	}
+	return s, nil
+}
+
+// Streams returns how many subscriptions are open.
+func (h *Hub) Streams() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.streams
 }
 
 // Latest returns the newest event id in the change log, which may be ahead
@@ -278,35 +471,4 @@ func (h *Hub) Subscribe(ctx context.Context) (events <-chan registry.NodeEvent, 
 func (h *Hub) Latest(ctx context.Context) (int64, error) {
 	_, latest, err := h.store.EventHorizon(ctx)
 	return latest, err
-}
-
-// Backfill calls fn for every event in (after, upto], in order, from the
-// change log. ErrTooOld when retention already pruned some of them.
-func (h *Hub) Backfill(ctx context.Context, after, upto int64, fn func(registry.NodeEvent) error) error {
-	pruned, _, err := h.store.EventHorizon(ctx)
-	if err != nil {
-		return err
-	}
-	if after < pruned {
-		return ErrTooOld
-	}
-	for after < upto {
-		events, err := h.store.NodeEventsAfter(ctx, after, 500)
-		if err != nil {
-			return err
-		}
-		if len(events) == 0 {
-			return nil
-		}
-		for _, e := range events {
-			if e.ID > upto {
-				return nil
-			}
-			if err := fn(e); err != nil {
-				return err
-			}
-			after = e.ID
-		}
-	}
-	return nil
 }

@@ -1,19 +1,29 @@
 package watch
 
 import (
+	"container/list"
 	"context"
+	"errors"
+	"fmt"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/registryd/registryd/internal/registry"
 )
 
-// memStore is a fake above the real store: an in-memory change log.
+// memStore is a fake above the real store: an in-memory change log that
+// counts the event queries running at once.
 type memStore struct {
 	mu     sync.Mutex
 	events []registry.NodeEvent
 	pruned int64
+
+	delay            time.Duration // how long each NodeEventsAfter takes
+	inflight, peak   atomic.Int64
+	queries, horizon atomic.Int64
 }
 
 func (m *memStore) add(n int) {
@@ -27,7 +37,15 @@ func (m *memStore) add(n int) {
 
 func (m *memStore) SequenceEvents(context.Context) (int64, error) { return 0, nil }
 
-func (m *memStore) NodeEventsAfter(_ context.Context, after int64, limit int) ([]registry.NodeEvent, error) {
+func (m *memStore) NodeEventsAfter(ctx context.Context, after int64, limit int) ([]registry.NodeEvent, error) {
+	n := m.inflight.Add(1)
+	defer m.inflight.Add(-1)
+	for p := m.peak.Load(); n > p && !m.peak.CompareAndSwap(p, n); p = m.peak.Load() {
+	}
+	m.queries.Add(1)
+	if m.delay > 0 {
+		time.Sleep(m.delay) // the query's own duration, not synchronisation
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var out []registry.NodeEvent
@@ -40,6 +58,7 @@ func (m *memStore) NodeEventsAfter(_ context.Context, after int64, limit int) ([
 }
 
 func (m *memStore) EventHorizon(context.Context) (int64, int64, error) {
+	m.horizon.Add(1)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	latest := m.pruned
@@ -57,61 +76,452 @@ func (m *memStore) Listen(ctx context.Context, _ []string, fn func(string, strin
 	return ctx.Err()
 }
 
-func TestSlowSubscriberIsCutOthersGoOn(t *testing.T) {
-	st := &memStore{}
-	h := New(st, Options{Buffer: 8, Poll: 10 * time.Millisecond})
+// frameSize is the size of every encoded test event.
+const frameSize = 1024
+
+// encoder encodes events as frames of frameSize bytes and counts its calls.
+type encoder struct{ calls atomic.Int64 }
+
+func (enc *encoder) encode(e registry.NodeEvent) ([]byte, error) {
+	enc.calls.Add(1)
+	b := fmt.Appendf(make([]byte, 0, frameSize), "id: %d\n", e.ID)
+	for len(b) < frameSize {
+		b = append(b, '.')
+	}
+	return b, nil
+}
+
+// run starts h until the test ends.
+func run(t *testing.T, h *Hub) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { h.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	t.Cleanup(func() { cancel(); <-done })
+}
 
-	slow, slowCut, _, slowClose, err := h.Subscribe(ctx)
+func subscribe(t *testing.T, h *Hub, principal string) Stream {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := h.Subscribe(ctx, principal)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer slowClose()
-	fast, _, _, fastClose, _ := h.Subscribe(ctx)
-	defer fastClose()
-	_ = slow
+	t.Cleanup(s.Close)
+	return s
+}
 
+// receiver drains a stream in the background, as a reading watcher does.
+type receiver struct {
+	ids    chan int64
+	frames chan []byte
+}
+
+func receive(s Stream) *receiver {
+	r := &receiver{ids: make(chan int64, 10_000), frames: make(chan []byte, 10_000)}
+	go func() {
+		for {
+			select {
+			case <-s.Done():
+				return
+			case <-s.Wake():
+				_ = s.Next(func(e registry.NodeEvent, frame []byte) error {
+					r.ids <- e.ID
+					r.frames <- frame
+					return nil
+				})
+			}
+		}
+	}()
+	return r
+}
+
+// take waits for n ids, at most 5s.
+func (r *receiver) take(t *testing.T, n int) []int64 {
+	t.Helper()
 	var got []int64
 	deadline := time.After(5 * time.Second)
-	for len(got) < 20 { // 20 events in batches of 4: more than the slow one's buffer of 8
+	for len(got) < n {
+		select {
+		case id := <-r.ids:
+			got = append(got, id)
+		case <-deadline:
+			t.Fatalf("received %v, want %d events", got, n)
+		}
+	}
+	return got
+}
+
+func isDone(s Stream) bool {
+	select {
+	case <-s.Done():
+		return true
+	default:
+		return false
+	}
+}
+
+// A subscriber that does not take its events is cut off once they pass
+// its bound in bytes, not before; the others go on receiving everything.
+func TestNonReadingSubscriberIsCutAtItsByteBound(t *testing.T) {
+	t.Parallel()
+	st := &memStore{}
+	enc := &encoder{}
+	const bound = 8 * frameSize
+	h := New(st, Options{Encode: enc.encode, MaxPending: bound, Poll: 10 * time.Millisecond})
+	run(t, h)
+	slow := subscribe(t, h, "slow")
+	fast := receive(subscribe(t, h, "fast"))
+
+	st.add(8) // exactly the bound: still within it
+	fast.take(t, 8)
+	if isDone(slow) {
+		t.Fatal("cut off with pending bytes at, not over, its bound")
+	}
+	st.add(1)
+	fast.take(t, 1)
+	select {
+	case <-slow.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("a subscriber over its byte bound was not cut off")
+	}
+	// The cut one gets nothing more; the other keeps receiving, in order.
+	var got []int64
+	for range 3 {
 		st.add(4)
-		for want := len(got) + 4; len(got) < want; {
-			select {
-			case e := <-fast:
-				got = append(got, e.ID)
-			case <-deadline:
-				t.Fatalf("fast subscriber got %v", got)
+		got = append(got, fast.take(t, 4)...)
+	}
+	for i, id := range got {
+		if id != int64(10+i) {
+			t.Fatalf("fast subscriber got %v, want 10..21", got)
+		}
+	}
+	if err := slow.Next(func(registry.NodeEvent, []byte) error { return errors.New("delivered after the cut") }); err != nil {
+		t.Error(err)
+	}
+	// The window the hub keeps stays within the bound (plus one event).
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if kept := int64(len(h.window)) * frameSize; kept > bound+frameSize {
+		t.Errorf("the hub keeps %d bytes of events for a bound of %d", kept, bound)
+	}
+}
+
+// A subscriber blocked on a client that does not read counts as lagging
+// from the event it is stuck on.
+func TestBlockedSubscriberIsCut(t *testing.T) {
+	t.Parallel()
+	st := &memStore{}
+	enc := &encoder{}
+	h := New(st, Options{Encode: enc.encode, MaxPending: 4 * frameSize, Poll: 10 * time.Millisecond})
+	run(t, h)
+	stuck := subscribe(t, h, "stuck")
+	release := make(chan struct{})
+	entered := make(chan struct{}, 1)
+	go func() {
+		<-stuck.Wake()
+		_ = stuck.Next(func(registry.NodeEvent, []byte) error {
+			entered <- struct{}{}
+			<-release // a write that does not return
+			return errors.New("write timeout")
+		})
+	}()
+	defer close(release)
+	st.add(1)
+	<-entered
+	st.add(5)
+	select {
+	case <-stuck.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("a subscriber stuck in a write was not cut off")
+	}
+}
+
+// Each event is encoded once however many subscribers there are, and they
+// all send the same bytes.
+func TestEventsAreEncodedOnceAndShared(t *testing.T) {
+	t.Parallel()
+	st := &memStore{}
+	enc := &encoder{}
+	h := New(st, Options{Encode: enc.encode, Poll: 10 * time.Millisecond})
+	run(t, h)
+	var rs []*receiver
+	for i := range 50 {
+		rs = append(rs, receive(subscribe(t, h, fmt.Sprint("p", i%10))))
+	}
+	st.add(10)
+	var first [][]byte
+	for i, r := range rs {
+		r.take(t, 10)
+		for j := range 10 {
+			f := <-r.frames
+			if i == 0 {
+				first = append(first, f)
+			} else if &f[0] != &first[j][0] {
+				t.Fatalf("subscriber %d got its own copy of event %d", i, j+1)
 			}
 		}
 	}
-	for i, id := range got {
-		if id != int64(i+1) {
-			t.Fatalf("fast subscriber got %v, want 1..20 in order", got)
+	if n := enc.calls.Load(); n != 10 {
+		t.Errorf("%d encodings for 10 events and 50 subscribers", n)
+	}
+}
+
+// A subscription costs a few hundred bytes, not a buffer allocated up
+// front. Not parallel: it reads the heap.
+func TestSubscriptionsAllocateNoBuffer(t *testing.T) {
+	st := &memStore{}
+	enc := &encoder{}
+	h := New(st, Options{Encode: enc.encode, MaxStreams: 5000, MaxPerPrincipal: 5000, Poll: time.Hour})
+	run(t, h)
+	subscribe(t, h, "warm-up")
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	subs := make([]Stream, 0, 2000)
+	for range 2000 {
+		s, err := h.Subscribe(context.Background(), "p")
+		if err != nil {
+			t.Fatal(err)
+		}
+		subs = append(subs, s)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	if grew := int64(after.HeapAlloc) - int64(before.HeapAlloc); grew > 2000*2048 {
+		t.Errorf("2000 subscriptions took %d bytes of heap (%d each)", grew, grew/2000)
+	}
+	for _, s := range subs {
+		s.Close()
+	}
+}
+
+// Beyond MaxStreams, or MaxPerPrincipal for one principal, Subscribe is
+// refused with ErrTooMany; closing a stream frees its slot, and a stream
+// cut off holds its slot until it is closed.
+func TestStreamCaps(t *testing.T) {
+	t.Parallel()
+	st := &memStore{}
+	enc := &encoder{}
+	h := New(st, Options{Encode: enc.encode, MaxStreams: 3, MaxPerPrincipal: 2, MaxPending: frameSize, Poll: 10 * time.Millisecond})
+	run(t, h)
+	ctx := context.Background()
+	a1 := subscribe(t, h, "a")
+	subscribe(t, h, "a")
+	if _, err := h.Subscribe(ctx, "a"); !errors.Is(err, registry.ErrTooMany) {
+		t.Fatalf("a third stream of one principal: %v", err)
+	}
+	subscribe(t, h, "b")
+	if _, err := h.Subscribe(ctx, "c"); !errors.Is(err, registry.ErrTooMany) {
+		t.Fatalf("a fourth stream in all: %v", err)
+	}
+	if h.Streams() != 3 {
+		t.Errorf("%d streams", h.Streams())
+	}
+	// Cut off (it does not read), it still holds its slot...
+	st.add(2)
+	select {
+	case <-a1.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("not cut off")
+	}
+	if _, err := h.Subscribe(ctx, "c"); !errors.Is(err, registry.ErrTooMany) {
+		t.Fatalf("a stream cut off but not closed freed its slot: %v", err)
+	}
+	// ...until it is closed, once.
+	a1.Close()
+	a1.Close()
+	if h.Streams() != 2 {
+		t.Errorf("%d streams after a close", h.Streams())
+	}
+	subscribe(t, h, "a")
+	if _, err := h.Subscribe(ctx, "c"); !errors.Is(err, registry.ErrTooMany) {
+		t.Fatalf("over the total again: %v", err)
+	}
+}
+
+// Backfills read the log in pages under a bound on concurrent queries, and
+// never hold a slot while their client is being written to.
+func TestBackfillsQueryTheStoreWithBoundedConcurrency(t *testing.T) {
+	t.Parallel()
+	st := &memStore{delay: 2 * time.Millisecond}
+	st.add(230)
+	enc := &encoder{}
+	const concurrency, page, backfills = 2, 40, 30
+	h := New(st, Options{Encode: enc.encode, BackfillConcurrency: concurrency, BackfillPage: page})
+
+	// One client is stuck: its first write never returns until the end.
+	stuck := make(chan struct{})
+	defer close(stuck)
+	stuckIn := make(chan struct{})
+	go func() {
+		_ = h.Backfill(context.Background(), 0, 200, func(registry.NodeEvent, []byte) error {
+			close(stuckIn)
+			<-stuck
+			return errors.New("write timeout")
+		})
+	}()
+	<-stuckIn
+
+	// Each resumes from its own id, different modulo the page size, so none
+	// can use pages another read.
+	var wg sync.WaitGroup
+	errs := make(chan error, backfills)
+	for i := range backfills {
+		wg.Go(func() {
+			from := int64(i + 1)
+			want := from + 1
+			err := h.Backfill(context.Background(), from, from+200, func(e registry.NodeEvent, frame []byte) error {
+				if e.ID != want || len(frame) != frameSize {
+					return fmt.Errorf("got event %d (%d bytes), want %d", e.ID, len(frame), want)
+				}
+				want++
+				return nil
+			})
+			if err == nil && want != from+201 {
+				err = fmt.Errorf("backfill from %d stopped at %d", from, want-1)
+			}
+			errs <- err
+		})
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("backfills did not finish while one client was stuck")
+	}
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
 		}
 	}
-	select {
-	case <-slowCut:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the slow subscriber was not cut off")
+	if p := st.peak.Load(); p != concurrency {
+		t.Errorf("at most %d event queries ran at once, want exactly the bound %d", p, concurrency)
+	}
+	if q := st.queries.Load(); q < backfills*200/page {
+		t.Errorf("%d queries: pages larger than %d?", q, page)
+	}
+}
+
+// A crowd resuming from the same id reads each page once (or once per
+// slot, when two miss together) and sends the same encoded bytes.
+func TestConcurrentBackfillsSharePages(t *testing.T) {
+	t.Parallel()
+	st := &memStore{delay: time.Millisecond}
+	st.add(205) // 10 full pages and a short one, which is never kept
+	enc := &encoder{}
+	const concurrency, page, backfills = 2, 20, 50
+	h := New(st, Options{Encode: enc.encode, BackfillConcurrency: concurrency, BackfillPage: page})
+	frames := make([][][]byte, backfills)
+	var wg sync.WaitGroup
+	for i := range backfills {
+		wg.Go(func() {
+			_ = h.Backfill(context.Background(), 0, 205, func(e registry.NodeEvent, frame []byte) error {
+				frames[i] = append(frames[i], frame)
+				return nil
+			})
+		})
+	}
+	wg.Wait()
+	for i := range backfills {
+		if len(frames[i]) != 205 {
+			t.Fatalf("backfill %d got %d events", i, len(frames[i]))
+		}
+		for j := range 200 {
+			if &frames[i][j][0] != &frames[0][j][0] {
+				t.Fatalf("backfill %d encoded event %d again", i, j+1)
+			}
+		}
+	}
+	if q := st.queries.Load(); q > concurrency*10+backfills {
+		t.Errorf("%d queries for %d backfills of the same 10 full pages", q, backfills)
+	}
+	if n := enc.calls.Load(); n > concurrency*200+backfills*5 {
+		t.Errorf("%d encodings for %d backfills of the same 205 events", n, backfills)
 	}
 }
 
 func TestBackfill(t *testing.T) {
+	t.Parallel()
 	st := &memStore{pruned: 10}
 	st.add(5) // ids 11..15
-	h := New(st, Options{})
+	enc := &encoder{}
+	h := New(st, Options{Encode: enc.encode, BackfillPage: 2})
 	var ids []int64
-	err := h.Backfill(context.Background(), 11, 14, func(e registry.NodeEvent) error {
+	err := h.Backfill(context.Background(), 11, 14, func(e registry.NodeEvent, _ []byte) error {
 		ids = append(ids, e.ID)
 		return nil
 	})
 	if err != nil || len(ids) != 3 || ids[0] != 12 || ids[2] != 14 {
 		t.Fatalf("backfill (11, 14]: %v %v", ids, err)
 	}
-	if err := h.Backfill(context.Background(), 9, 15, func(registry.NodeEvent) error { return nil }); err != ErrTooOld {
+	if err := h.Backfill(context.Background(), 9, 15, func(registry.NodeEvent, []byte) error { return nil }); err != ErrTooOld {
 		t.Errorf("resume below the pruned horizon: %v", err)
+	}
+	// A canceled backfill waiting for a slot gives up.
+	h.backfills <- struct{}{}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := h.Backfill(ctx, 11, 15, func(registry.NodeEvent, []byte) error { return nil }); !errors.Is(err, context.Canceled) {
+		t.Errorf("canceled while waiting for a slot: %v", err)
+	}
+}
+
+// When the hub stops, every stream ends, and a late subscriber gets a
+// stream that has already ended.
+func TestStopEndsStreams(t *testing.T) {
+	t.Parallel()
+	st := &memStore{}
+	enc := &encoder{}
+	h := New(st, Options{Encode: enc.encode, Poll: 10 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { h.Run(ctx); close(done) }()
+	s := subscribe(t, h, "a")
+	cancel()
+	<-done
+	if !isDone(s) {
+		t.Error("a stream outlived the hub")
+	}
+	if late := subscribe(t, h, "a"); !isDone(late) {
+		t.Error("a stream opened after the hub stopped is live")
+	}
+}
+
+func TestNewRequiresEncode(t *testing.T) {
+	t.Parallel()
+	defer func() {
+		if recover() == nil {
+			t.Error("New without Encode did not panic")
+		}
+	}()
+	New(&memStore{}, Options{})
+}
+
+// The page cache stays within its budget, dropping the least recently
+// used page first.
+func TestPageCacheBudget(t *testing.T) {
+	t.Parallel()
+	c := pageCache{budget: 3 * frameSize, byAfter: map[int64]*list.Element{}}
+	for after := range int64(3) {
+		c.put(&page{after: after, bytes: frameSize})
+	}
+	c.get(0) // now 1 is the least recently used
+	c.put(&page{after: 3, bytes: frameSize})
+	if c.get(1) != nil || c.get(0) == nil || c.get(2) == nil || c.get(3) == nil {
+		t.Error("the least recently used page was not the one dropped")
+	}
+	if c.put(&page{after: 9, bytes: 4 * frameSize}); c.get(9) != nil {
+		t.Error("a page over the whole budget was kept")
+	}
+	if c.size > c.budget {
+		t.Errorf("size %d over budget %d", c.size, c.budget)
+	}
+	p := &page{after: 2, bytes: frameSize}
+	if got := c.put(p); got == p {
+		t.Error("a second page for the same id replaced the first")
 	}
 }
