@@ -1,0 +1,321 @@
+package auth
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+)
+
+// MaxTokenBytes bounds a token's length. Identity-provider tokens with many
+// claims run to a few KiB; anything longer is refused before it is parsed.
+const MaxTokenBytes = 16 << 10
+
+// maxJSONDepth bounds nesting inside a token's header and claims; registryd
+// reads flat members only.
+const maxJSONDepth = 16
+
+// CheckCompact checks raw as a JWS compact serialization more strictly than
+// the JWT library does, before the library parses it, and returns the
+// claims' members. Refused, each with a reason safe to show the caller:
+//   - anything but three non-empty base64url parts (unpadded, canonical);
+//   - a header or claims set that is not exactly one JSON object, holds
+//     invalid UTF-8 or a lone surrogate escape, or names any member twice at
+//     any depth (the library would let the last one win);
+//   - a "crit" header member: RFC 7515 §4.1.11 says a recipient must refuse
+//     extensions it does not understand, and registryd understands none;
+//   - header and claim members of the wrong JSON type: "alg", "typ", "cty",
+//     "kid", "sub", "role", "iss", "jti" strings; "exp" (required), "nbf",
+//     "iat" numbers, not strings that look like numbers; "aud" a string or
+//     an array of strings; "ips" an array of strings.
+//
+// It never verifies the signature; Verify does both.
+func CheckCompact(raw string) (map[string]json.RawMessage, error) {
+	if len(raw) > MaxTokenBytes {
+		return nil, &TokenError{Reason: fmt.Sprintf("the token is longer than %d bytes", MaxTokenBytes)}
+	}
+	parts := strings.Split(raw, ".")
+	if len(parts) != 3 {
+		return nil, &TokenError{Reason: "the token is malformed: a JWS has three dot-separated parts"}
+	}
+	var segs [3][]byte
+	for i, p := range parts {
+		b, err := decodeSegment(p)
+		if err != nil {
+			return nil, &TokenError{Reason: "the token is malformed: " + [3]string{"header", "claims", "signature"}[i] + " " + err.Error()}
+		}
+		segs[i] = b
+	}
+	header, err := strictObject(segs[0])
+	if err != nil {
+		return nil, &TokenError{Reason: "the token header " + err.Error()}
+	}
+	if _, ok := header["crit"]; ok {
+		return nil, &TokenError{Reason: `the token header names critical extensions ("crit"); registryd supports none`}
+	}
+	if _, ok := header["alg"]; !ok {
+		return nil, &TokenError{Reason: `the token header has no "alg"`}
+	}
+	for _, name := range []string{"alg", "typ", "cty", "kid"} {
+		if v, ok := header[name]; ok && kind(v) != '"' {
+			return nil, &TokenError{Reason: fmt.Sprintf("the token header member %q must be a string", name)}
+		}
+	}
+	claims, err := strictObject(segs[1])
+	if err != nil {
+		return nil, &TokenError{Reason: "the token's claims set " + err.Error()}
+	}
+	if err := checkClaimTypes(claims); err != nil {
+		return nil, err
+	}
+	return claims, nil
+}
+
+// decodeSegment decodes one unpadded base64url part. Strict decoding
+// refuses non-zero padding bits, so every part has one spelling and a token
+// cannot be varied without breaking its signature.
+func decodeSegment(s string) ([]byte, error) {
+	if s == "" {
+		return nil, errors.New("is empty")
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '-' || c == '_') {
+			return nil, errors.New("is not unpadded base64url")
+		}
+	}
+	b, err := base64.RawURLEncoding.Strict().DecodeString(s)
+	if err != nil {
+		return nil, errors.New("is not canonical base64url")
+	}
+	return b, nil
+}
+
+func checkClaimTypes(c map[string]json.RawMessage) error {
+	wrong := func(name, want string) error {
+		return &TokenError{Reason: fmt.Sprintf("the %q claim must be %s", name, want)}
+	}
+	if _, ok := c["exp"]; !ok {
+		return &TokenError{Reason: `the "exp" claim is missing`}
+	}
+	for _, name := range []string{"exp", "nbf", "iat"} {
+		v, ok := c[name]
+		if !ok {
+			continue
+		}
+		if kind(v) != '0' {
+			return wrong(name, "a JSON number (seconds since 1970)")
+		}
+		if _, err := strconv.ParseFloat(string(v), 64); err != nil {
+			return wrong(name, "a number of seconds within range")
+		}
+	}
+	for _, name := range []string{"sub", "role", "iss", "jti"} {
+		if v, ok := c[name]; ok && kind(v) != '"' {
+			return wrong(name, "a string")
+		}
+	}
+	if v, ok := c["aud"]; ok && kind(v) != '"' && !stringArray(v) {
+		return wrong("aud", "a string or an array of strings")
+	}
+	if v, ok := c["ips"]; ok && !stringArray(v) {
+		return wrong("ips", "an array of address or CIDR strings")
+	}
+	return nil
+}
+
+// kind is the JSON type of v by its first byte: '"' string, '0' number,
+// '{' object, '[' array, 't'/'f' boolean, 'n' null.
+func kind(v json.RawMessage) byte {
+	if len(v) == 0 {
+		return 0
+	}
+	switch c := v[0]; {
+	case c == '-' || '0' <= c && c <= '9':
+		return '0'
+	case c == 'f':
+		return 't'
+	default:
+		return c
+	}
+}
+
+func stringArray(v json.RawMessage) bool {
+	if kind(v) != '[' {
+		return false
+	}
+	var items []json.RawMessage
+	if json.Unmarshal(v, &items) != nil {
+		return false
+	}
+	for _, it := range items {
+		if kind(it) != '"' {
+			return false
+		}
+	}
+	return true
+}
+
+// strictObject reads data as exactly one JSON object and returns its
+// members, refusing what encoding/json would quietly accept.
+func strictObject(data []byte) (map[string]json.RawMessage, error) {
+	if !utf8.Valid(data) {
+		return nil, errors.New("is not valid UTF-8")
+	}
+	if err := checkEscapes(data); err != nil {
+		return nil, err
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, errors.New("is not JSON")
+	}
+	if tok != json.Delim('{') {
+		return nil, errors.New("is not a JSON object")
+	}
+	if err := walkObject(dec, 1); err != nil {
+		return nil, err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, errors.New("has data after its JSON object")
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(data, &m); err != nil {
+		return nil, errors.New("is not a JSON object")
+	}
+	return m, nil
+}
+
+// walkObject consumes the members of an object whose '{' was read,
+// refusing a member name seen twice.
+func walkObject(dec *json.Decoder, depth int) error {
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return errors.New("is not valid JSON")
+		}
+		name, ok := tok.(string)
+		if !ok {
+			return errors.New("is not valid JSON")
+		}
+		if seen[name] {
+			return fmt.Errorf("has the member %s twice", showName(name))
+		}
+		seen[name] = true
+		if err := walkValue(dec, depth); err != nil {
+			return err
+		}
+	}
+	if _, err := dec.Token(); err != nil {
+		return errors.New("is not valid JSON")
+	}
+	return nil
+}
+
+func walkValue(dec *json.Decoder, depth int) error {
+	tok, err := dec.Token()
+	if err != nil {
+		return errors.New("is not valid JSON")
+	}
+	d, ok := tok.(json.Delim)
+	if !ok {
+		return nil
+	}
+	if depth >= maxJSONDepth {
+		return fmt.Errorf("nests deeper than %d levels", maxJSONDepth)
+	}
+	switch d {
+	case '{':
+		return walkObject(dec, depth+1)
+	case '[':
+		for dec.More() {
+			if err := walkValue(dec, depth+1); err != nil {
+				return err
+			}
+		}
+		if _, err := dec.Token(); err != nil {
+			return errors.New("is not valid JSON")
+		}
+		return nil
+	}
+	return errors.New("is not valid JSON")
+}
+
+// showName quotes a member name for a message when it is short and plain;
+// the name comes from the token and the message goes back to the caller.
+func showName(name string) string {
+	if len(name) > 32 {
+		return "(a long name)"
+	}
+	for _, r := range name {
+		if r < 0x20 || r > 0x7e {
+			return "(a name with unusual characters)"
+		}
+	}
+	return strconv.Quote(name)
+}
+
+// checkEscapes refuses \u escapes of lone UTF-16 surrogates, which
+// encoding/json silently turns into U+FFFD: the claim would not be what
+// was signed.
+func checkEscapes(data []byte) error {
+	inString := false
+	for i := 0; i < len(data); i++ {
+		c := data[i]
+		if !inString {
+			if c == '"' {
+				inString = true
+			}
+			continue
+		}
+		switch c {
+		case '"':
+			inString = false
+		case '\\':
+			if i+1 >= len(data) {
+				return nil // malformed; the decoder says so
+			}
+			i++
+			if data[i] != 'u' {
+				continue
+			}
+			r, ok := hex4(data, i+1)
+			if !ok {
+				return nil
+			}
+			i += 4
+			switch {
+			case 0xDC00 <= r && r <= 0xDFFF:
+				return errors.New("holds a lone surrogate escape")
+			case 0xD800 <= r && r <= 0xDBFF:
+				if i+2 >= len(data) || data[i+1] != '\\' || data[i+2] != 'u' {
+					return errors.New("holds a lone surrogate escape")
+				}
+				lo, ok := hex4(data, i+3)
+				if !ok || lo < 0xDC00 || lo > 0xDFFF {
+					return errors.New("holds a lone surrogate escape")
+				}
+				i += 6
+			}
+		}
+	}
+	return nil
+}
+
+func hex4(data []byte, at int) (rune, bool) {
+	if at+4 > len(data) {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(string(data[at:at+4]), 16, 32)
+	if err != nil {
+		return 0, false
+	}
+	return rune(n), true
+}
