@@ -32,7 +32,9 @@ const maxJSONDepth = 16
 //   - header and claim members of the wrong JSON type: "alg", "typ", "cty",
 //     "kid", "sub", "role", "iss", "jti" strings; "exp" (required), "nbf",
 //     "iat" numbers, not strings that look like numbers; "aud" a string or
-//     an array of strings; "ips" an array of strings.
+//     an array of strings; "ips" an array of strings;
+//   - claim names that differ from those only in case ("Role", "EXP"),
+//     which encoding/json would read as them.
 //
 // It never verifies the signature; Verify does both.
 func CheckCompact(raw string) (map[string]json.RawMessage, error) {
@@ -96,9 +98,22 @@ func decodeSegment(s string) ([]byte, error) {
 	return b, nil
 }
 
+// claimNames are the claims registryd reads.
+var claimNames = []string{"sub", "role", "exp", "nbf", "iat", "iss", "aud", "jti", "ips"}
+
 func checkClaimTypes(c map[string]json.RawMessage) error {
 	wrong := func(name, want string) error {
 		return &TokenError{Reason: fmt.Sprintf("the %q claim must be %s", name, want)}
+	}
+	// encoding/json matches member names to struct fields without regard
+	// to case (Unicode folding, even "ſub"), so "SUB" would be read as
+	// "sub" and skip the checks below: only the exact names count.
+	for name := range c {
+		for _, known := range claimNames {
+			if name != known && strings.EqualFold(name, known) {
+				return &TokenError{Reason: fmt.Sprintf("the claim %s differs from %q only in case", showName(name), known)}
+			}
+		}
 	}
 	if _, ok := c["exp"]; !ok {
 		return &TokenError{Reason: `the "exp" claim is missing`}

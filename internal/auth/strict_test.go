@@ -74,6 +74,13 @@ func TestVerifyRefusesLenientTokens(t *testing.T) {
 		{"jti as a number", rawToken(secret, hs, claims(`,"jti":7`)), rawToken(secret, hs, claims(`,"jti":"7"`)), `"jti" claim must be a string`},
 		{"typ as a number", rawToken(secret, `{"alg":"HS256","typ":1}`, claims("")), good, `"typ" must be a string`},
 		{"padded segment", strings.Replace(good, ".", "=.", 1), good, "base64url"},
+		// encoding/json reads member names without regard to case.
+		{"role differing in case, after role",
+			rawToken(secret, hs, fmt.Sprintf(`{"sub":"agent-7","role":"agent","Role":"admin","iat":%d,"exp":%d}`, iat, exp)), good, `"Role" differs from "role" only in case`},
+		{"sub spelled with a long s",
+			rawToken(secret, hs, fmt.Sprintf(`{"ſub":"agent-7","role":"agent","iat":%d,"exp":%d}`, iat, exp)), good, "only in case"},
+		{"EXP as a string",
+			rawToken(secret, hs, fmt.Sprintf(`{"sub":"agent-7","role":"agent","iat":%d,"exp":%d,"EXP":"%d"}`, iat, exp, exp)), good, "only in case"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := v.Verify(tc.twin); err != nil {
