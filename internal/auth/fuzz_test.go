@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"reflect"
+	"regexp"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -114,4 +115,94 @@ func FuzzVerify(f *testing.F) {
 			t.Fatalf("accepted once as %+v, then %+v, %v", p, again, err)
 		}
 	})
+}
+
+// loneSurrogate roughly spots a \u escape of a surrogate, for the oracle
+// below; a pair also matches, so the oracle then makes no claim.
+var loneSurrogate = regexp.MustCompile(`\\u[dD][89a-fA-F]`)
+
+// FuzzStrictObject holds the strict JSON scanner to encoding/json: what it
+// accepts is valid UTF-8 JSON, one object with unique member names, whose
+// members are exactly what encoding/json reads; and every such object
+// without surrogate escapes is accepted. Seeds are in
+// testdata/fuzz/FuzzStrictObject.
+func FuzzStrictObject(f *testing.F) {
+	f.Fuzz(func(t *testing.T, data []byte) {
+		members, err := strictObject(data)
+		keys, object := topLevelKeys(data)
+		valid := json.Valid(data) && utf8.Valid(data) && object
+		if err != nil {
+			if valid && unique(keys) && !loneSurrogate.Match(data) && !deep(data) && !nestedDuplicate(data) {
+				t.Fatalf("refused %q: %v", data, err)
+			}
+			return
+		}
+		if !valid || !unique(keys) {
+			t.Fatalf("accepted %q", data)
+		}
+		var want map[string]json.RawMessage
+		if err := json.Unmarshal(data, &want); err != nil {
+			t.Fatalf("accepted %q, which encoding/json refuses: %v", data, err)
+		}
+		if len(want) != len(members) {
+			t.Fatalf("members %q, encoding/json reads %q", members, want)
+		}
+		for k, v := range want {
+			if !bytes.Equal(members[k], v) {
+				t.Fatalf("member %q: %q, encoding/json reads %q", k, members[k], v)
+			}
+		}
+	})
+}
+
+// deep reports whether data nests deeper than the scanner allows.
+func deep(data []byte) bool {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	depth := 0
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return false
+		}
+		switch tok {
+		case json.Delim('{'), json.Delim('['):
+			if depth++; depth >= maxJSONDepth {
+				return true
+			}
+		case json.Delim('}'), json.Delim(']'):
+			depth--
+		}
+	}
+}
+
+// nestedDuplicate reports whether some object below the top names a
+// member twice, decoding each object into a map and counting its keys.
+func nestedDuplicate(data []byte) bool {
+	var walk func(v json.RawMessage, top bool) bool
+	walk = func(v json.RawMessage, top bool) bool {
+		switch kind(bytes.TrimSpace(v)) {
+		case '{':
+			keys, _ := topLevelKeys(v)
+			if !top && !unique(keys) {
+				return true
+			}
+			var m map[string]json.RawMessage
+			json.Unmarshal(v, &m)
+			for _, c := range m {
+				if walk(c, false) {
+					return true
+				}
+			}
+		case '[':
+			var items []json.RawMessage
+			json.Unmarshal(v, &items)
+			for _, c := range items {
+				if walk(c, false) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	return walk(data, true)
 }

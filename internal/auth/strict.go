@@ -1,12 +1,11 @@
 package auth
 
 import (
-	"bytes"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -177,90 +176,176 @@ func stringArray(v json.RawMessage) bool {
 }
 
 // strictObject reads data as exactly one JSON object and returns its
-// members, refusing what encoding/json would quietly accept.
+// members, refusing what encoding/json would quietly accept: invalid
+// UTF-8, lone surrogate escapes, a member name twice at any depth, and
+// anything after the object.
 func strictObject(data []byte) (map[string]json.RawMessage, error) {
 	if !utf8.Valid(data) {
 		return nil, errors.New("is not valid UTF-8")
 	}
-	if err := checkEscapes(data); err != nil {
-		return nil, err
+	// json.Valid checks the syntax (one value, nothing after it) without
+	// allocating; the scan below can then walk the bytes trusting it.
+	if !json.Valid(data) {
+		return nil, errors.New("is not valid JSON")
 	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	tok, err := dec.Token()
-	if err != nil {
-		return nil, errors.New("is not JSON")
-	}
-	if tok != json.Delim('{') {
+	sc := scanner{data: data}
+	sc.skipSpace()
+	if sc.data[sc.i] != '{' {
 		return nil, errors.New("is not a JSON object")
 	}
-	if err := walkObject(dec, 1); err != nil {
+	members := map[string]json.RawMessage{}
+	if err := sc.object(1, members); err != nil {
 		return nil, err
 	}
-	if _, err := dec.Token(); err != io.EOF {
-		return nil, errors.New("has data after its JSON object")
-	}
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(data, &m); err != nil {
-		return nil, errors.New("is not a JSON object")
-	}
-	return m, nil
+	return members, nil
 }
 
-// walkObject consumes the members of an object whose '{' was read,
-// refusing a member name seen twice.
-func walkObject(dec *json.Decoder, depth int) error {
-	seen := map[string]bool{}
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return errors.New("is not valid JSON")
-		}
-		name, ok := tok.(string)
-		if !ok {
-			return errors.New("is not valid JSON")
-		}
-		if seen[name] {
-			return fmt.Errorf("has the member %s twice", showName(name))
-		}
-		seen[name] = true
-		if err := walkValue(dec, depth); err != nil {
-			return err
-		}
+// scanner walks JSON that json.Valid accepted.
+type scanner struct {
+	data []byte
+	i    int
+}
+
+func (s *scanner) skipSpace() {
+	for s.i < len(s.data) && (s.data[s.i] == ' ' || s.data[s.i] == '\t' || s.data[s.i] == '\n' || s.data[s.i] == '\r') {
+		s.i++
 	}
-	if _, err := dec.Token(); err != nil {
-		return errors.New("is not valid JSON")
+}
+
+// value consumes one value at s.i.
+func (s *scanner) value(depth int) error {
+	s.skipSpace()
+	switch s.data[s.i] {
+	case '{', '[':
+		if depth >= maxJSONDepth {
+			return fmt.Errorf("nests deeper than %d levels", maxJSONDepth)
+		}
+		if s.data[s.i] == '{' {
+			return s.object(depth+1, nil)
+		}
+		return s.array(depth + 1)
+	case '"':
+		_, err := s.str()
+		return err
+	}
+	for s.i < len(s.data) && !strings.ContainsRune(",}] \t\n\r", rune(s.data[s.i])) {
+		s.i++
 	}
 	return nil
 }
 
-func walkValue(dec *json.Decoder, depth int) error {
-	tok, err := dec.Token()
-	if err != nil {
-		return errors.New("is not valid JSON")
+// object consumes the object at s.i, refusing a member name seen twice;
+// with top set it also records each member's raw value.
+func (s *scanner) object(depth int, top map[string]json.RawMessage) error {
+	s.i++             // {
+	var seen []string // objects in tokens are small: a slice beats a map
+	for {
+		s.skipSpace()
+		if s.data[s.i] == '}' {
+			s.i++
+			return nil
+		}
+		if s.data[s.i] == ',' {
+			s.i++
+			s.skipSpace()
+		}
+		name, err := s.str()
+		if err != nil {
+			return err
+		}
+		if slices.Contains(seen, name) {
+			return fmt.Errorf("has the member %s twice", showName(name))
+		}
+		seen = append(seen, name)
+		s.skipSpace()
+		s.i++ // :
+		s.skipSpace()
+		start := s.i
+		if err := s.value(depth); err != nil {
+			return err
+		}
+		if top != nil {
+			top[name] = json.RawMessage(s.data[start:s.i])
+		}
 	}
-	d, ok := tok.(json.Delim)
-	if !ok {
-		return nil
+}
+
+func (s *scanner) array(depth int) error {
+	s.i++ // [
+	for {
+		s.skipSpace()
+		switch s.data[s.i] {
+		case ']':
+			s.i++
+			return nil
+		case ',':
+			s.i++
+		}
+		if err := s.value(depth); err != nil {
+			return err
+		}
 	}
-	if depth >= maxJSONDepth {
-		return fmt.Errorf("nests deeper than %d levels", maxJSONDepth)
-	}
-	switch d {
-	case '{':
-		return walkObject(dec, depth+1)
-	case '[':
-		for dec.More() {
-			if err := walkValue(dec, depth+1); err != nil {
-				return err
+}
+
+// str consumes the string at s.i and returns it decoded, refusing \u
+// escapes of lone UTF-16 surrogates, which encoding/json silently turns
+// into U+FFFD: the claim would not be what was signed.
+func (s *scanner) str() (string, error) {
+	start := s.i
+	s.i++ // "
+	escaped := false
+	for s.data[s.i] != '"' {
+		if s.data[s.i] != '\\' {
+			s.i++
+			continue
+		}
+		escaped = true
+		if s.data[s.i+1] != 'u' {
+			s.i += 2
+			continue
+		}
+		r := hex4(s.data[s.i+2 : s.i+6])
+		s.i += 6
+		switch {
+		case 0xDC00 <= r && r <= 0xDFFF:
+			return "", errors.New("holds a lone surrogate escape")
+		case 0xD800 <= r && r <= 0xDBFF:
+			if s.i+6 > len(s.data) || s.data[s.i] != '\\' || s.data[s.i+1] != 'u' {
+				return "", errors.New("holds a lone surrogate escape")
 			}
+			if lo := hex4(s.data[s.i+2 : s.i+6]); lo < 0xDC00 || lo > 0xDFFF {
+				return "", errors.New("holds a lone surrogate escape")
+			}
+			s.i += 6
 		}
-		if _, err := dec.Token(); err != nil {
-			return errors.New("is not valid JSON")
-		}
-		return nil
 	}
-	return errors.New("is not valid JSON")
+	s.i++ // "
+	raw := s.data[start:s.i]
+	if !escaped {
+		return string(raw[1 : len(raw)-1]), nil
+	}
+	var out string
+	if err := json.Unmarshal(raw, &out); err != nil {
+		return "", errors.New("is not valid JSON")
+	}
+	return out, nil
+}
+
+// hex4 reads four hex digits that json.Valid has vouched for.
+func hex4(b []byte) rune {
+	var r rune
+	for _, c := range b {
+		r <<= 4
+		switch {
+		case '0' <= c && c <= '9':
+			r |= rune(c - '0')
+		case 'a' <= c && c <= 'f':
+			r |= rune(c - 'a' + 10)
+		default:
+			r |= rune(c - 'A' + 10)
+		}
+	}
+	return r
 }
 
 // showName quotes a member name for a message when it is short and plain;
@@ -275,62 +360,4 @@ func showName(name string) string {
 		}
 	}
 	return strconv.Quote(name)
-}
-
-// checkEscapes refuses \u escapes of lone UTF-16 surrogates, which
-// encoding/json silently turns into U+FFFD: the claim would not be what
-// was signed.
-func checkEscapes(data []byte) error {
-	inString := false
-	for i := 0; i < len(data); i++ {
-		c := data[i]
-		if !inString {
-			if c == '"' {
-				inString = true
-			}
-			continue
-		}
-		switch c {
-		case '"':
-			inString = false
-		case '\\':
-			if i+1 >= len(data) {
-				return nil // malformed; the decoder says so
-			}
-			i++
-			if data[i] != 'u' {
-				continue
-			}
-			r, ok := hex4(data, i+1)
-			if !ok {
-				return nil
-			}
-			i += 4
-			switch {
-			case 0xDC00 <= r && r <= 0xDFFF:
-				return errors.New("holds a lone surrogate escape")
-			case 0xD800 <= r && r <= 0xDBFF:
-				if i+2 >= len(data) || data[i+1] != '\\' || data[i+2] != 'u' {
-					return errors.New("holds a lone surrogate escape")
-				}
-				lo, ok := hex4(data, i+3)
-				if !ok || lo < 0xDC00 || lo > 0xDFFF {
-					return errors.New("holds a lone surrogate escape")
-				}
-				i += 6
-			}
-		}
-	}
-	return nil
-}
-
-func hex4(data []byte, at int) (rune, bool) {
-	if at+4 > len(data) {
-		return 0, false
-	}
-	n, err := strconv.ParseUint(string(data[at:at+4]), 16, 32)
-	if err != nil {
-		return 0, false
-	}
-	return rune(n), true
 }
