@@ -31,6 +31,9 @@ type config struct {
 	JWTIssuer     string             // REGISTRY_JWT_ISSUER
 	JWTAudience   string             // REGISTRY_JWT_AUDIENCE
 
+	TokenLifetimes auth.Lifetimes // REGISTRY_TOKEN_MAX_TTL, REGISTRY_ADMIN_TOKEN_MAX_TTL
+	AgentRequireIP bool           // REGISTRY_AGENT_REQUIRE_IP: agent tokens must carry "ips"
+
 	WatchRetention time.Duration // REGISTRY_WATCH_RETENTION: how long watch events stay resumable
 
 	limits // connections and watch streams
@@ -195,11 +198,32 @@ func loadConfig(getenv func(string) string) (config, error) {
 			errs = append(errs, fmt.Sprintf("REGISTRY_JWT_PUBLIC_KEYS: %v", err))
 		}
 	}
+	c.TokenLifetimes = auth.Lifetimes{Max: auth.DefaultMaxTTL, Admin: auth.DefaultAdminMaxTTL}
+	for name, dst := range map[string]*time.Duration{"REGISTRY_TOKEN_MAX_TTL": &c.TokenLifetimes.Max, "REGISTRY_ADMIN_TOKEN_MAX_TTL": &c.TokenLifetimes.Admin} {
+		if v := getenv(name); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil || d < time.Minute || d > maxTokenTTL {
+				errs = append(errs, fmt.Sprintf("%s=%q: want a duration between 1m and %s, such as 24h", name, v, auth.FormatDuration(maxTokenTTL)))
+			}
+			*dst = d
+		}
+	}
+	if v := getenv("REGISTRY_AGENT_REQUIRE_IP"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			errs = append(errs, fmt.Sprintf("REGISTRY_AGENT_REQUIRE_IP=%q: want true or false", v))
+		}
+		c.AgentRequireIP = b
+	}
 	if len(errs) > 0 {
 		return c, fmt.Errorf("configuration: %s", strings.Join(errs, "; "))
 	}
 	return c, nil
 }
+
+// maxTokenTTL bounds the token lifetime caps: a year is already more than
+// a bearer token should live.
+const maxTokenTTL = 365 * 24 * time.Hour
 
 func or(v, def string) string {
 	if v == "" {

@@ -3,6 +3,7 @@
 //	registryd serve                    the HTTP server
 //	registryd migrate up|down|status   schema migrations
 //	registryd token --sub S --role R   a signed bearer token
+//	registryd token revoke --sub S     stop tokens before they expire
 //	registryd sync --once              one import pass of every provider
 //
 // Configuration comes from REGISTRY_* environment variables; see README.md.
@@ -37,8 +38,11 @@ const usage = `usage: registryd <command> [flags]
 commands:
   serve                    run the HTTP server (REGISTRY_LISTEN, default 127.0.0.1:8080)
   migrate up|down|status   apply, roll back one, or list schema migrations
-  token --sub NAME --role ROLE [--ttl 24h]
-                           print a signed token (admin, scheduler, agent, reader)
+  token --sub NAME --role ROLE [--ttl 24h] [--ip ADDR|CIDR ...]
+                           print a signed token (admin, scheduler, agent, reader);
+                           --ip binds an agent token to its hosts
+  token revoke --sub NAME | --jti ID
+                           revoke a principal's tokens, or one token
   sync --once              import the inventory of every configured cloud once
 
 Without REGISTRY_DATABASE_URL, registryd runs its own PostgreSQL in

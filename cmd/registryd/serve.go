@@ -24,6 +24,7 @@ import (
 	"github.com/registryd/registryd/internal/heartbeat"
 	"github.com/registryd/registryd/internal/pglocal"
 	"github.com/registryd/registryd/internal/registry"
+	"github.com/registryd/registryd/internal/revoke"
 	"github.com/registryd/registryd/internal/store"
 	"github.com/registryd/registryd/internal/watch"
 )
@@ -242,8 +243,18 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 	if err != nil {
 		return err
 	}
+	// Revocations are checked from memory; no token is accepted before the
+	// list is loaded (the verifier fails closed until then, and serving
+	// waits for it below).
+	revocations := revoke.New(db.store, revoke.Options{Channel: store.RevocationsChannel,
+		Keep: cfg.TokenLifetimes.Longest() + 2*auth.Leeway, Leeway: auth.Leeway, Logger: logger})
+	revokeCtx, stopRevoke := context.WithCancel(ctx)
+	revokeDone := make(chan struct{})
+	go func() { revocations.Run(revokeCtx); close(revokeDone) }()
+	defer func() { stopRevoke(); <-revokeDone }()
 	verifier, err := auth.NewVerifier(auth.Config{Secret: secret, PublicKeys: cfg.JWTPublicKeys,
-		Issuer: cfg.JWTIssuer, Audience: cfg.JWTAudience})
+		Issuer: cfg.JWTIssuer, Audience: cfg.JWTAudience, Lifetimes: cfg.TokenLifetimes,
+		RequireAgentIPs: cfg.AgentRequireIP, Revocations: revocations})
 	if err != nil {
 		return err
 	}
@@ -320,18 +331,26 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 	if err != nil {
 		return err
 	}
+	select {
+	case <-revocations.Loaded():
+	case <-ctx.Done():
+		return nil
+	case <-time.After(30 * time.Second):
+		return errors.New("could not load the token revocation list within 30s; is the database reachable?")
+	}
 	addr := "http://" + ln.Addr().String()
 	logger.Info("registryd listening", "addr", addr, "embedded_postgres", db.embedded)
 	fmt.Fprintf(stdout, "registryd is serving on %s\n", addr)
 	if db.embedded && cfg.JWTSecret == nil && secret != nil {
 		// The embedded default is for a person at a terminal: hand them a
 		// working admin token (signed with the data directory's secret).
-		tok, err := auth.Signer{Secret: secret, Issuer: cfg.JWTIssuer, Audience: cfg.JWTAudience}.
-			Sign("admin", registry.RoleAdmin, 24*time.Hour, time.Now())
+		ttl := min(24*time.Hour, cfg.TokenLifetimes.For(registry.RoleAdmin))
+		tok, err := auth.Signer{Secret: secret, Issuer: cfg.JWTIssuer, Audience: cfg.JWTAudience, Lifetimes: cfg.TokenLifetimes}.
+			Sign("admin", registry.RoleAdmin, ttl, time.Now())
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "admin token (24h; more with `registryd token --sub NAME --role ROLE`):\n  export REGISTRY_TOKEN=%s\n  curl -s -X POST -H \"Authorization: Bearer $REGISTRY_TOKEN\" %s/v1/nodes/list\n", tok, addr)
+		fmt.Fprintf(stdout, "admin token (%s; more with `registryd token --sub NAME --role ROLE`):\n  export REGISTRY_TOKEN=%s\n  curl -s -X POST -H \"Authorization: Bearer $REGISTRY_TOKEN\" %s/v1/nodes/list\n", auth.FormatDuration(ttl), tok, addr)
 	}
 
 	errc := make(chan error, 1)

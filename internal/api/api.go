@@ -42,6 +42,8 @@ type Store interface {
 	ListHardware(ctx context.Context) ([]registry.Hardware, error)
 
 	ListAudit(ctx context.Context, f registry.AuditFilter) ([]registry.AuditEntry, error)
+
+	RevokeTokens(ctx context.Context, a registry.Actor, r registry.Revocation) (registry.Revocation, error)
 }
 
 // Config wires a Server.
@@ -169,6 +171,7 @@ func New(cfg Config) *Server {
 			r.With(write).Delete("/{pk:-?[0-9]+}", s.handle(s.deleteHardware))
 		})
 		r.With(s.require(registry.PermReadAudit)).Post("/audit/list", s.handle(s.listAudit))
+		r.With(s.require(registry.PermRevokeTokens)).Post("/tokens/revoke", s.handle(s.revokeTokens))
 	})
 	s.router = r
 	return s

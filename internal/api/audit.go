@@ -40,8 +40,8 @@ func (s *Server) listAudit(w http.ResponseWriter, r *http.Request) error {
 	f := newFields(obj)
 	var af registry.AuditFilter
 	if o := f.string("target_type", false); o.Set {
-		if o.Value != "node" && o.Value != "hardware" {
-			f.errs.Add("target_type", "must be node or hardware")
+		if o.Value != "node" && o.Value != "hardware" && o.Value != "token" {
+			f.errs.Add("target_type", "must be node, hardware or token")
 		}
 		af.TargetType = &o.Value
 	}

@@ -63,23 +63,105 @@ func (e *unauthorized) challenge() string {
 	return `Bearer realm="registryd", error="invalid_token", error_description="` + desc + `"`
 }
 
+// errNoBearer is the answer to a request without usable credentials: a
+// challenge, not invalid_token, since no token was looked at.
+var errNoBearer = &unauthorized{detail: "this endpoint needs a bearer token: Authorization: Bearer <JWT>"}
+
+// parseBearer reads the token from the request's Authorization header
+// values. More than one header is a 400 (which one would count is up to
+// whichever proxy reorders them); none, or another scheme, is a 401
+// challenge; credentials that are not a token68 (RFC 9110 §11.2) are an
+// invalid token. The scheme is case-insensitive and may be followed by
+// several spaces; nothing else is forgiven.
+func parseBearer(values []string) (string, error) {
+	switch len(values) {
+	case 0:
+		return "", errNoBearer
+	case 1:
+	default:
+		return "", badRequest("send one Authorization header, not " + strconv.Itoa(len(values)))
+	}
+	scheme, rest, ok := strings.Cut(values[0], " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", errNoBearer
+	}
+	token := strings.TrimLeft(rest, " ")
+	if token == "" {
+		return "", errNoBearer
+	}
+	if !isToken68(token) {
+		return "", &unauthorized{detail: "invalid token: the credentials are not a single token (RFC 6750 b64token)", invalid: true}
+	}
+	return token, nil
+}
+
+// isToken68 reports whether s is 1*( ALPHA / DIGIT / "-" / "." / "_" / "~"
+// / "+" / "/" ) *"=", the only credentials the Bearer scheme carries.
+func isToken68(s string) bool {
+	body := strings.TrimRight(s, "=")
+	if body == "" {
+		return false
+	}
+	for i := 0; i < len(body); i++ {
+		c := body[i]
+		if !('A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || '0' <= c && c <= '9' ||
+			c == '-' || c == '.' || c == '_' || c == '~' || c == '+' || c == '/') {
+			return false
+		}
+	}
+	return true
+}
+
 // authenticate requires a valid bearer token and puts its principal in the
 // request context. The token itself is never logged or echoed.
 func (s *Server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h := r.Header.Get("Authorization")
-		scheme, token, ok := strings.Cut(h, " ")
-		if h == "" || !ok || !strings.EqualFold(scheme, "Bearer") {
-			s.writeError(w, r, &unauthorized{detail: "this endpoint needs a bearer token: Authorization: Bearer <JWT>"})
+		token, err := parseBearer(r.Header.Values("Authorization"))
+		if err != nil {
+			s.writeError(w, r, err)
 			return
 		}
-		p, err := s.auth.Verify(strings.TrimSpace(token))
-		if err != nil {
+		p, err := s.auth.Verify(token)
+		switch {
+		case errors.Is(err, registry.ErrUnavailable):
+			// The token could not be checked (the revocation list is not
+			// loaded yet): the token may be fine, so no invalid_token.
+			s.writeError(w, r, err)
+			return
+		case err != nil:
 			s.writeError(w, r, &unauthorized{detail: err.Error(), invalid: true})
 			return
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), principalKey, p)))
 	})
+}
+
+// parseNodeID reads the Node-Id header values: absent (or one empty value)
+// is no node, ok false. Present, it must be one header holding a node pk
+// in plain decimal: digits only, no sign, no leading zero, at most int64.
+// Two headers are refused rather than letting the first win.
+func parseNodeID(values []string) (pk int64, ok bool, err error) {
+	switch {
+	case len(values) == 0 || len(values) == 1 && values[0] == "":
+		return 0, false, nil
+	case len(values) > 1:
+		return 0, false, badRequest("send one Node-Id header, not " + strconv.Itoa(len(values)))
+	}
+	raw := values[0]
+	bad := badRequest("the Node-Id header must be a node pk (a positive integer in plain decimal)")
+	if len(raw) > 19 || raw[0] < '1' || raw[0] > '9' {
+		return 0, false, bad
+	}
+	for i := 1; i < len(raw); i++ {
+		if raw[i] < '0' || raw[i] > '9' {
+			return 0, false, bad
+		}
+	}
+	pk, err = strconv.ParseInt(raw, 10, 64)
+	if err != nil {
+		return 0, false, bad
+	}
+	return pk, true, nil
 }
 
 // nodeID handles the Node-Id header: the request acts on behalf of that
@@ -88,14 +170,13 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 // be used to discover nodes. An allowed Node-Id is the node's heartbeat.
 func (s *Server) nodeID(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		raw := r.Header.Get("Node-Id")
-		if raw == "" {
-			next.ServeHTTP(w, r)
+		pk, ok, err := parseNodeID(r.Header.Values("Node-Id"))
+		if err != nil {
+			s.writeError(w, r, err)
 			return
 		}
-		pk, err := strconv.ParseInt(strings.TrimSpace(raw), 10, 64)
-		if err != nil || pk <= 0 {
-			s.writeError(w, r, badRequest("the Node-Id header must be a node pk (a positive integer)"))
+		if !ok {
+			next.ServeHTTP(w, r)
 			return
 		}
 		p := principalFrom(r.Context())
@@ -136,6 +217,7 @@ var permNames = map[registry.Permission]string{
 	registry.PermClaim:         "claim or release nodes",
 	registry.PermWriteHardware: "change hardware generations",
 	registry.PermReadAudit:     "read the audit log",
+	registry.PermRevokeTokens:  "revoke tokens",
 }
 
 // require refuses principals whose role lacks perm, before the handler
@@ -168,4 +250,17 @@ func mayWriteNode(r *http.Request, pk int64) error {
 		return registry.Errorf(registry.ErrForbidden, "Node-Id names node %d, but this request changes node %d; an agent may change only the node it acts as", *acting, pk)
 	}
 	return nil
+}
+
+// mayUseIP applies a bound agent token's address set to the address a
+// request would register, adopt or move a node to. It runs before the
+// store is asked anything, so the answer is the same whether or not a node
+// exists at ip.
+func mayUseIP(r *http.Request, ip string) error {
+	p := principalFrom(r.Context())
+	if p.MayUseIP(ip) {
+		return nil
+	}
+	return registry.Errorf(registry.ErrForbidden, "this token is bound to %s; it may not register, adopt or move a node to %s",
+		registry.FormatIPSet(p.IPs), ip)
 }

@@ -29,6 +29,7 @@ func TestAuthenticationRequired(t *testing.T) {
 		{"POST", "/v1/hardware/list"}, {"POST", "/v1/hardware/create"}, {"GET", "/v1/hardware/1"},
 		{"PUT", "/v1/hardware/1"}, {"PATCH", "/v1/hardware/1"}, {"DELETE", "/v1/hardware/1"},
 		{"POST", "/v1/audit/list"}, {"POST", "/v1/nodes/claim"}, {"POST", "/v1/nodes/release"},
+		{"POST", "/v1/tokens/revoke"},
 	} {
 		r := b.must(http.StatusUnauthorized, b.do(ep.method, ep.path, nil))
 		if got := r.header.Get("WWW-Authenticate"); got != `Bearer realm="registryd"` {
@@ -173,12 +174,16 @@ func TestPermissionMatrix(t *testing.T) {
 		name string
 		role registry.Role
 		sub  string
+		ips  []string // an agent token bound to these addresses
 	}
 	principals := []principal{
-		{"reader", registry.RoleReader, "reader-1"},
-		{"scheduler", registry.RoleScheduler, "sched-1"},
-		{"agent", registry.RoleAgent, "agent-a"}, // owns fixture.own
-		{"admin", registry.RoleAdmin, "admin-1"},
+		{"reader", registry.RoleReader, "reader-1", nil},
+		{"scheduler", registry.RoleScheduler, "sched-1", nil},
+		{"agent", registry.RoleAgent, "agent-a", nil}, // owns fixture.own
+		// The same agent with a token bound to the addresses nodes are
+		// created at (10.200/16), not those PUT moves them to (10.201/16).
+		{"bound agent", registry.RoleAgent, "agent-a", []string{"10.200.0.0/16"}},
+		{"admin", registry.RoleAdmin, "admin-1", nil},
 	}
 	// relation: which Node-Id is sent and which node the request targets.
 	relations := []string{"own", "other", "none", "malformed", "missing"}
@@ -226,13 +231,16 @@ func TestPermissionMatrix(t *testing.T) {
 			ok: 200, perm: registry.PermWriteHardware},
 		{name: "destroy hardware", method: "DELETE", path: hwPath, ok: 204, perm: registry.PermWriteHardware},
 		{name: "read audit log", method: "POST", path: func(fixture, int64) string { return "/v1/audit/list" }, ok: 200, perm: registry.PermReadAudit},
+		{name: "revoke tokens", method: "POST", path: func(fixture, int64) string { return "/v1/tokens/revoke" },
+			body: func(fixture) any { return map[string]any{"sub": fmt.Sprintf("nobody-%d", seq.Add(1))} }, ok: 200, perm: registry.PermRevokeTokens},
 	}
 	// The table of the issue: who may do what at all.
 	allowed := map[registry.Role]map[registry.Permission]bool{
 		registry.RoleReader:    {registry.PermRead: true},
 		registry.RoleScheduler: {registry.PermRead: true, registry.PermClaim: true},
 		registry.RoleAgent:     {registry.PermRead: true, registry.PermCreateNode: true, registry.PermWriteNode: true},
-		registry.RoleAdmin:     {registry.PermRead: true, registry.PermCreateNode: true, registry.PermWriteNode: true, registry.PermClaim: true, registry.PermWriteHardware: true, registry.PermReadAudit: true},
+		registry.RoleAdmin: {registry.PermRead: true, registry.PermCreateNode: true, registry.PermWriteNode: true, registry.PermClaim: true,
+			registry.PermWriteHardware: true, registry.PermReadAudit: true, registry.PermRevokeTokens: true},
 	}
 
 	expect := func(ep endpoint, p principal, rel string) int {
@@ -261,6 +269,10 @@ func TestPermissionMatrix(t *testing.T) {
 		}
 		// An agent writes a node only acting as that very node.
 		if ep.node && p.role == registry.RoleAgent && rel != "own" {
+			return 403
+		}
+		// A bound agent may not move a node outside its addresses.
+		if p.ips != nil && ep.name == "update node" {
 			return 403
 		}
 		return ep.ok
@@ -293,8 +305,12 @@ func TestPermissionMatrix(t *testing.T) {
 						t.Fatal(err)
 					}
 					before := b.snapshot(f, missing)
+					tok := tokenFor(t, p.sub, p.role)
+					if p.ips != nil {
+						tok = boundToken(t, p.sub, p.ips...)
+					}
 					r := b.do(ep.method, ep.path(f, target), body,
-						"Authorization", "Bearer "+tokenFor(t, p.sub, p.role), "Node-Id", nodeID)
+						"Authorization", "Bearer "+tok, "Node-Id", nodeID)
 					want := expect(ep, p, rel)
 					if r.status != want {
 						t.Fatalf("status %d, want %d; body %s", r.status, want, r.body)

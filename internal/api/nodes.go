@@ -116,6 +116,9 @@ func (s *Server) createNode(w http.ResponseWriter, r *http.Request) error {
 	if err := f.err(); err != nil {
 		return err
 	}
+	if err := mayUseIP(r, spec.IP); err != nil {
+		return err
+	}
 	n, adopted, err := s.store.CreateNode(r.Context(), actor(r), spec)
 	if err != nil {
 		return err
@@ -176,6 +179,15 @@ func (s *Server) writeNode(w http.ResponseWriter, r *http.Request, full bool) er
 	}
 	if err := f.err(); err != nil {
 		return err
+	}
+	// A bound token may not move a node outside its addresses. A bad
+	// address is left to validation (400).
+	if p.IP.Set {
+		if ip, err := registry.CanonicalIP(p.IP.Value); err == nil {
+			if err := mayUseIP(r, ip); err != nil {
+				return err
+			}
+		}
 	}
 	match := ifMatch(r)
 	n, err := s.store.UpdateNode(r.Context(), actor(r), pk, func(cur registry.Node) (registry.NodeSpec, error) {

@@ -5,6 +5,7 @@
 package auth
 
 import (
+	"cmp"
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/ed25519"
@@ -12,6 +13,7 @@ import (
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/x509"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/pem"
 	"errors"
@@ -38,6 +40,68 @@ const MinSecretBytes = 32
 // Leeway is the clock skew tolerated on exp, nbf and iat.
 const Leeway = 60 * time.Second
 
+// The default caps on token lifetimes. Admin tokens can do everything, so
+// a leaked one must die soon; agents and schedulers run unattended and get
+// longer ones.
+const (
+	DefaultMaxTTL      = 90 * 24 * time.Hour
+	DefaultAdminMaxTTL = 24 * time.Hour
+)
+
+// Lifetimes caps how long a token may live, by role.
+type Lifetimes struct {
+	Max   time.Duration // reader, scheduler and agent tokens; DefaultMaxTTL when 0
+	Admin time.Duration // admin tokens; DefaultAdminMaxTTL when 0
+}
+
+// For returns the cap for role.
+func (l Lifetimes) For(role registry.Role) time.Duration {
+	if role == registry.RoleAdmin {
+		return cmp.Or(l.Admin, DefaultAdminMaxTTL)
+	}
+	return cmp.Or(l.Max, DefaultMaxTTL)
+}
+
+// Longest returns the largest cap of any role: no token registryd accepts
+// lives longer (plus Leeway).
+func (l Lifetimes) Longest() time.Duration {
+	return max(l.For(registry.RoleAdmin), l.For(registry.RoleAgent))
+}
+
+// LifetimeError means a token would live longer than its role's cap.
+type LifetimeError struct {
+	Role registry.Role
+	TTL  time.Duration
+	Max  time.Duration
+}
+
+func (e *LifetimeError) Error() string {
+	return fmt.Sprintf("auth: a lifetime of %s exceeds the %s that %s tokens may have", FormatDuration(e.TTL), FormatDuration(e.Max), e.Role)
+}
+
+// FormatDuration prints d without the trailing zero units of
+// time.Duration.String ("2160h", not "2160h0m0s").
+func FormatDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
+// Revocations answers from memory whether a token was revoked, so that
+// checking costs no query. *revoke.List implements it.
+type Revocations interface {
+	// Revoked reports whether the token of sub with id jti ("" when it has
+	// none), issued at iat (nil when it carries no "iat"), is revoked. It
+	// returns an error matching registry.ErrUnavailable while the list is
+	// not loaded: no token is accepted before then.
+	Revoked(sub, jti string, iat *time.Time) (bool, error)
+}
+
 // Config holds the keys and checks a Verifier applies.
 type Config struct {
 	Secret     []byte             // HS256 key; optional when PublicKeys is set
@@ -45,6 +109,13 @@ type Config struct {
 	Issuer     string             // required "iss" when set
 	Audience   string             // required in "aud" when set
 	Now        func() time.Time   // clock; time.Now when nil
+	// Lifetimes refuses tokens that would live longer than their role's
+	// cap (exp − iat, or exp − now without iat), wherever they came from.
+	Lifetimes Lifetimes
+	// RequireAgentIPs refuses agent tokens without an "ips" claim.
+	RequireAgentIPs bool
+	// Revocations, when set, refuses revoked tokens.
+	Revocations Revocations
 }
 
 // Verifier checks bearer tokens.
@@ -119,7 +190,8 @@ func NewVerifier(cfg Config) (*Verifier, error) {
 
 // claims is what registryd reads from a token.
 type claims struct {
-	Role string `json:"role"`
+	Role string    `json:"role"`
+	IPs  *[]string `json:"ips,omitempty"`
 	jwt.RegisteredClaims
 }
 
@@ -129,8 +201,15 @@ type TokenError struct{ Reason string }
 
 func (e *TokenError) Error() string { return "invalid token: " + e.Reason }
 
-// Verify checks raw and returns its principal, or a *TokenError.
+// Verify checks raw and returns its principal, or a *TokenError. Before
+// the signature it checks the token's shape strictly (see CheckCompact);
+// after it, the claims registryd gives meaning to, the lifetime cap and
+// the revocation list. An error that is not a *TokenError (the revocation
+// list not loaded yet) matches registry.ErrUnavailable.
 func (v *Verifier) Verify(raw string) (registry.Principal, error) {
+	if _, err := CheckCompact(raw); err != nil {
+		return registry.Principal{}, err
+	}
 	var c claims
 	_, err := v.parser.ParseWithClaims(raw, &c, v.key)
 	if err != nil {
@@ -148,7 +227,45 @@ func (v *Verifier) Verify(raw string) (registry.Principal, error) {
 	if !ok {
 		return registry.Principal{}, &TokenError{Reason: `the "role" claim must be one of admin, scheduler, agent, reader`}
 	}
-	return registry.Principal{Sub: c.Subject, Role: role}, nil
+	if msg := registry.CheckLabel(c.ID, registry.MaxTokenIDLen); msg != "" {
+		return registry.Principal{}, &TokenError{Reason: `the "jti" claim ` + msg}
+	}
+	// A token minted before the cap, or by a careless script, must not
+	// live for a century: measure from iat, or from now without one.
+	start := v.cfg.Now()
+	if c.IssuedAt != nil {
+		start = c.IssuedAt.Time
+	}
+	if limit := v.cfg.Lifetimes.For(role); c.ExpiresAt.Sub(start) > limit+Leeway {
+		return registry.Principal{}, &TokenError{Reason: fmt.Sprintf("the token lives longer than the %s that %s tokens may (exp - iat)", FormatDuration(limit), role)}
+	}
+	p := registry.Principal{Sub: c.Subject, Role: role}
+	switch {
+	case c.IPs != nil && role != registry.RoleAgent:
+		// A claim that would bind nothing is a mistake of whoever minted
+		// the token; refusing says so instead of pretending it binds.
+		return registry.Principal{}, &TokenError{Reason: `the "ips" claim binds agent tokens only; ` + string(role) + ` tokens may not carry it`}
+	case c.IPs != nil:
+		if p.IPs, err = registry.ParseIPSet(*c.IPs); err != nil {
+			return registry.Principal{}, &TokenError{Reason: `the "ips" claim ` + err.Error()}
+		}
+	case role == registry.RoleAgent && v.cfg.RequireAgentIPs:
+		return registry.Principal{}, &TokenError{Reason: `agent tokens must carry an "ips" claim binding them to their hosts (REGISTRY_AGENT_REQUIRE_IP is on)`}
+	}
+	if v.cfg.Revocations != nil {
+		var iat *time.Time
+		if c.IssuedAt != nil {
+			iat = &c.IssuedAt.Time
+		}
+		revoked, err := v.cfg.Revocations.Revoked(c.Subject, c.ID, iat)
+		if err != nil {
+			return registry.Principal{}, fmt.Errorf("auth: %w", err)
+		}
+		if revoked {
+			return registry.Principal{}, &TokenError{Reason: "the token has been revoked"}
+		}
+	}
+	return p, nil
 }
 
 // key picks the keys that may verify t, by its algorithm's key type, so a
@@ -199,39 +316,91 @@ func reason(err error) string {
 
 // Signer mints HS256 tokens with the shared secret.
 type Signer struct {
-	Secret   []byte
-	Issuer   string
-	Audience string
+	Secret    []byte
+	Issuer    string
+	Audience  string
+	Lifetimes Lifetimes // a longer TTL is refused with a *LifetimeError
+}
+
+// TokenSpec is what a minted token says.
+type TokenSpec struct {
+	Sub  string
+	Role registry.Role
+	TTL  time.Duration
+	// IPs binds an agent token to addresses or CIDR prefixes (the "ips"
+	// claim); only agent tokens may carry it.
+	IPs []string
+}
+
+// Minted is a signed token and what is needed to manage it.
+type Minted struct {
+	Token   string
+	ID      string // the "jti", for `registryd token revoke --jti`
+	Expires time.Time
 }
 
 // Sign returns a token for sub with role, valid for ttl from now.
 func (s Signer) Sign(sub string, role registry.Role, ttl time.Duration, now time.Time) (string, error) {
+	m, err := s.Mint(TokenSpec{Sub: sub, Role: role, TTL: ttl}, now)
+	return m.Token, err
+}
+
+// Mint signs a token as spec says, issued now, with a random "jti".
+func (s Signer) Mint(spec TokenSpec, now time.Time) (Minted, error) {
 	if len(s.Secret) < MinSecretBytes {
-		return "", fmt.Errorf("auth: the JWT secret must be at least %d bytes", MinSecretBytes)
+		return Minted{}, fmt.Errorf("auth: the JWT secret must be at least %d bytes", MinSecretBytes)
 	}
-	if sub == "" {
-		return "", errors.New("auth: the subject must not be empty")
+	if spec.Sub == "" {
+		return Minted{}, errors.New("auth: the subject must not be empty")
 	}
-	if msg := registry.CheckLabel(sub, registry.MaxPrincipalLen); msg != "" {
-		return "", errors.New("auth: the subject " + msg)
+	if msg := registry.CheckLabel(spec.Sub, registry.MaxPrincipalLen); msg != "" {
+		return Minted{}, errors.New("auth: the subject " + msg)
 	}
-	if _, ok := registry.ParseRole(string(role)); !ok {
-		return "", fmt.Errorf("auth: unknown role %q (want admin, scheduler, agent or reader)", role)
+	if _, ok := registry.ParseRole(string(spec.Role)); !ok {
+		return Minted{}, fmt.Errorf("auth: unknown role %q (want admin, scheduler, agent or reader)", spec.Role)
 	}
-	if ttl <= 0 {
-		return "", errors.New("auth: the lifetime must be positive")
+	if spec.TTL <= 0 {
+		return Minted{}, errors.New("auth: the lifetime must be positive")
 	}
-	c := claims{Role: string(role), RegisteredClaims: jwt.RegisteredClaims{
-		Subject:   sub,
+	if limit := s.Lifetimes.For(spec.Role); spec.TTL > limit {
+		return Minted{}, &LifetimeError{Role: spec.Role, TTL: spec.TTL, Max: limit}
+	}
+	var ips *[]string
+	if spec.IPs != nil {
+		if spec.Role != registry.RoleAgent {
+			return Minted{}, fmt.Errorf("auth: only agent tokens are bound to addresses; a %s token may not be", spec.Role)
+		}
+		set, err := registry.ParseIPSet(spec.IPs)
+		if err != nil {
+			return Minted{}, fmt.Errorf("auth: the addresses: %w", err)
+		}
+		canon := make([]string, len(set))
+		for i := range set {
+			canon[i] = registry.FormatIPSet(set[i : i+1])
+		}
+		ips = &canon
+	}
+	var id [16]byte
+	if _, err := rand.Read(id[:]); err != nil {
+		return Minted{}, err
+	}
+	exp := now.Add(spec.TTL)
+	c := claims{Role: string(spec.Role), IPs: ips, RegisteredClaims: jwt.RegisteredClaims{
+		Subject:   spec.Sub,
 		Issuer:    s.Issuer,
 		IssuedAt:  jwt.NewNumericDate(now),
 		NotBefore: jwt.NewNumericDate(now),
-		ExpiresAt: jwt.NewNumericDate(now.Add(ttl)),
+		ExpiresAt: jwt.NewNumericDate(exp),
+		ID:        base64.RawURLEncoding.EncodeToString(id[:]),
 	}}
 	if s.Audience != "" {
 		c.Audience = jwt.ClaimStrings{s.Audience}
 	}
-	return jwt.NewWithClaims(jwt.SigningMethodHS256, c).SignedString(s.Secret)
+	tok, err := jwt.NewWithClaims(jwt.SigningMethodHS256, c).SignedString(s.Secret)
+	if err != nil {
+		return Minted{}, fmt.Errorf("auth: sign: %w", err)
+	}
+	return Minted{Token: tok, ID: c.ID, Expires: c.ExpiresAt.Time}, nil
 }
 
 // ParsePublicKeys reads every PUBLIC KEY (PKIX) or RSA PUBLIC KEY (PKCS #1)

@@ -1,6 +1,7 @@
 package registry
 
 import (
+	"net/netip"
 	"time"
 )
 
@@ -43,10 +44,11 @@ const (
 	PermClaim                           // claim and release nodes for jobs
 	PermWriteHardware                   // create, update, destroy hardware generations
 	PermReadAudit                       // read the audit log
+	PermRevokeTokens                    // revoke tokens before they expire
 )
 
 var matrix = map[Role][]Permission{
-	RoleAdmin:     {PermRead, PermCreateNode, PermWriteNode, PermClaim, PermWriteHardware, PermReadAudit},
+	RoleAdmin:     {PermRead, PermCreateNode, PermWriteNode, PermClaim, PermWriteHardware, PermReadAudit, PermRevokeTokens},
 	RoleScheduler: {PermRead, PermClaim},
 	RoleAgent:     {PermRead, PermCreateNode, PermWriteNode},
 	RoleReader:    {PermRead},
@@ -67,6 +69,10 @@ func (r Role) Allows(p Permission) bool {
 type Principal struct {
 	Sub  string
 	Role Role
+	// IPs, when not nil, binds an agent to its hosts: the addresses it may
+	// register, adopt or move a node to (the token's "ips" claim). See
+	// MayUseIP.
+	IPs []netip.Prefix
 }
 
 // MayActAs reports whether p may act on behalf of node n (the Node-Id
@@ -97,7 +103,7 @@ type AuditEntry struct {
 	Role       string
 	ActingNode *int64
 	Action     string // e.g. node.create, hardware.delete
-	TargetType string // node or hardware
+	TargetType string // node, hardware or token
 	TargetPK   *int64
 	Before     []byte // JSON document before the change; nil for creates
 	After      []byte // JSON document after the change; nil for deletes
