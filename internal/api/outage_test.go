@@ -432,3 +432,43 @@ func TestOutageFailover(t *testing.T) {
 	l.awaitAcks(40, 30*time.Second, "writes after the promotion")
 	l.verify(standby.URL(), beatAt)
 }
+
+// With every pooled connection busy (here: the only one, held), a request
+// waits for one at most the pool's acquire timeout, then answers 503 with
+// Retry-After instead of queueing without end.
+func TestPoolExhausted(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.New(t)
+	st, err := store.Open(context.Background(), dbURL, store.Options{MaxConns: 1, AcquireTimeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	verifier, err := auth.NewVerifier(auth.Config{Secret: testSecret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(api.New(api.Config{Store: st, OpenAPI: registryd.OpenAPI, Auth: verifier}))
+	t.Cleanup(ts.Close)
+	held, err := st.Pool().Acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(held.Release) // before the pool closes, even if the test fails early
+	client := apitest.Client(t)
+	client.Timeout = 5 * time.Second // far beyond the acquire timeout
+	admin := tokenFor(t, "admin", registry.RoleAdmin)
+	start := time.Now()
+	status, header, body, err := send(client, "GET", ts.URL+"/v1/nodes/1", admin, "")
+	if err != nil {
+		t.Fatalf("no answer while the pool is exhausted: %v", err)
+	}
+	if status != http.StatusServiceUnavailable || header.Get("Retry-After") == "" {
+		t.Errorf("exhausted pool: %d (Retry-After %q) %s, want 503 with Retry-After", status, header.Get("Retry-After"), body)
+	}
+	t.Logf("answered %d after %v", status, time.Since(start).Round(time.Millisecond))
+	held.Release()
+	if status, _, body, err := send(client, "GET", ts.URL+"/v1/nodes/1", admin, ""); err != nil || status != http.StatusNotFound {
+		t.Errorf("with the connection free again: %d %s %v, want 404", status, body, err)
+	}
+}

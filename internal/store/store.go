@@ -3,6 +3,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -42,6 +43,12 @@ type Options struct {
 	// ConnectTimeout bounds a connection attempt so an unreachable database
 	// answers quickly; default 5s unless the URL sets connect_timeout.
 	ConnectTimeout time.Duration
+	// AcquireTimeout bounds how long a statement waits for a pooled
+	// connection (a free one, or a new one being connected) before it fails
+	// as unavailable; default 10s. With every connection busy — a database
+	// that stopped answering, or more load than the pool serves — requests
+	// then get 503 with Retry-After instead of queueing without end.
+	AcquireTimeout time.Duration
 }
 
 // Open connects to the database at url. It does not check the schema; see
@@ -61,6 +68,7 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 			cfg.ConnConfig.ConnectTimeout = 5 * time.Second
 		}
 	}
+	cfg.ConnConfig.Tracer = acquireBound{wait: cmp.Or(opts.AcquireTimeout, defaultAcquireTimeout)}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("store: open: %w", translate(err))
