@@ -472,3 +472,85 @@ func TestPoolExhausted(t *testing.T) {
 		t.Errorf("with the connection free again: %d %s %v, want 404", status, body, err)
 	}
 }
+
+// A client that gives up while its request waits on the database is not
+// an outage: nothing is logged as "database unavailable" or as an internal
+// error, whatever the driver made of the cancellation.
+func TestClientGoneIsNotAnOutage(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.New(t)
+	st, err := store.Open(context.Background(), dbURL, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	logs := &apitest.Buffer{}
+	logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	verifier, err := auth.NewVerifier(auth.Config{Secret: testSecret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(api.New(api.Config{Store: st, Logger: logger, OpenAPI: registryd.OpenAPI, Auth: verifier}))
+	t.Cleanup(ts.Close)
+	admin := tokenFor(t, "admin", registry.RoleAdmin)
+	client := &http.Client{Timeout: 10 * time.Second}
+	status, _, body, err := send(client, "POST", ts.URL+"/v1/nodes/create", admin,
+		`{"ip":"10.0.0.1","index":0,"cpu_mem":1,"driver_version":"d","hardware_generation":null,"gpu_mem":null}`)
+	if err != nil || status != http.StatusCreated {
+		t.Fatalf("create: %d %s %v", status, body, err)
+	}
+
+	// Another session holds the node's row, so the PATCH waits on it.
+	ctx := context.Background()
+	holder, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close(ctx)
+	tx, err := holder.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM nodes FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	reqCtx, cancel := context.WithCancel(ctx)
+	req, _ := http.NewRequestWithContext(reqCtx, "PATCH", ts.URL+"/v1/nodes/1", strings.NewReader(`{"cpu_mem":2}`))
+	req.Header.Set("Authorization", "Bearer "+admin)
+	req.Header.Set("Content-Type", "application/json")
+	done := make(chan error, 1)
+	go func() {
+		resp, err := client.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	await(t, 10*time.Second, "the PATCH waits on the row lock", func() bool {
+		var n int
+		err := holder.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n)
+		return err == nil && n > 0
+	})
+	cancel()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("the canceled request got an answer")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the client did not give up")
+	}
+	// The access log line is written once the handler has returned.
+	await(t, 10*time.Second, "the server finishes the canceled request", func() bool {
+		return strings.Contains(logs.String(), `method=PATCH path=/v1/nodes/1 status=`)
+	})
+	out := logs.String()
+	if strings.Contains(out, "database unavailable") || strings.Contains(out, "level=ERROR") {
+		t.Errorf("a client that went away was logged as an outage or an error:\n%s", out)
+	}
+	if !strings.Contains(out, "request canceled by client") {
+		t.Errorf("the cancellation is not logged for what it is:\n%s", out)
+	}
+}

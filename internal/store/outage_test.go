@@ -184,6 +184,13 @@ func TestTranslate(t *testing.T) {
 			_, err := connect(t, dbURL).Exec(cctx, `SELECT pg_sleep(10)`)
 			return err
 		}, false, true},
+		{"statement on a context already canceled (pgx: a timeout error)", func(t *testing.T) error {
+			conn := connect(t, dbURL)
+			cctx, cancel := context.WithCancel(ctx)
+			cancel()
+			_, err := conn.Exec(cctx, `SELECT 1`)
+			return err
+		}, false, true},
 		{"canceled while waiting for a connection", func(t *testing.T) error {
 			cctx, cancel := context.WithCancel(ctx)
 			cancel()
