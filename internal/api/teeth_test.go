@@ -62,8 +62,9 @@ func (b *bundle) waitForLockWait() {
 // within sets a deadline on the bundle's requests: a request that waits
 // on a lock it should have skipped fails the test quickly.
 func (b *bundle) within(d time.Duration) {
+	prev := b.client.Timeout
 	b.client.Timeout = d
-	b.t.Cleanup(func() { b.client.Timeout = 0 })
+	b.t.Cleanup(func() { b.client.Timeout = prev })
 }
 
 // A claim skips rows that others are locking instead of waiting for them.
