@@ -7,8 +7,10 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -59,12 +61,15 @@ func newLocal(t testing.TB, prefix string, settings map[string]string) *Local {
 		}
 		t.Fatal(err)
 	}
+	sweepStale(prefix)
 	root, err := os.MkdirTemp("", prefix)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// MkdirTemp makes 0700; the server user must be able to pass through.
-	if err := os.Chmod(root, 0o755); err != nil {
+	// The owner file lets a later run tell that this one is gone.
+	if err := errors.Join(os.Chmod(root, 0o755),
+		os.WriteFile(filepath.Join(root, "owner.pid"), []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644)); err != nil {
 		os.RemoveAll(root)
 		t.Fatal(err)
 	}
@@ -227,4 +232,45 @@ func MultiHostURL(clusters ...*Local) string {
 	}
 	return fmt.Sprintf("postgres://postgres@/registry?host=%s&port=5432&sslmode=disable&target_session_attrs=read-write",
 		strings.Join(hosts, ","))
+}
+
+// sweepStale removes the directories of local clusters that earlier test
+// processes left behind: a go test timeout ends the process past every
+// Cleanup. Their servers have stopped by then (pglocal has the server
+// signalled when its parent dies). A directory is removed only when its
+// owner file names a process that is gone, its server is gone too, and it
+// is over a minute old; one without an owner file is not ours to judge.
+func sweepStale(prefix string) {
+	roots, _ := filepath.Glob(filepath.Join(os.TempDir(), prefix+"*"))
+	for _, root := range roots {
+		fi, err := os.Stat(root)
+		if err != nil || time.Since(fi.ModTime()) < time.Minute {
+			continue
+		}
+		owner := pidIn(filepath.Join(root, "owner.pid"))
+		if owner == 0 || alive(owner) || alive(pidIn(filepath.Join(root, "data", "postmaster.pid"))) {
+			continue
+		}
+		os.RemoveAll(root)
+	}
+}
+
+// pidIn reads the pid on the first line of file; 0 if there is none.
+func pidIn(file string) int {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return 0
+	}
+	first, _, _ := strings.Cut(string(b), "\n")
+	pid, _ := strconv.Atoi(strings.TrimSpace(first))
+	return pid
+}
+
+// alive reports whether process pid exists.
+func alive(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	err := syscall.Kill(pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
 }

@@ -2,6 +2,10 @@ package pgtest
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -66,5 +70,51 @@ func TestPairFailover(t *testing.T) {
 	}
 	if n := count(t, standby.URL(), "hardware_generations"); n != 2 {
 		t.Errorf("promoted standby has %d rows, want 2", n)
+	}
+}
+
+// A cluster directory left by a test process that died (a go test timeout
+// skips every Cleanup) is removed by the next run; one whose process lives
+// is left alone.
+func TestSweepStale(t *testing.T) {
+	t.Parallel()
+	prefix := "registryd-sweeptest-"
+	mk := func(pid int) string {
+		dir, err := os.MkdirTemp("", prefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		if err := os.WriteFile(filepath.Join(dir, "owner.pid"), []byte(fmt.Sprintln(pid)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		old := time.Now().Add(-time.Hour)
+		if err := os.Chtimes(dir, old, old); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	// A pid that existed and is gone: a child that has exited and been reaped.
+	cmd := exec.Command("true")
+	if err := cmd.Run(); err != nil {
+		t.Fatal(err)
+	}
+	dead, live, unknown := mk(cmd.Process.Pid), mk(os.Getpid()), mk(0)
+	if err := os.Remove(filepath.Join(unknown, "owner.pid")); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-time.Hour)
+	if err := os.Chtimes(unknown, old, old); err != nil {
+		t.Fatal(err)
+	}
+	sweepStale(prefix)
+	if _, err := os.Stat(dead); !os.IsNotExist(err) {
+		t.Errorf("the directory of a dead process is still there: %v", err)
+	}
+	if _, err := os.Stat(live); err != nil {
+		t.Errorf("the directory of a live process was removed: %v", err)
+	}
+	if _, err := os.Stat(unknown); err != nil {
+		t.Errorf("a directory without an owner file was removed: %v", err)
 	}
 }

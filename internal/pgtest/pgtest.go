@@ -15,10 +15,13 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io/fs"
 	"net/url"
 	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -152,12 +155,15 @@ func setup() {
 // startLocal starts a throwaway cluster under the system temp dir, which the
 // postgres system user can always enter (a checkout may not be).
 func startLocal(ctx context.Context) (string, error) {
+	sweepStale("registryd-pgtest-") // what test processes killed by a timeout left
 	dir, err := os.MkdirTemp("", "registryd-pgtest-")
 	if err != nil {
 		return "", err
 	}
 	// MkdirTemp makes 0700; the server user must be able to pass through.
-	if err := os.Chmod(dir, 0o755); err != nil {
+	if err := errors.Join(os.Chmod(dir, 0o755),
+		os.WriteFile(filepath.Join(dir, "owner.pid"), []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644)); err != nil {
+		os.RemoveAll(dir)
 		return "", err
 	}
 	c, err := pglocal.Start(ctx, pglocal.Options{
