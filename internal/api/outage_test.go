@@ -309,18 +309,18 @@ func (l *load) awaitUnavailable(n int, d time.Duration) {
 }
 
 // heartbeatDuringOutage notes a heartbeat while the database is down and
-// waits until a flush of it has failed: the recorder must keep it.
+// waits until a flush holding it has failed; verify then checks that it
+// reaches the database once it is back, i.e. that the recorder kept it.
+// Flushes run one at a time: the first failure after Record may be of a
+// flush that began before it, the second one held it.
 func (l *load) heartbeatDuringOutage() time.Time {
 	l.t.Helper()
 	failures := strings.Count(l.srv.logs.String(), "heartbeat flush failed")
 	at := time.Now()
 	l.srv.beats.Record(l.agent)
-	await(l.t, 10*time.Second, "a heartbeat flush fails", func() bool {
-		return strings.Count(l.srv.logs.String(), "heartbeat flush failed") > failures
+	await(l.t, 10*time.Second, "a flush of the heartbeat fails", func() bool {
+		return strings.Count(l.srv.logs.String(), "heartbeat flush failed") >= failures+2
 	})
-	if l.srv.beats.Pending() == 0 {
-		l.t.Error("a failed heartbeat flush dropped its heartbeats")
-	}
 	return at
 }
 
