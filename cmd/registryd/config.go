@@ -24,6 +24,7 @@ type config struct {
 	LogLevel        slog.Level    // REGISTRY_LOG_LEVEL
 	LogFormat       string        // REGISTRY_LOG_FORMAT: json or text
 	MaxConns        int32         // REGISTRY_DB_MAX_CONNS
+	AcquireTimeout  time.Duration // REGISTRY_DB_ACQUIRE_TIMEOUT: bound on the wait for a pooled connection
 	ShutdownTimeout time.Duration // REGISTRY_SHUTDOWN_TIMEOUT
 
 	JWTSecret     []byte             // REGISTRY_JWT_SECRET or the file REGISTRY_JWT_SECRET_FILE names
@@ -95,6 +96,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		DataDirSet:      getenv("REGISTRY_DATA_DIR") != "",
 		LogFormat:       or(getenv("REGISTRY_LOG_FORMAT"), "json"),
 		ShutdownTimeout: 15 * time.Second,
+		AcquireTimeout:  10 * time.Second,
 		WatchRetention:  24 * time.Hour,
 	}
 	var errs []string
@@ -119,6 +121,13 @@ func loadConfig(getenv func(string) string) (config, error) {
 			errs = append(errs, fmt.Sprintf("REGISTRY_DB_MAX_CONNS=%q: want a positive integer", v))
 		}
 		c.MaxConns = int32(n)
+	}
+	if v := getenv("REGISTRY_DB_ACQUIRE_TIMEOUT"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 10*time.Millisecond {
+			errs = append(errs, fmt.Sprintf("REGISTRY_DB_ACQUIRE_TIMEOUT=%q: want a duration of at least 10ms, such as 10s", v))
+		}
+		c.AcquireTimeout = d
 	}
 	if v := getenv("REGISTRY_SHUTDOWN_TIMEOUT"); v != "" {
 		d, err := time.ParseDuration(v)

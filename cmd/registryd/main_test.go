@@ -228,6 +228,7 @@ func TestUsageAndConfigErrors(t *testing.T) {
 		{"REGISTRY_LOG_LEVEL": "loud"},
 		{"REGISTRY_LOG_FORMAT": "xml"},
 		{"REGISTRY_DB_MAX_CONNS": "0"},
+		{"REGISTRY_DB_ACQUIRE_TIMEOUT": "0s"},
 		{"REGISTRY_SHUTDOWN_TIMEOUT": "soon"},
 	} {
 		_, _, err := runCmd(t, env, "serve")

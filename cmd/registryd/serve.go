@@ -65,7 +65,7 @@ func openDatabase(ctx context.Context, cfg config, logger *slog.Logger) (*databa
 			}
 		}
 	}
-	st, err := store.Open(ctx, url, store.Options{MaxConns: cfg.MaxConns})
+	st, err := store.Open(ctx, url, store.Options{MaxConns: cfg.MaxConns, AcquireTimeout: cfg.AcquireTimeout})
 	if err != nil {
 		stopCluster()
 		return nil, err

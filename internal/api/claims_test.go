@@ -362,6 +362,7 @@ func TestConcurrentClaimsAcrossReplicas(t *testing.T) {
 		job   int64
 		nodes []int64
 	}
+	var short []string // 200s that are not exactly what was asked
 	var mu sync.Mutex
 	var answers []answer
 	var wg sync.WaitGroup
@@ -390,8 +391,15 @@ func TestConcurrentClaimsAcrossReplicas(t *testing.T) {
 					t.Error(err)
 					return
 				case status == http.StatusOK:
+					hosts := map[string]bool{}
+					for _, n := range c.Nodes {
+						hosts[n.IP] = true
+					}
 					mu.Lock()
 					answers = append(answers, answer{job: job, nodes: c.pks()})
+					if len(c.Nodes) != count || sameHost && len(hosts) != 1 {
+						short = append(short, fmt.Sprintf("job %d asked %d (same_host %t), got %d on %d host(s)", job, count, sameHost, len(c.Nodes), len(hosts)))
+					}
 					mu.Unlock()
 				case status == http.StatusConflict && (count > 1 || sameHost):
 					count, sameHost = 1, false // take what is left one by one
@@ -405,9 +413,16 @@ func TestConcurrentClaimsAcrossReplicas(t *testing.T) {
 		})
 	}
 	wg.Wait()
+	for _, s := range short {
+		t.Errorf("a claim answered 200 with other than it asked: %s", s)
+	}
 	// Nodes other claimers were locking when a claimer gave up may be left;
-	// a sequential sweep takes them, proving the 409s were honest.
+	// a sequential sweep takes them, proving the 409s were honest. It ends
+	// on the first 409, and can take at most all 120 nodes before that.
 	for job := int64(1_000_000); ; job++ {
+		if job > 1_000_000+120 {
+			t.Fatal("the sweep claimed more than the 120 nodes there are")
+		}
 		r := b.do("POST", "/v1/nodes/claim", map[string]any{"job": job})
 		if r.status == http.StatusConflict {
 			break

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/getkin/kin-openapi/openapi3filter"
@@ -58,11 +59,13 @@ func Spec(t testing.TB) (*openapi3.T, routers.Router) {
 // Client returns an HTTP client whose every response is validated against
 // the spec; a response the spec does not allow fails the test. Responses to
 // paths the spec does not know (deliberate 404 probes) are only checked to
-// be problem documents.
+// be problem documents. Every exchange is bounded (30s; the client reads
+// whole bodies, so it is not for streams): a server that hangs fails the
+// test in seconds, not at the go test timeout.
 func Client(t testing.TB) *http.Client {
 	t.Helper()
 	_, r := Spec(t)
-	return &http.Client{Transport: &validator{t: t, router: r, next: http.DefaultTransport}}
+	return &http.Client{Transport: &validator{t: t, router: r, next: http.DefaultTransport}, Timeout: 30 * time.Second}
 }
 
 type validator struct {

@@ -85,7 +85,11 @@ func TestRunFlushesOnStop(t *testing.T) {
 	go func() { r.Run(ctx); close(done) }()
 	r.Record(42)
 	cancel()
-	<-done
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after its context ended")
+	}
 	if len(st.batches) != 1 || st.batches[0][0] != 42 {
 		t.Errorf("no final flush: %v", st.batches)
 	}

@@ -3,11 +3,13 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -41,6 +43,12 @@ type Options struct {
 	// ConnectTimeout bounds a connection attempt so an unreachable database
 	// answers quickly; default 5s unless the URL sets connect_timeout.
 	ConnectTimeout time.Duration
+	// AcquireTimeout bounds how long a statement waits for a pooled
+	// connection (a free one, or a new one being connected) before it fails
+	// as unavailable; default 10s. With every connection busy — a database
+	// that stopped answering, or more load than the pool serves — requests
+	// then get 503 with Retry-After instead of queueing without end.
+	AcquireTimeout time.Duration
 }
 
 // Open connects to the database at url. It does not check the schema; see
@@ -60,6 +68,7 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 			cfg.ConnConfig.ConnectTimeout = 5 * time.Second
 		}
 	}
+	cfg.ConnConfig.Tracer = acquireBound{wait: cmp.Or(opts.AcquireTimeout, defaultAcquireTimeout)}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("store: open: %w", translate(err))
@@ -148,33 +157,79 @@ func (l *Lock) Release(ctx context.Context) {
 	l.conn.Release()
 }
 
-// translate maps driver errors onto the registry's sentinel kinds. Errors it
-// does not recognise pass through unchanged (and become 500s upstream).
+// translate maps driver errors onto the registry's sentinel kinds: every
+// way the database can be unavailable becomes an error matching
+// registry.ErrUnavailable (a 503 with Retry-After upstream). Errors it does
+// not recognise pass through unchanged and become 500s: a bad statement or
+// a broken invariant is a bug, and retrying it would not help.
 func translate(err error) error {
 	if err == nil {
 		return nil
 	}
+	// The caller gave up (a client that went away): not an outage, and
+	// not to be logged as one, whatever the driver made of it.
 	if errors.Is(err, context.Canceled) {
 		return err
 	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		switch {
-		case pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03", // shutting down, crash, starting
-			len(pgErr.Code) == 5 && pgErr.Code[:2] == "08", // connection exception
-			pgErr.Code == "53300":                          // too many connections
-			return &unavailableError{err}
-		}
-		return err
+	if _, ok := errors.AsType[*unavailableError](err); ok {
+		return err // already translated by an inner call
 	}
-	var connErr *pgconn.ConnectError
-	var netErr net.Error
-	if errors.As(err, &connErr) || errors.As(err, &netErr) ||
-		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err) {
+	if unavailable(err) {
 		return &unavailableError{err}
 	}
 	return err
+}
+
+// unavailable reports whether err means the database cannot serve right
+// now, judged by the driver's types and the server's SQLSTATE, never by
+// message text. pgx v5 reports:
+//
+//   - a failed connection attempt (refused, no socket, timeout, a server
+//     that is starting up or shutting down, too many connections, a host
+//     that is not read-write under target_session_attrs) as a
+//     *pgconn.ConnectError;
+//   - a socket that fails under a statement (reset, broken pipe, deadline)
+//     as a net.Error, or io.EOF / io.ErrUnexpectedEOF when the server just
+//     closed it (an immediate shutdown or a crash);
+//   - any later use of a connection it closed after such a failure as
+//     pgconn.ErrConnClosed ("conn closed");
+//   - a context deadline (waiting for a pool connection, or for an answer)
+//     as context.DeadlineExceeded, possibly inside a pgconn timeout error;
+//   - what the server says as a *pgconn.PgError with its SQLSTATE.
+//
+// "conn busy" (two goroutines on one connection) is deliberately not here:
+// pgx calls it safe to retry, but it is a bug.
+func unavailable(err error) bool {
+	var connectErr *pgconn.ConnectError
+	if errors.As(err, &connectErr) {
+		return true // no connection at all, whatever the server said while refusing it
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return unavailableCode(pgErr.Code)
+	}
+	var netErr net.Error
+	return errors.Is(err, pgconn.ErrConnClosed) ||
+		errors.As(err, &netErr) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err)
+}
+
+// unavailableCode reports whether a SQLSTATE means the server cannot serve
+// the statement now, though it might in a moment or on another host.
+func unavailableCode(code string) bool {
+	switch code {
+	case "57P01", // admin_shutdown: the session was cut by a shutdown or pg_terminate_backend
+		"57P02", // crash_shutdown: another backend crashed, the server restarts
+		"57P03", // cannot_connect_now: starting up, shutting down, in recovery
+		"25006", // read_only_sql_transaction: a standby, e.g. the old primary after a failover
+		"53000", // insufficient_resources
+		"53100", // disk_full
+		"53200", // out_of_memory
+		"53300": // too_many_connections
+		return true
+	}
+	return strings.HasPrefix(code, "08") // connection_exception and its subclasses
 }
 
 // unavailableError keeps the driver's error for logs while matching

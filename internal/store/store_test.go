@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/registryd/registryd/internal/pgtest"
 	"github.com/registryd/registryd/internal/registry"
@@ -185,7 +186,10 @@ func TestUnavailable(t *testing.T) {
 // and in the end has seen every change exactly once.
 func TestEventsNeverAppearBehindTheReader(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
+	// The reader and the sequencers loop until the writers are done: bound
+	// the writers, so that a hang fails in seconds.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
 	url := pgtest.New(t)
 	st := open(t, url)
 	const writers, perWriter = 8, 25
