@@ -20,7 +20,15 @@ import (
 // revocationCounter counts the revocation loads that reach the database.
 type revocationCounter struct {
 	*store.Store
-	loads atomic.Int64
+	loads     atomic.Int64
+	listening atomic.Bool // the LISTEN session is up (its first callback ran)
+}
+
+func (c *revocationCounter) Listen(ctx context.Context, channels []string, fn func(channel, payload string)) error {
+	return c.Store.Listen(ctx, channels, func(channel, payload string) {
+		c.listening.Store(true)
+		fn(channel, payload)
+	})
 }
 
 func (c *revocationCounter) Revocations(ctx context.Context) ([]registry.Revocation, error) {
@@ -55,6 +63,13 @@ func newReplica(b *bundle) *replica {
 	case <-list.Loaded():
 	case <-time.After(10 * time.Second):
 		t.Fatal("the revocation list did not load within 10s")
+	}
+	// Connecting the LISTEN session asks for one more load; let it settle
+	// so that tests counting loads count only what requests cause.
+	for deadline := time.Now().Add(10 * time.Second); !cs.listening.Load() || cs.loads.Load() < 2; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the revocation list's LISTEN session did not come up within 10s")
+		}
 	}
 	verifier, err := auth.NewVerifier(auth.Config{Secret: testSecret, Revocations: list})
 	if err != nil {
