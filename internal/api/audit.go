@@ -38,36 +38,28 @@ func (s *Server) listAudit(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	f := newFields(obj)
-	var af registry.AuditFilter
+	af := registry.AuditFilter{Limit: 100}
 	if o := f.string("target_type", false); o.Set {
-		if o.Value != "node" && o.Value != "hardware" {
-			f.errs.Add("target_type", "must be node or hardware")
-		}
 		af.TargetType = &o.Value
 	}
 	af.TargetPK = optPtr(f.int64("target_pk", false))
 	if o := f.string("principal", false); o.Set {
-		if msg := registry.CheckLabel(o.Value, registry.MaxPrincipalLen); msg != "" {
-			f.errs.Add("principal", "%s", msg)
-		}
 		af.Principal = &o.Value
 	}
 	if o := f.time("since"); o.Set && !o.Null {
 		af.Since = &o.Value
 	}
 	if o := f.int64("after", false); o.Set {
-		if o.Value < 0 {
-			f.errs.Add("after", "must not be negative")
-		}
 		af.After = o.Value
 	}
-	af.Limit = 100
 	if o := f.int64("limit", false); o.Set {
 		if o.Value < 1 || o.Value > registry.MaxListLimit {
 			f.errs.Add("limit", "must be between 1 and %d", registry.MaxListLimit)
+		} else {
+			af.Limit = int(o.Value)
 		}
-		af.Limit = int(o.Value)
 	}
+	f.check(af.Normalize())
 	if err := f.err(); err != nil {
 		return err
 	}

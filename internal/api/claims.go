@@ -47,9 +47,7 @@ func (s *Server) claimNodes(w http.ResponseWriter, r *http.Request) error {
 	c.SameHost = f.bool("same_host").Value
 	c.Filter = readFilterFields(f)
 	f.require("job")
-	if !f.errs.Has("job") && !f.errs.Has("count") && !f.errs.Has("limit") {
-		f.check(c.Normalize())
-	}
+	f.check(c.Normalize()) // skips the fields already refused above
 	if err := f.err(); err != nil {
 		return err
 	}

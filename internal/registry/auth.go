@@ -1,6 +1,8 @@
 package registry
 
 import (
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -112,4 +114,30 @@ type AuditFilter struct {
 	Since      *time.Time
 	After      int64
 	Limit      int // 1..MaxListLimit; 0 means MaxListLimit
+}
+
+// AuditTargetTypes are the kinds of rows the audit log records writes of.
+var AuditTargetTypes = []string{"node", "hardware"}
+
+// Normalize validates the filter.
+func (f *AuditFilter) Normalize() error {
+	var fe FieldErrors
+	if f.TargetType != nil && !slices.Contains(AuditTargetTypes, *f.TargetType) {
+		fe.Add("target_type", "must be one of %s", strings.Join(AuditTargetTypes, ", "))
+	}
+	if f.TargetPK != nil && *f.TargetPK <= 0 {
+		fe.Add("target_pk", "must be a positive integer (the pk of a node or hardware generation)")
+	}
+	if f.Principal != nil {
+		if msg := CheckLabel(*f.Principal, MaxPrincipalLen); msg != "" {
+			fe.Add("principal", "%s", msg)
+		}
+	}
+	if f.After < 0 {
+		fe.Add("after", "must not be negative")
+	}
+	if f.Limit < 0 || f.Limit > MaxListLimit {
+		fe.Add("limit", "must be between 1 and %d", MaxListLimit)
+	}
+	return fe.Err()
 }

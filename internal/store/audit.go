@@ -77,6 +77,9 @@ func (s *Store) auditNodes(ctx context.Context, a registry.Actor, action string,
 
 // ListAudit returns audit entries matching f, oldest first.
 func (s *Store) ListAudit(ctx context.Context, f registry.AuditFilter) ([]registry.AuditEntry, error) {
+	if err := f.Normalize(); err != nil {
+		return nil, err
+	}
 	var where []string
 	var args []any
 	arg := func(v any) string {
