@@ -130,9 +130,9 @@ func New(cfg Config) *Server {
 	r.MethodNotAllowed(s.methodNotAllowed)
 
 	// Open endpoints: probes and the contract.
-	r.Get("/healthz", s.handle(s.healthz))
-	r.Get("/readyz", s.handle(s.readyz))
-	r.Get("/openapi.yaml", s.serveOpenAPI)
+	getAndHead(r, "/healthz", s.handle(s.healthz))
+	getAndHead(r, "/readyz", s.handle(s.readyz))
+	getAndHead(r, "/openapi.yaml", s.serveOpenAPI)
 
 	// The API proper: a bearer token on every request, then Node-Id, then
 	// the role's permission for the route, before any body is read.
@@ -146,9 +146,10 @@ func New(cfg Config) *Server {
 			r.With(s.require(registry.PermCreateNode)).Post("/create", s.handle(s.createNode))
 			r.With(s.require(registry.PermClaim)).Post("/claim", s.handle(s.claimNodes))
 			r.With(s.require(registry.PermClaim)).Post("/release", s.handle(s.releaseNodes))
-			r.With(read).Get("/ping", s.handle(s.ping))
+			getAndHead(r.With(read), "/ping", s.handle(s.ping))
 			r.With(read).Get("/watch", s.handle(s.watchNodes))
-			r.With(read).Get("/{pk:-?[0-9]+}", s.handle(s.getNode))
+			r.With(read).Head("/watch", s.handle(s.headWatch))
+			getAndHead(r.With(read), "/{pk:-?[0-9]+}", s.handle(s.getNode))
 			r.With(write).Put("/{pk:-?[0-9]+}", s.handle(s.updateNode))
 			r.With(write).Patch("/{pk:-?[0-9]+}", s.handle(s.patchNode))
 			r.With(write).Delete("/{pk:-?[0-9]+}", s.handle(s.deleteNode))
@@ -158,7 +159,7 @@ func New(cfg Config) *Server {
 			write := s.require(registry.PermWriteHardware)
 			r.With(read).Post("/list", s.handle(s.listHardware))
 			r.With(write).Post("/create", s.handle(s.createHardware))
-			r.With(read).Get("/{pk:-?[0-9]+}", s.handle(s.getHardware))
+			getAndHead(r.With(read), "/{pk:-?[0-9]+}", s.handle(s.getHardware))
 			r.With(write).Put("/{pk:-?[0-9]+}", s.handle(s.updateHardware))
 			r.With(write).Patch("/{pk:-?[0-9]+}", s.handle(s.patchHardware))
 			r.With(write).Delete("/{pk:-?[0-9]+}", s.handle(s.deleteHardware))
@@ -173,7 +174,7 @@ func New(cfg Config) *Server {
 // chi leaves it out when the handler is custom.
 func (s *Server) methodNotAllowed(w http.ResponseWriter, r *http.Request) {
 	var allowed []string
-	for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
+	for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
 		if s.router.Match(chi.NewRouteContext(), m, r.URL.Path) {
 			allowed = append(allowed, m)
 		}

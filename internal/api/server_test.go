@@ -66,7 +66,7 @@ func TestUnknownRoutes(t *testing.T) {
 		t.Errorf("Allow = %q, want POST", got)
 	}
 	r = b.must(http.StatusMethodNotAllowed, b.do("POST", "/v1/nodes/7", nil))
-	if got := r.header.Get("Allow"); got != "GET, PUT, PATCH, DELETE" {
+	if got := r.header.Get("Allow"); got != "GET, HEAD, PUT, PATCH, DELETE" {
 		t.Errorf("Allow = %q", got)
 	}
 	b.must(http.StatusMethodNotAllowed, b.do("POST", "/v1/nodes/ping", nil))
