@@ -21,6 +21,9 @@ type auditJSON struct {
 	Before     json.RawMessage `json:"before"`
 	After      json.RawMessage `json:"after"`
 	RequestID  string          `json:"request_id"`
+	// ClientRequestID is the client's own X-Request-Id; null when it sent
+	// none (or one that was not kept).
+	ClientRequestID *string `json:"client_request_id"`
 }
 
 func rawOrNull(b []byte) json.RawMessage {
@@ -72,6 +75,9 @@ func (s *Server) listAudit(w http.ResponseWriter, r *http.Request) error {
 		out[i] = auditJSON{ID: e.ID, At: e.At.UTC(), Principal: e.Principal, Role: e.Role, ActingNode: e.ActingNode,
 			Action: e.Action, TargetType: e.TargetType, TargetPK: e.TargetPK,
 			Before: rawOrNull(e.Before), After: rawOrNull(e.After), RequestID: e.RequestID}
+		if e.ClientRequestID != "" {
+			out[i].ClientRequestID = &e.ClientRequestID
+		}
 	}
 	return writeJSON(w, http.StatusOK, out)
 }

@@ -88,7 +88,11 @@ type Actor struct {
 	Principal
 	// ActingNode is the node named by Node-Id, if any.
 	ActingNode *int64
-	RequestID  string
+	// RequestID is the server's own id of the request that writes.
+	RequestID string
+	// ClientRequestID is the X-Request-Id the client sent, when it was
+	// sane; kept apart from RequestID because the client chooses it.
+	ClientRequestID string
 }
 
 // AuditEntry is one row of the append-only audit log.
@@ -103,7 +107,9 @@ type AuditEntry struct {
 	TargetPK   *int64
 	Before     []byte // JSON document before the change; nil for creates
 	After      []byte // JSON document after the change; nil for deletes
-	RequestID  string
+	RequestID  string // the server's id of the request; "" for the sync worker
+	// ClientRequestID is the X-Request-Id the client sent; "" for none.
+	ClientRequestID string
 }
 
 // AuditFilter selects audit entries, oldest first, after the id After.
