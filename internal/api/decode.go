@@ -422,9 +422,9 @@ func (s *scanner) escape() (r rune, bad string, err error) {
 			return 0, "", err
 		}
 		switch {
-		case utf16.IsSurrogate(r) && r >= 0xdc00:
+		case r >= 0xdc00 && r < 0xe000: // a low surrogate with no high one before it
 			return utf8.RuneError, fmt.Sprintf("the escape \\u%04x is the second half of a UTF-16 surrogate pair without the first", r), nil
-		case utf16.IsSurrogate(r):
+		case r >= 0xd800 && r < 0xdc00: // a high surrogate: its low one must follow
 			if s.pos+1 < len(s.data) && s.data[s.pos] == '\\' && s.data[s.pos+1] == 'u' {
 				save := s.pos
 				s.pos += 2

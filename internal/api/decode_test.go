@@ -110,6 +110,8 @@ func TestInvalidUnicodeRefused(t *testing.T) {
 		{"lone low surrogate", `\udc00x`},
 		{"high surrogate then a letter", `\ud800\u0041`},
 		{"two high surrogates", `\ud83d\ud83d`},
+		{"two low surrogates", `\ude00\ude00`},
+		{"low before high", `\ude00\ud83d`},
 		{"high surrogate at the end", `\uD83D`},
 		{"invalid byte", "550\xff"},
 		{"overlong encoding", "\xc0\xaf"},

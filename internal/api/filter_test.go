@@ -98,6 +98,7 @@ func TestFiltersValidatedAlike(t *testing.T) {
 	} {
 		refused(t, "audit "+tc.body, b.do("POST", "/v1/audit/list", tc.body), tc.field)
 	}
+	refused(t, "audit", b.do("POST", "/v1/audit/list", `{"bogus": 1, "target_pk": 0}`), "target_pk", "bogus")
 }
 
 // The watch filters select events exactly as list selects nodes.

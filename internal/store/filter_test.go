@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"testing"
@@ -149,4 +150,20 @@ func describe(f registry.NodeFilter) string {
 		add("pk", *f.PK)
 	}
 	return s
+}
+
+// The store validates the filters it is given, whoever calls it.
+func TestListRefusesInvalidFilters(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st := open(t, pgtest.New(t))
+	if _, err := st.ListNodes(ctx, registry.NodeFilter{CurrentJob: ptr[int64](-1)}); !errors.Is(err, registry.ErrInvalid) {
+		t.Errorf("ListNodes with current_job -1: %v", err)
+	}
+	if _, err := st.ListAudit(ctx, registry.AuditFilter{TargetPK: ptr[int64](0)}); !errors.Is(err, registry.ErrInvalid) {
+		t.Errorf("ListAudit with target_pk 0: %v", err)
+	}
+	if _, err := st.ListAudit(ctx, registry.AuditFilter{TargetType: ptr("job")}); !errors.Is(err, registry.ErrInvalid) {
+		t.Errorf("ListAudit with target_type job: %v", err)
+	}
 }
