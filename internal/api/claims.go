@@ -69,7 +69,7 @@ func (s *Server) releaseNodes(w http.ResponseWriter, r *http.Request) error {
 	rel.Job = f.int64("job", false).Value
 	f.require("job")
 	if raw, ok := f.raw("nodes"); ok && !isNull(raw) {
-		pks, msg := parseIntArray(raw)
+		pks, msg := parseIntArray(raw, registry.MaxClaim)
 		if msg != "" {
 			f.errs.Add("nodes", "%s", msg)
 		}

@@ -666,19 +666,41 @@ func (f *fields) err() error {
 }
 
 // parseIntArray reads a JSON array of integers, each held to the same
-// rules as single integer members.
-func parseIntArray(v json.RawMessage) ([]int64, string) {
-	var items []json.RawMessage
-	if len(v) == 0 || v[0] != '[' || json.Unmarshal(v, &items) != nil {
-		return nil, "must be an array of integers"
+// rules as single integer members. It reads at most limit+1 elements: an
+// array of half a million costs what one of limit+1 does, and the caller's
+// validation refuses the count.
+func parseIntArray(v json.RawMessage, limit int) ([]int64, string) {
+	const notArray = "must be an array of integers"
+	if len(v) == 0 || v[0] != '[' {
+		return nil, notArray
 	}
-	out := make([]int64, 0, len(items))
-	for _, item := range items {
-		n, msg := parseInt(item)
+	sc := scanner{data: v, pos: 1}
+	out := []int64{}
+	for first := true; ; first = false {
+		sc.skipSpace()
+		if first && sc.pos < len(v) && v[sc.pos] == ']' {
+			return out, ""
+		}
+		start := sc.pos
+		if _, err := sc.value(1); err != nil {
+			return nil, notArray
+		}
+		n, msg := parseInt(v[start:sc.pos])
 		if msg != "" {
-			return nil, "must be an array of integers (an element " + msg + ")"
+			return nil, notArray + " (an element " + msg + ")"
 		}
 		out = append(out, n)
+		if len(out) > limit {
+			return out, ""
+		}
+		sc.skipSpace()
+		switch {
+		case sc.pos < len(v) && v[sc.pos] == ']':
+			return out, ""
+		case sc.pos < len(v) && v[sc.pos] == ',':
+			sc.pos++
+		default:
+			return nil, notArray
+		}
 	}
-	return out, ""
 }

@@ -1,7 +1,8 @@
 // Command amplification measures what bodies built to be expensive cost a
-// registryd: it fires rounds of concurrent 1 MiB POST /v1/nodes/list
-// requests (by default ~90,000 unknown keys each, the shape of issue 8's
-// finding 2) and reports the answers' sizes and the server's peak RSS
+// registryd: it fires rounds of concurrent 1 MiB requests (~90,000 unknown
+// keys to POST /v1/nodes/list, the shape of issue 8's finding 2; one long
+// string; an array of ~500,000 node pks to POST /v1/nodes/release) and
+// reports the answers' sizes and the server's peak RSS
 // (VmHWM from /proc/PID/status, reset through /proc/PID/clear_refs once
 // the server is idle).
 //
@@ -51,7 +52,7 @@ func run() error {
 	db := flag.String("db", "", "a PostgreSQL URL to use (its database is migrated); default: a throwaway local cluster")
 	concurrency := flag.String("n", "16,40", "comma-separated numbers of concurrent requests per burst")
 	rounds := flag.Int("rounds", 3, "bursts per concurrency")
-	kinds := flag.String("body", "unknown-keys,long-string", "comma-separated body kinds: unknown-keys, long-string")
+	kinds := flag.String("body", "unknown-keys,long-string,int-array", "comma-separated body kinds: unknown-keys, long-string (both to nodes/list), int-array (to nodes/release)")
 	flag.Parse()
 	if *bin == "" {
 		return errors.New("-bin is required")
@@ -103,7 +104,7 @@ func measure(ctx context.Context, bin, dbURL, kind string, body []byte, n, round
 	var statuses, sizes []int
 	var took time.Duration
 	for range rounds {
-		st, sz, d, err := burst(ctx, srv, body, n)
+		st, sz, d, err := burst(ctx, srv, paths[kind], body, n)
 		if err != nil {
 			return err
 		}
@@ -125,6 +126,9 @@ func parseInts(s string) ([]int, error) {
 	}
 	return out, nil
 }
+
+// paths maps a body kind to the endpoint it is sent to.
+var paths = map[string]string{"unknown-keys": "/v1/nodes/list", "long-string": "/v1/nodes/list", "int-array": "/v1/nodes/release"}
 
 // makeBody builds a body of just under 1 MiB (the server's limit).
 func makeBody(kind string) ([]byte, error) {
@@ -148,6 +152,10 @@ func makeBody(kind string) ([]byte, error) {
 		b.WriteString(`{"ip":"`)
 		b.WriteString(strings.Repeat("a", limit-b.Len()-2))
 		b.WriteString(`"}`)
+	case "int-array":
+		b.WriteString(`{"job":1,"nodes":[1`)
+		b.WriteString(strings.Repeat(",1", (limit-b.Len()-2)/2))
+		b.WriteString(`]}`)
 	default:
 		return nil, fmt.Errorf("unknown body kind %q", kind)
 	}
@@ -155,7 +163,7 @@ func makeBody(kind string) ([]byte, error) {
 }
 
 // burst sends n requests at once and waits for every answer.
-func burst(ctx context.Context, srv *server, body []byte, n int) (statuses, sizes []int, took time.Duration, err error) {
+func burst(ctx context.Context, srv *server, path string, body []byte, n int) (statuses, sizes []int, took time.Duration, err error) {
 	statuses, sizes = make([]int, n), make([]int, n)
 	errs := make([]error, n)
 	var start sync.WaitGroup
@@ -165,7 +173,7 @@ func burst(ctx context.Context, srv *server, body []byte, n int) (statuses, size
 	for i := range n {
 		wg.Go(func() {
 			start.Wait()
-			req, err := http.NewRequestWithContext(ctx, "POST", srv.url+"/v1/nodes/list", bytes.NewReader(body))
+			req, err := http.NewRequestWithContext(ctx, "POST", srv.url+path, bytes.NewReader(body))
 			if err != nil {
 				errs[i] = err
 				return
@@ -246,9 +254,9 @@ func startServer(ctx context.Context, bin, dbURL string) (*server, error) {
 		"REGISTRY_MIGRATE=true",
 		"REGISTRY_LOG_LEVEL=warn",
 	)
-	tok := exec.CommandContext(ctx, bin, "token", "--sub", "amplification", "--role", "reader")
+	tok := exec.CommandContext(ctx, bin, "token", "--sub", "amplification", "--role", "scheduler")
 	tok.Env = env
-	out, err := tok.Output()
+	out, err := tok.Output() // a scheduler: it may list and release
 	if err != nil {
 		return nil, fmt.Errorf("registryd token: %w", err)
 	}
