@@ -137,9 +137,9 @@ func New(cfg Config) *Server {
 	r.MethodNotAllowed(s.methodNotAllowed)
 
 	// Open endpoints: probes and the contract.
-	r.Get("/healthz", s.handle(s.healthz))
-	r.Get("/readyz", s.handle(s.readyz))
-	r.Get("/openapi.yaml", s.serveOpenAPI)
+	getAndHead(r, "/healthz", s.handle(s.healthz))
+	getAndHead(r, "/readyz", s.handle(s.readyz))
+	getAndHead(r, "/openapi.yaml", s.serveOpenAPI)
 
 	// The API proper: a bearer token on every request, then Node-Id, then
 	// the role's permission for the route, before any body is read.
@@ -153,9 +153,10 @@ func New(cfg Config) *Server {
 			r.With(s.require(registry.PermCreateNode)).Post("/create", s.handle(s.createNode))
 			r.With(s.require(registry.PermClaim)).Post("/claim", s.handle(s.claimNodes))
 			r.With(s.require(registry.PermClaim)).Post("/release", s.handle(s.releaseNodes))
-			r.With(read).Get("/ping", s.handle(s.ping))
+			getAndHead(r.With(read), "/ping", s.handle(s.ping))
 			r.With(read).Get("/watch", s.handle(s.watchNodes))
-			r.With(read).Get("/{pk:-?[0-9]+}", s.handle(s.getNode))
+			r.With(read).Head("/watch", s.handle(s.headWatch))
+			getAndHead(r.With(read), "/{pk:-?[0-9]+}", s.handle(s.getNode))
 			r.With(write).Put("/{pk:-?[0-9]+}", s.handle(s.updateNode))
 			r.With(write).Patch("/{pk:-?[0-9]+}", s.handle(s.patchNode))
 			r.With(write).Delete("/{pk:-?[0-9]+}", s.handle(s.deleteNode))
@@ -165,7 +166,7 @@ func New(cfg Config) *Server {
 			write := s.require(registry.PermWriteHardware)
 			r.With(read).Post("/list", s.handle(s.listHardware))
 			r.With(write).Post("/create", s.handle(s.createHardware))
-			r.With(read).Get("/{pk:-?[0-9]+}", s.handle(s.getHardware))
+			getAndHead(r.With(read), "/{pk:-?[0-9]+}", s.handle(s.getHardware))
 			r.With(write).Put("/{pk:-?[0-9]+}", s.handle(s.updateHardware))
 			r.With(write).Patch("/{pk:-?[0-9]+}", s.handle(s.patchHardware))
 			r.With(write).Delete("/{pk:-?[0-9]+}", s.handle(s.deleteHardware))
@@ -181,7 +182,7 @@ func New(cfg Config) *Server {
 // chi leaves it out when the handler is custom.
 func (s *Server) methodNotAllowed(w http.ResponseWriter, r *http.Request) {
 	var allowed []string
-	for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
+	for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
 		if s.router.Match(chi.NewRouteContext(), m, r.URL.Path) {
 			allowed = append(allowed, m)
 		}
@@ -245,27 +246,46 @@ func writeJSONType(w http.ResponseWriter, status int, contentType string, v any)
 
 type ctxKey int
 
-const requestIDKey ctxKey = iota
+const (
+	requestIDKey ctxKey = iota
+	clientRequestIDKey
+)
 
+// validRequestID is what a client's X-Request-Id must look like to be kept:
+// short, and nothing that could forge a log line or a header.
 var validRequestID = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,64}$`)
 
-// requestID tags each request with an id: the caller's X-Request-Id when it
-// is sane (so ids follow a request through proxies), otherwise a fresh one.
+// requestID tags each request with the server's own fresh id, which the
+// response (X-Request-Id), problem documents, logs and the audit log carry:
+// a client cannot choose the id an audit entry is filed under. A client's
+// own X-Request-Id, when there is exactly one and it is sane, is kept apart
+// so ids still follow a request through proxies: it is echoed as
+// X-Client-Request-Id, logged and audited as client_request_id. Others are
+// dropped.
 func (s *Server) requestID(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id := r.Header.Get("X-Request-Id")
-		if !validRequestID.MatchString(id) {
-			var b [8]byte
-			_, _ = rand.Read(b[:])
-			id = hex.EncodeToString(b[:])
-		}
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		id := hex.EncodeToString(b[:])
 		w.Header().Set("X-Request-Id", id)
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), requestIDKey, id)))
+		ctx := context.WithValue(r.Context(), requestIDKey, id)
+		if ids := r.Header.Values("X-Request-Id"); len(ids) == 1 && validRequestID.MatchString(ids[0]) {
+			w.Header().Set("X-Client-Request-Id", ids[0])
+			ctx = context.WithValue(ctx, clientRequestIDKey, ids[0])
+		}
+		next.ServeHTTP(w, r.WithContext(ctx))
 	})
 }
 
+// requestID is the server's id of the request.
 func requestID(ctx context.Context) string {
 	id, _ := ctx.Value(requestIDKey).(string)
+	return id
+}
+
+// clientRequestID is the client's sane X-Request-Id, or "".
+func clientRequestID(ctx context.Context) string {
+	id, _ := ctx.Value(clientRequestIDKey).(string)
 	return id
 }
 
@@ -300,9 +320,12 @@ func (s *Server) accessLog(next http.Handler) http.Handler {
 		start := time.Now()
 		sw := &statusWriter{ResponseWriter: w}
 		defer func() {
-			s.logger.InfoContext(r.Context(), "request",
-				"request_id", requestID(r.Context()), "method", r.Method, "path", r.URL.Path,
-				"status", sw.status, "bytes", sw.bytes, "duration_ms", float64(time.Since(start).Microseconds())/1000)
+			attrs := []any{"request_id", requestID(r.Context())}
+			if c := clientRequestID(r.Context()); c != "" {
+				attrs = append(attrs, "client_request_id", c)
+			}
+			s.logger.InfoContext(r.Context(), "request", append(attrs, "method", r.Method, "path", r.URL.Path,
+				"status", sw.status, "bytes", sw.bytes, "duration_ms", float64(time.Since(start).Microseconds())/1000)...)
 		}()
 		next.ServeHTTP(sw, r)
 	})

@@ -21,6 +21,9 @@ type auditJSON struct {
 	Before     json.RawMessage `json:"before"`
 	After      json.RawMessage `json:"after"`
 	RequestID  string          `json:"request_id"`
+	// ClientRequestID is the client's own X-Request-Id; null when it sent
+	// none (or one that was not kept).
+	ClientRequestID *string `json:"client_request_id"`
 }
 
 func rawOrNull(b []byte) json.RawMessage {
@@ -38,36 +41,28 @@ func (s *Server) listAudit(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	f := newFields(obj)
-	var af registry.AuditFilter
+	af := registry.AuditFilter{Limit: 100}
 	if o := f.string("target_type", false); o.Set {
-		if o.Value != "node" && o.Value != "hardware" && o.Value != "token" {
-			f.errs.Add("target_type", "must be node, hardware or token")
-		}
 		af.TargetType = &o.Value
 	}
 	af.TargetPK = optPtr(f.int64("target_pk", false))
 	if o := f.string("principal", false); o.Set {
-		if msg := registry.CheckLabel(o.Value, registry.MaxPrincipalLen); msg != "" {
-			f.errs.Add("principal", "%s", msg)
-		}
 		af.Principal = &o.Value
 	}
 	if o := f.time("since"); o.Set && !o.Null {
 		af.Since = &o.Value
 	}
 	if o := f.int64("after", false); o.Set {
-		if o.Value < 0 {
-			f.errs.Add("after", "must not be negative")
-		}
 		af.After = o.Value
 	}
-	af.Limit = 100
 	if o := f.int64("limit", false); o.Set {
 		if o.Value < 1 || o.Value > registry.MaxListLimit {
 			f.errs.Add("limit", "must be between 1 and %d", registry.MaxListLimit)
+		} else {
+			af.Limit = int(o.Value)
 		}
-		af.Limit = int(o.Value)
 	}
+	f.check(af.Normalize())
 	if err := f.err(); err != nil {
 		return err
 	}
@@ -80,6 +75,9 @@ func (s *Server) listAudit(w http.ResponseWriter, r *http.Request) error {
 		out[i] = auditJSON{ID: e.ID, At: e.At.UTC(), Principal: e.Principal, Role: e.Role, ActingNode: e.ActingNode,
 			Action: e.Action, TargetType: e.TargetType, TargetPK: e.TargetPK,
 			Before: rawOrNull(e.Before), After: rawOrNull(e.After), RequestID: e.RequestID}
+		if e.ClientRequestID != "" {
+			out[i].ClientRequestID = &e.ClientRequestID
+		}
 	}
 	return writeJSON(w, http.StatusOK, out)
 }

@@ -43,6 +43,8 @@ func actor(r *http.Request) registry.Actor {
 		Principal:  principalFrom(r.Context()),
 		ActingNode: actingNode(r.Context()),
 		RequestID:  requestID(r.Context()),
+
+		ClientRequestID: clientRequestID(r.Context()),
 	}
 }
 

@@ -412,7 +412,7 @@ func TestAuditLog(t *testing.T) {
 	b.token = tokenFor(t, "agent-9", registry.RoleAgent)
 	pk := b.createNode(nil)
 	path := fmt.Sprintf("/v1/nodes/%d", pk)
-	b.must(http.StatusOK, b.do("PATCH", path, map[string]any{"driver_version": "560.1"}, "Node-Id", fmt.Sprint(pk), "X-Request-Id", "req-patch-1"))
+	patched := b.must(http.StatusOK, b.do("PATCH", path, map[string]any{"driver_version": "560.1"}, "Node-Id", fmt.Sprint(pk), "X-Request-Id", "req-patch-1"))
 	b.must(http.StatusOK, b.do("PATCH", path, map[string]any{}, "Node-Id", fmt.Sprint(pk))) // no change: no entry
 	b.token = tokenFor(t, "root", registry.RoleAdmin)
 	hw := b.createHardware("H100")
@@ -430,7 +430,8 @@ func TestAuditLog(t *testing.T) {
 		t.Fatalf("audit (-want +got):\n%s", diff)
 	}
 	upd := entries[1]
-	if upd["acting_node"] != float64(pk) || upd["request_id"] != "req-patch-1" || upd["role"] != "agent" {
+	if upd["acting_node"] != float64(pk) || upd["request_id"] != patched.header.Get("X-Request-Id") ||
+		upd["client_request_id"] != "req-patch-1" || upd["role"] != "agent" {
 		t.Errorf("update entry: %v", upd)
 	}
 	if upd["before"].(map[string]any)["driver_version"] != "550.54.15" || upd["after"].(map[string]any)["driver_version"] != "560.1" {

@@ -47,9 +47,7 @@ func (s *Server) claimNodes(w http.ResponseWriter, r *http.Request) error {
 	c.SameHost = f.bool("same_host").Value
 	c.Filter = readFilterFields(f)
 	f.require("job")
-	if !f.errs.Has("job") && !f.errs.Has("count") && !f.errs.Has("limit") {
-		f.check(c.Normalize())
-	}
+	f.check(c.Normalize()) // skips the fields already refused above
 	if err := f.err(); err != nil {
 		return err
 	}
@@ -71,7 +69,7 @@ func (s *Server) releaseNodes(w http.ResponseWriter, r *http.Request) error {
 	rel.Job = f.int64("job", false).Value
 	f.require("job")
 	if raw, ok := f.raw("nodes"); ok && !isNull(raw) {
-		pks, msg := parseIntArray(raw)
+		pks, msg := parseIntArray(raw, registry.MaxClaim)
 		if msg != "" {
 			f.errs.Add("nodes", "%s", msg)
 		}

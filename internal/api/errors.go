@@ -3,22 +3,54 @@ package api
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
+	"unicode/utf8"
 
 	"github.com/registryd/registryd/internal/registry"
 )
 
 // problem is an RFC 9457 problem details document.
 type problem struct {
-	Type       string                `json:"type"`
-	Title      string                `json:"title"`
-	Status     int                   `json:"status"`
-	Detail     string                `json:"detail,omitempty"`
-	Instance   string                `json:"instance,omitempty"`
-	RequestID  string                `json:"request_id,omitempty"`
-	Errors     []registry.FieldError `json:"errors,omitempty"`
-	ExistingPK int64                 `json:"existing_pk,omitempty"`
+	Type      string                `json:"type"`
+	Title     string                `json:"title"`
+	Status    int                   `json:"status"`
+	Detail    string                `json:"detail,omitempty"`
+	Instance  string                `json:"instance,omitempty"`
+	RequestID string                `json:"request_id,omitempty"`
+	Errors    []registry.FieldError `json:"errors,omitempty"`
+	// ErrorsOmitted counts the field errors beyond the first
+	// maxListedErrors, which are not listed.
+	ErrorsOmitted int   `json:"errors_omitted,omitempty"`
+	ExistingPK    int64 `json:"existing_pk,omitempty"`
+}
+
+// A problem lists at most maxListedErrors field errors, and a field name
+// (which a client chose when it is an unknown member) of at most
+// maxFieldNameBytes: an error answer is never much larger than a request
+// that is all mistakes would make it.
+const (
+	maxListedErrors   = 20
+	maxFieldNameBytes = 64
+)
+
+// listFields bounds the field errors a problem carries: the first
+// maxListedErrors, long names shortened, and how many were left out.
+func listFields(all []registry.FieldError) (listed []registry.FieldError, omitted int) {
+	n := min(len(all), maxListedErrors)
+	listed = make([]registry.FieldError, n)
+	for i, fe := range all[:n] {
+		if len(fe.Field) > maxFieldNameBytes {
+			cut := maxFieldNameBytes
+			for cut > 0 && !utf8.RuneStart(fe.Field[cut]) {
+				cut--
+			}
+			fe.Field = fe.Field[:cut] + "…"
+		}
+		listed[i] = fe
+	}
+	return listed, len(all) - n
 }
 
 // httpError is an error that already knows its HTTP status; for failures
@@ -62,7 +94,10 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.Is(err, registry.ErrInvalid):
 		p.Status = http.StatusBadRequest
 		p.Detail = publicMessage(err)
-		p.Errors = registry.FieldsOf(err)
+		p.Errors, p.ErrorsOmitted = listFields(registry.FieldsOf(err))
+		if p.ErrorsOmitted > 0 {
+			p.Detail += fmt.Sprintf(" (%d field errors; the first %d are listed)", len(p.Errors)+p.ErrorsOmitted, len(p.Errors))
+		}
 	case errors.Is(err, registry.ErrNotFound):
 		p.Status, p.Detail = http.StatusNotFound, publicMessage(err)
 	case errors.Is(err, registry.ErrConflict):

@@ -3,6 +3,7 @@ package api
 import (
 	"bufio"
 	"encoding/json"
+	"math"
 	"net/http"
 	"strconv"
 	"time"
@@ -252,13 +253,12 @@ func forceFlag(r *http.Request) (bool, error) {
 func readNodeFilter(obj object) (registry.NodeFilter, error) {
 	f := newFields(obj)
 	nf := readFilterFields(f)
-	if err := f.err(); err != nil {
-		return nf, err
-	}
-	return nf, nf.Normalize()
+	f.check(nf.Normalize())
+	return nf, f.err()
 }
 
-// readFilterFields reads the members list and claim share.
+// readFilterFields reads the members list and claim share into the one
+// filter type; its Normalize judges the values.
 func readFilterFields(f *fields) registry.NodeFilter {
 	var nf registry.NodeFilter
 	if o := f.bool("free"); o.Set {
@@ -275,12 +275,8 @@ func readFilterFields(f *fields) registry.NodeFilter {
 		nf.Index = &o.Value
 	}
 	if o := f.int64("seen_within", false); o.Set {
-		if o.Value <= 0 || o.Value > int64(100*365*24*time.Hour/time.Second) {
-			f.errs.Add("seen_within", "must be a positive number of seconds")
-		} else {
-			d := time.Duration(o.Value) * time.Second
-			nf.SeenWithin = &d
-		}
+		d := seconds(o.Value)
+		nf.SeenWithin = &d
 	}
 	if o := f.string("source", false); o.Set {
 		nf.Source = &o.Value
@@ -288,6 +284,8 @@ func readFilterFields(f *fields) registry.NodeFilter {
 	if o := f.int64("after", false); o.Set {
 		nf.After = o.Value
 	}
+	// On the wire a limit is 1..MaxListLimit; the filter's 0 (no limit) is
+	// what leaving it out means.
 	if o := f.int64("limit", false); o.Set {
 		if o.Value < 1 || o.Value > registry.MaxListLimit {
 			f.errs.Add("limit", "must be between 1 and %d", registry.MaxListLimit)
@@ -296,6 +294,14 @@ func readFilterFields(f *fields) registry.NodeFilter {
 		}
 	}
 	return nf
+}
+
+// seconds converts a count of seconds to a duration, saturating where a
+// duration ends so that Normalize sees an out-of-range value, not a wrapped
+// one.
+func seconds(n int64) time.Duration {
+	const limit = int64(math.MaxInt64 / time.Second)
+	return time.Duration(min(max(n, -limit), limit)) * time.Second
 }
 
 func optPtr[T any](o registry.Optional[T]) *T {

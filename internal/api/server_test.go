@@ -3,6 +3,8 @@ package api_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
@@ -42,19 +44,81 @@ func TestServesOpenAPI(t *testing.T) {
 	}
 }
 
+// The server always makes its own request id: it is what the response,
+// the problem and the audit log carry. A client's sane X-Request-Id is kept
+// apart (echoed, audited as client_request_id), never as the request id.
 func TestRequestID(t *testing.T) {
-	b := setup(t)
+	logs := &apitest.Buffer{}
+	b := setup(t, func(c *api.Config) { c.Logger = slog.New(slog.NewJSONHandler(logs, nil)) })
 	r := b.do("GET", "/v1/nodes/424242", nil, "X-Request-Id", "trace-abc.1")
-	if r.header.Get("X-Request-Id") != "trace-abc.1" {
-		t.Errorf("X-Request-Id %q", r.header.Get("X-Request-Id"))
+	id := r.header.Get("X-Request-Id")
+	if id == "" || id == "trace-abc.1" {
+		t.Errorf("X-Request-Id %q: want the server's own id", id)
 	}
-	if r.object(t)["request_id"] != "trace-abc.1" {
-		t.Errorf("problem lacks request id: %s", r.body)
+	if want := `"request_id":"` + id + `","client_request_id":"trace-abc.1"`; !strings.Contains(logs.String(), want) {
+		t.Errorf("access log lacks %s:\n%s", want, logs.String())
 	}
-	// Ids that could pollute logs are replaced.
-	r = b.do("GET", "/v1/nodes/424242", nil, "X-Request-Id", "bad id\"")
-	if got := r.header.Get("X-Request-Id"); got == "" || strings.Contains(got, " ") {
-		t.Errorf("unsafe id kept: %q", got)
+	if got := r.header.Get("X-Client-Request-Id"); got != "trace-abc.1" {
+		t.Errorf("X-Client-Request-Id %q, want the client's id echoed", got)
+	}
+	if r.object(t)["request_id"] != id {
+		t.Errorf("problem request_id is not the server's id %q: %s", id, r.body)
+	}
+	if again := b.do("GET", "/v1/nodes/424242", nil, "X-Request-Id", "trace-abc.1"); again.header.Get("X-Request-Id") == id {
+		t.Error("two requests got the same server id")
+	}
+
+	// A write: the audit entry is filed under the server's id; the
+	// client's id is a separate field.
+	created := b.must(http.StatusCreated, b.do("POST", "/v1/nodes/create", map[string]any{
+		"ip": "10.9.0.1", "index": 0, "cpu_mem": 1, "driver_version": "d", "hardware_generation": nil, "gpu_mem": nil,
+	}, "X-Request-Id", "forged-request-id"))
+	var entries []map[string]any
+	b.must(http.StatusOK, b.do("POST", "/v1/audit/list", nil)).json(t, &entries)
+	if len(entries) != 1 {
+		t.Fatalf("audit entries: %v", entries)
+	}
+	if got := entries[0]["request_id"]; got != created.header.Get("X-Request-Id") || got == "forged-request-id" {
+		t.Errorf("audit request_id %v, want the server's %q", got, created.header.Get("X-Request-Id"))
+	}
+	if got := entries[0]["client_request_id"]; got != "forged-request-id" {
+		t.Errorf("audit client_request_id %v", got)
+	}
+
+	// Ids that could pollute logs or headers are dropped, not stored; so
+	// are two ids at once.
+	path := created.header.Get("Location")
+	lastID := entries[0]["id"]
+	for i, bad := range [][]string{{`bad id"`}, {strings.Repeat("a", 65)}, {"x\ty"}, {"ünï"}, {"one", "two"}} {
+		req, err := http.NewRequest("PATCH", b.url+path, strings.NewReader(fmt.Sprintf(`{"cpu_mem": %d}`, i+2)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+b.token)
+		req.Header.Set("Content-Type", "application/json")
+		for _, v := range bad {
+			req.Header.Add("X-Request-Id", v)
+		}
+		resp, err := b.client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%q: status %d", bad, resp.StatusCode)
+		}
+		if got := resp.Header.Get("X-Request-Id"); got == "" || got == bad[0] {
+			t.Errorf("%q: X-Request-Id %q", bad, got)
+		}
+		if got, ok := resp.Header["X-Client-Request-Id"]; ok {
+			t.Errorf("%q: echoed as %q", bad, got)
+		}
+		var last []map[string]any
+		b.must(http.StatusOK, b.do("POST", "/v1/audit/list", map[string]any{"after": lastID})).json(t, &last)
+		if len(last) != 1 || last[0]["client_request_id"] != nil || last[0]["request_id"] != resp.Header.Get("X-Request-Id") {
+			t.Fatalf("%q: audit entries %v", bad, last)
+		}
+		lastID = last[0]["id"]
 	}
 }
 
@@ -66,7 +130,7 @@ func TestUnknownRoutes(t *testing.T) {
 		t.Errorf("Allow = %q, want POST", got)
 	}
 	r = b.must(http.StatusMethodNotAllowed, b.do("POST", "/v1/nodes/7", nil))
-	if got := r.header.Get("Allow"); got != "GET, PUT, PATCH, DELETE" {
+	if got := r.header.Get("Allow"); got != "GET, HEAD, PUT, PATCH, DELETE" {
 		t.Errorf("Allow = %q", got)
 	}
 	b.must(http.StatusMethodNotAllowed, b.do("POST", "/v1/nodes/ping", nil))

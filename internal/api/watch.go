@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -43,59 +45,61 @@ type EventStream = interface {
 	Close()
 }
 
-// watchFilter selects events by the node they carry.
-type watchFilter struct {
-	hardwareGeneration *int64
-	source             *string
-	ip                 *string
-	index              *int64
-	node               *int64
-}
+// watchFilter selects events by the node they carry: the registry's one
+// node filter, with the meaning list gives it.
+type watchFilter struct{ registry.NodeFilter }
 
-func (f watchFilter) match(n registry.Node) bool {
-	return (f.hardwareGeneration == nil || n.HardwareGeneration != nil && *n.HardwareGeneration == *f.hardwareGeneration) &&
-		(f.source == nil || n.Source == *f.source) &&
-		(f.ip == nil || n.IP == *f.ip) &&
-		(f.index == nil || int64(n.Index) == *f.index) &&
-		(f.node == nil || n.PK == *f.node)
-}
+func (f watchFilter) match(n registry.Node) bool { return f.Match(n, time.Now()) }
 
+// watchParams are the query parameters of watch; all but last_event_id
+// are filters.
+var watchParams = []string{"hardware_generation", "source", "ip", "index", "node", "last_event_id"}
+
+// readWatchFilter reads the filters of the query into a NodeFilter and
+// validates them with the same Normalize as list and claim.
 func readWatchFilter(q url.Values) (watchFilter, error) {
-	var f watchFilter
+	var nf registry.NodeFilter
 	var fe registry.FieldErrors
+	for _, name := range slices.Sorted(maps.Keys(q)) {
+		switch {
+		case !slices.Contains(watchParams, name):
+			fe.Add(name, "is not a known watch parameter (%s)", strings.Join(watchParams, ", "))
+		case len(q[name]) > 1:
+			fe.Add(name, "appears more than once")
+		}
+	}
 	intParam := func(name string) *int64 {
-		if !q.Has(name) {
+		if !q.Has(name) || fe.Has(name) {
 			return nil
 		}
 		n, err := strconv.ParseInt(q.Get(name), 10, 64)
-		if err != nil || n < 0 {
-			fe.Add(name, "must be a non-negative integer")
+		if err != nil {
+			fe.Add(name, "must be an integer")
 			return nil
 		}
 		return &n
 	}
-	for name := range q {
-		switch name {
-		case "hardware_generation", "source", "ip", "index", "node", "last_event_id":
-		default:
-			fe.Add(name, "is not a known watch parameter (hardware_generation, source, ip, index, node, last_event_id)")
+	strParam := func(name string) *string {
+		if !q.Has(name) || fe.Has(name) {
+			return nil
+		}
+		v := q.Get(name)
+		return &v
+	}
+	nf.HardwareGeneration = intParam("hardware_generation")
+	if n := intParam("index"); n != nil {
+		i := int(min(max(*n, -1), registry.MaxIndex+1)) // out of range stays out of range
+		nf.Index = &i
+	}
+	nf.PK = intParam("node")
+	nf.Source = strParam("source")
+	nf.IP = strParam("ip")
+	for _, e := range registry.FieldsOf(nf.Normalize()) {
+		if !fe.Has(e.Field) {
+			fe = append(fe, e)
 		}
 	}
-	f.hardwareGeneration = intParam("hardware_generation")
-	f.index = intParam("index")
-	f.node = intParam("node")
-	if q.Has("source") {
-		v := q.Get("source")
-		f.source = &v
-	}
-	if q.Has("ip") {
-		ip, err := registry.CanonicalIP(q.Get("ip"))
-		if err != nil {
-			fe.Add("ip", "%s", err.Error())
-		}
-		f.ip = &ip
-	}
-	return f, fe.Err()
+	return watchFilter{nf}, fe.Err()
 }
 
 // resumeFrom reads Last-Event-ID (or ?last_event_id= for clients that

@@ -2,6 +2,8 @@ package registry
 
 import (
 	"net/netip"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -92,7 +94,11 @@ type Actor struct {
 	Principal
 	// ActingNode is the node named by Node-Id, if any.
 	ActingNode *int64
-	RequestID  string
+	// RequestID is the server's own id of the request that writes.
+	RequestID string
+	// ClientRequestID is the X-Request-Id the client sent, when it was
+	// sane; kept apart from RequestID because the client chooses it.
+	ClientRequestID string
 }
 
 // AuditEntry is one row of the append-only audit log.
@@ -107,7 +113,9 @@ type AuditEntry struct {
 	TargetPK   *int64
 	Before     []byte // JSON document before the change; nil for creates
 	After      []byte // JSON document after the change; nil for deletes
-	RequestID  string
+	RequestID  string // the server's id of the request; "" for the sync worker
+	// ClientRequestID is the X-Request-Id the client sent; "" for none.
+	ClientRequestID string
 }
 
 // AuditFilter selects audit entries, oldest first, after the id After.
@@ -118,4 +126,30 @@ type AuditFilter struct {
 	Since      *time.Time
 	After      int64
 	Limit      int // 1..MaxListLimit; 0 means MaxListLimit
+}
+
+// AuditTargetTypes are the kinds of rows the audit log records writes of.
+var AuditTargetTypes = []string{"node", "hardware", "token"}
+
+// Normalize validates the filter.
+func (f *AuditFilter) Normalize() error {
+	var fe FieldErrors
+	if f.TargetType != nil && !slices.Contains(AuditTargetTypes, *f.TargetType) {
+		fe.Add("target_type", "must be one of %s", strings.Join(AuditTargetTypes, ", "))
+	}
+	if f.TargetPK != nil && *f.TargetPK <= 0 {
+		fe.Add("target_pk", "must be a positive integer (the pk of a node or hardware generation; token entries have none)")
+	}
+	if f.Principal != nil {
+		if msg := CheckLabel(*f.Principal, MaxPrincipalLen); msg != "" {
+			fe.Add("principal", "%s", msg)
+		}
+	}
+	if f.After < 0 {
+		fe.Add("after", "must not be negative")
+	}
+	if f.Limit < 0 || f.Limit > MaxListLimit {
+		fe.Add("limit", "must be between 1 and %d", MaxListLimit)
+	}
+	return fe.Err()
 }

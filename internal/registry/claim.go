@@ -33,8 +33,10 @@ func (c *Claim) Normalize() error {
 	if c.Filter.Limit != 0 {
 		fe.Add("limit", "is a list option; a claim takes count nodes")
 	}
-	if err := c.Filter.Normalize(); err != nil {
-		fe = append(fe, FieldsOf(err)...)
+	for _, e := range FieldsOf(c.Filter.Normalize()) {
+		if !fe.Has(e.Field) { // current_job and limit may already be refused above
+			fe = append(fe, e)
+		}
 	}
 	return fe.Err()
 }

@@ -83,8 +83,11 @@ func (e HardwareEcho) Check(cur Hardware) error {
 	return fe.Err()
 }
 
-// NodeFilter selects nodes for list. Nil fields do not filter. Results are
-// ordered by pk and start after After.
+// NodeFilter selects nodes: list, claim and watch all read their filters
+// into it and validate them with one Normalize, and Match is the meaning
+// every reader of it (the store's SQL, the watch stream) must agree with.
+// Nil fields do not filter. List results are ordered by pk and start
+// after After.
 type NodeFilter struct {
 	Free               *bool
 	CurrentJob         *int64
@@ -95,7 +98,9 @@ type NodeFilter struct {
 	Index              *int
 	SeenWithin         *time.Duration
 	Source             *string
-	After              int64
+	// PK selects one node by its pk (watch's node parameter).
+	PK    *int64
+	After int64
 	// Limit caps the number of nodes; 0 means no limit.
 	Limit int
 }
@@ -103,9 +108,21 @@ type NodeFilter struct {
 // MaxListLimit is the largest page a client may ask for.
 const MaxListLimit = 1000
 
-// Normalize validates the filter, canonicalizing IP.
+// MaxSeenWithin bounds seen_within: a century is "ever seen" already.
+const MaxSeenWithin = 100 * 365 * 24 * time.Hour
+
+// Normalize validates the filter, canonicalizing IP. Every filter names an
+// attribute a node can have: a value no node can have (a negative job, a
+// hardware generation of 0, an unknown source) is an error, not an empty
+// answer, so that a typo is not mistaken for "nothing matches".
 func (f *NodeFilter) Normalize() error {
 	var fe FieldErrors
+	if f.CurrentJob != nil && *f.CurrentJob <= 0 {
+		fe.Add("current_job", "must be a positive integer (a job's pk)")
+	}
+	if f.HardwareGeneration != nil && *f.HardwareGeneration <= 0 {
+		fe.Add("hardware_generation", "must be the pk of a hardware generation (a positive integer)")
+	}
 	if f.IP != nil {
 		ip, err := CanonicalIP(*f.IP)
 		if err != nil {
@@ -123,11 +140,14 @@ func (f *NodeFilter) Normalize() error {
 	if f.MinCPUMem != nil && *f.MinCPUMem < 0 {
 		fe.Add("min_cpu_mem", "must not be negative")
 	}
-	if f.SeenWithin != nil && *f.SeenWithin <= 0 {
-		fe.Add("seen_within", "must be a positive number of seconds")
+	if f.SeenWithin != nil && (*f.SeenWithin < time.Second || *f.SeenWithin > MaxSeenWithin) {
+		fe.Add("seen_within", "must be a number of seconds between 1 and %d", int64(MaxSeenWithin/time.Second))
 	}
 	if f.Source != nil && !slices.Contains(Sources, *f.Source) {
-		fe.Add("source", "must be one of api, scp, e2e")
+		fe.Add("source", "must be one of %s", strings.Join(Sources, ", "))
+	}
+	if f.PK != nil && *f.PK <= 0 {
+		fe.Add("node", "must be a node pk (a positive integer)")
 	}
 	if f.After < 0 {
 		fe.Add("after", "must not be negative")
@@ -136,4 +156,21 @@ func (f *NodeFilter) Normalize() error {
 		fe.Add("limit", "must be between 1 and %d", MaxListLimit)
 	}
 	return fe.Err()
+}
+
+// Match reports whether n passes every filter, as of now (for SeenWithin).
+// It is the filter's meaning; paging (After, Limit) is not part of it. The
+// store's SQL must select exactly the nodes Match accepts.
+func (f *NodeFilter) Match(n Node, now time.Time) bool {
+	free := n.CurrentJob == nil && n.Schedulable
+	return (f.Free == nil || *f.Free == free) &&
+		(f.CurrentJob == nil || n.CurrentJob != nil && *n.CurrentJob == *f.CurrentJob) &&
+		(f.HardwareGeneration == nil || n.HardwareGeneration != nil && *n.HardwareGeneration == *f.HardwareGeneration) &&
+		(f.MinGPUMem == nil || n.GPUMem != nil && *n.GPUMem >= *f.MinGPUMem) &&
+		(f.MinCPUMem == nil || n.CPUMem >= *f.MinCPUMem) &&
+		(f.IP == nil || n.IP == *f.IP) &&
+		(f.Index == nil || n.Index == *f.Index) &&
+		(f.SeenWithin == nil || n.LastSeen != nil && !n.LastSeen.Before(now.Add(-*f.SeenWithin))) &&
+		(f.Source == nil || n.Source == *f.Source) &&
+		(f.PK == nil || n.PK == *f.PK)
 }

@@ -37,9 +37,9 @@ func (s *Store) audit(ctx context.Context, a registry.Actor, action, targetType 
 		return err
 	}
 	_, err = s.db.Exec(ctx, `
-		INSERT INTO audit_log (principal, role, acting_node, action, target_type, target_pk, before, after, request_id)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, nullif($9, ''))`,
-		a.Sub, string(a.Role), a.ActingNode, action, targetType, targetPK, b, af, a.RequestID)
+		INSERT INTO audit_log (principal, role, acting_node, action, target_type, target_pk, before, after, request_id, client_request_id)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, nullif($9, ''), nullif($10, ''))`,
+		a.Sub, string(a.Role), a.ActingNode, action, targetType, targetPK, b, af, a.RequestID, a.ClientRequestID)
 	if err != nil {
 		return fmt.Errorf("store: audit %s: %w", action, translate(err))
 	}
@@ -65,10 +65,10 @@ func (s *Store) auditNodes(ctx context.Context, a registry.Actor, action string,
 		befores[i], afters[i] = string(b), string(af)
 	}
 	_, err := s.db.Exec(ctx, `
-		INSERT INTO audit_log (principal, role, acting_node, action, target_type, target_pk, before, after, request_id)
-		SELECT $1, $2, $3, $4, 'node', u.pk, u.before, u.after, nullif($5, '')
+		INSERT INTO audit_log (principal, role, acting_node, action, target_type, target_pk, before, after, request_id, client_request_id)
+		SELECT $1, $2, $3, $4, 'node', u.pk, u.before, u.after, nullif($5, ''), nullif($9, '')
 		FROM unnest($6::bigint[], $7::jsonb[], $8::jsonb[]) AS u(pk, before, after)`,
-		a.Sub, string(a.Role), a.ActingNode, action, a.RequestID, pks, befores, afters)
+		a.Sub, string(a.Role), a.ActingNode, action, a.RequestID, pks, befores, afters, a.ClientRequestID)
 	if err != nil {
 		return fmt.Errorf("store: audit %s: %w", action, translate(err))
 	}
@@ -77,6 +77,9 @@ func (s *Store) auditNodes(ctx context.Context, a registry.Actor, action string,
 
 // ListAudit returns audit entries matching f, oldest first.
 func (s *Store) ListAudit(ctx context.Context, f registry.AuditFilter) ([]registry.AuditEntry, error) {
+	if err := f.Normalize(); err != nil {
+		return nil, err
+	}
 	var where []string
 	var args []any
 	arg := func(v any) string {
@@ -102,12 +105,12 @@ func (s *Store) ListAudit(ctx context.Context, f registry.AuditFilter) ([]regist
 	}
 	rows, _ := s.db.Query(ctx, `
 		SELECT id, at, principal, role, acting_node, action, target_type, target_pk,
-			before, after, coalesce(request_id, '')
+			before, after, coalesce(request_id, ''), coalesce(client_request_id, '')
 		FROM audit_log WHERE `+strings.Join(where, " AND ")+` ORDER BY id LIMIT `+arg(limit), args...)
 	entries, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (registry.AuditEntry, error) {
 		var e registry.AuditEntry
 		err := row.Scan(&e.ID, &e.At, &e.Principal, &e.Role, &e.ActingNode, &e.Action, &e.TargetType, &e.TargetPK,
-			&e.Before, &e.After, &e.RequestID)
+			&e.Before, &e.After, &e.RequestID, &e.ClientRequestID)
 		return e, err
 	})
 	if err != nil {

@@ -355,6 +355,9 @@ func (q *query) where(f registry.NodeFilter) {
 	if f.Index != nil {
 		q.add("gpu_index = " + q.arg(*f.Index))
 	}
+	if f.PK != nil {
+		q.add("pk = " + q.arg(*f.PK))
+	}
 	if f.SeenWithin != nil {
 		q.add("EXISTS (SELECT 1 FROM node_liveness l WHERE l.node_pk = nodes.pk AND l.last_seen >= now() - " + q.arg(*f.SeenWithin) + "::interval)")
 	}

@@ -1,0 +1,169 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/registryd/registryd/internal/pgtest"
+	"github.com/registryd/registryd/internal/registry"
+)
+
+func ptr[T any](v T) *T { return &v }
+
+// The store's SQL and NodeFilter.Match (what watch uses) must select the
+// same nodes for every filter: one meaning, two implementations.
+func TestListAgreesWithMatch(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st := open(t, pgtest.New(t))
+	h1, err := st.CreateHardware(ctx, sys, registry.HardwareSpec{Name: "H100"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h2, err := st.CreateHardware(ctx, sys, registry.HardwareSpec{Name: "A100"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pks []int64
+	for i := range 12 {
+		spec := registry.NodeSpec{IP: fmt.Sprintf("10.0.0.%d", i/4), Index: i % 4, CPUMem: int64(i) * 100, DriverVersion: "d"}
+		if i == 11 {
+			spec.IP = "2001:db8::1"
+		}
+		switch i % 3 {
+		case 0:
+			spec.HardwareGeneration, spec.GPUMem = &h1.PK, ptr(int64(i)<<30)
+		case 1:
+			spec.HardwareGeneration, spec.GPUMem = &h2.PK, ptr(int64(0))
+		}
+		n, _, err := st.CreateNode(ctx, sys, spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pks = append(pks, n.PK)
+	}
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		if _, err := st.Pool().Exec(ctx, sql, args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exec(`UPDATE nodes SET current_job = 5 WHERE pk = ANY($1)`, []int64{pks[1], pks[4]})
+	exec(`UPDATE nodes SET current_job = 6 WHERE pk = $1`, pks[7])
+	exec(`UPDATE nodes SET source = 'scp', schedulable = false WHERE pk = ANY($1)`, []int64{pks[2], pks[4]})
+	exec(`UPDATE nodes SET source = 'e2e' WHERE pk = $1`, pks[9])
+	exec(`INSERT INTO node_liveness (node_pk, last_seen) SELECT unnest($1::bigint[]), now() - interval '10 seconds'`, []int64{pks[0], pks[3], pks[5]})
+	exec(`INSERT INTO node_liveness (node_pk, last_seen) SELECT unnest($1::bigint[]), now() - interval '2 hours'`, []int64{pks[6], pks[10]})
+
+	all, err := st.ListNodes(ctx, registry.NodeFilter{})
+	if err != nil || len(all) != len(pks) {
+		t.Fatalf("all nodes: %d, %v", len(all), err)
+	}
+	for _, f := range []registry.NodeFilter{
+		{Free: ptr(true)},
+		{Free: ptr(false)},
+		{CurrentJob: ptr[int64](5)},
+		{CurrentJob: ptr[int64](6)},
+		{HardwareGeneration: &h1.PK},
+		{HardwareGeneration: &h2.PK},
+		{MinGPUMem: ptr[int64](0)},
+		{MinGPUMem: ptr[int64](3 << 30)},
+		{MinCPUMem: ptr[int64](500)},
+		{IP: ptr("10.0.0.1")},
+		{IP: ptr("2001:DB8:0::1")},
+		{IP: ptr("::ffff:10.0.0.2")},
+		{Index: ptr(0)},
+		{Index: ptr(3)},
+		{SeenWithin: ptr(time.Minute)},
+		{SeenWithin: ptr(24 * time.Hour)},
+		{Source: ptr("api")},
+		{Source: ptr("scp")},
+		{Source: ptr("e2e")},
+		{PK: &pks[5]},
+		{PK: ptr[int64](999999)},
+		{Free: ptr(true), HardwareGeneration: &h1.PK, MinGPUMem: ptr[int64](1 << 30)},
+		{Free: ptr(false), Source: ptr("scp"), Index: ptr(2)},
+		{IP: ptr("10.0.0.0"), SeenWithin: ptr(time.Minute), Source: ptr("api")},
+	} {
+		list, err := st.ListNodes(ctx, f)
+		if err != nil {
+			t.Fatalf("%+v: %v", f, err)
+		}
+		var got, want []int64
+		for _, n := range list {
+			got = append(got, n.PK)
+		}
+		norm := f
+		if err := norm.Normalize(); err != nil {
+			t.Fatal(err)
+		}
+		now := time.Now()
+		for _, n := range all {
+			if norm.Match(n, now) {
+				want = append(want, n.PK)
+			}
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("filter %s: list %v, Match %v", describe(f), got, want)
+		}
+		if len(want) == len(all) && f.Free == nil {
+			t.Errorf("filter %s selects every node: a weak case", describe(f))
+		}
+	}
+}
+
+func describe(f registry.NodeFilter) string {
+	s := ""
+	add := func(name string, v any) { s += fmt.Sprintf("%s=%v ", name, v) }
+	if f.Free != nil {
+		add("free", *f.Free)
+	}
+	if f.CurrentJob != nil {
+		add("current_job", *f.CurrentJob)
+	}
+	if f.HardwareGeneration != nil {
+		add("hardware_generation", *f.HardwareGeneration)
+	}
+	if f.MinGPUMem != nil {
+		add("min_gpu_mem", *f.MinGPUMem)
+	}
+	if f.MinCPUMem != nil {
+		add("min_cpu_mem", *f.MinCPUMem)
+	}
+	if f.IP != nil {
+		add("ip", *f.IP)
+	}
+	if f.Index != nil {
+		add("index", *f.Index)
+	}
+	if f.SeenWithin != nil {
+		add("seen_within", *f.SeenWithin)
+	}
+	if f.Source != nil {
+		add("source", *f.Source)
+	}
+	if f.PK != nil {
+		add("pk", *f.PK)
+	}
+	return s
+}
+
+// The store validates the filters it is given, whoever calls it.
+func TestListRefusesInvalidFilters(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st := open(t, pgtest.New(t))
+	if _, err := st.ListNodes(ctx, registry.NodeFilter{CurrentJob: ptr[int64](-1)}); !errors.Is(err, registry.ErrInvalid) {
+		t.Errorf("ListNodes with current_job -1: %v", err)
+	}
+	if _, err := st.ListAudit(ctx, registry.AuditFilter{TargetPK: ptr[int64](0)}); !errors.Is(err, registry.ErrInvalid) {
+		t.Errorf("ListAudit with target_pk 0: %v", err)
+	}
+	if _, err := st.ListAudit(ctx, registry.AuditFilter{TargetType: ptr("job")}); !errors.Is(err, registry.ErrInvalid) {
+		t.Errorf("ListAudit with target_type job: %v", err)
+	}
+}
