@@ -183,7 +183,7 @@ func TestRevokeAcrossReplicas(t *testing.T) {
 	}
 	e := entries[0]
 	after, _ := e["after"].(map[string]any)
-	if e["action"] != "token.revoke" || e["principal"] != "admin-test" || e["role"] != "admin" || e["request_id"] != "revoke-leaky" ||
+	if e["action"] != "token.revoke" || e["principal"] != "admin-test" || e["role"] != "admin" || e["client_request_id"] != "revoke-leaky" || e["request_id"] == "revoke-leaky" ||
 		after["sub"] != "agent-leaky" || after["revoked_before"] == nil {
 		t.Errorf("audit entry %v", e)
 	}
