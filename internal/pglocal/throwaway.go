@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -39,7 +41,36 @@ func MkdirThrowaway(prefix string) (string, error) {
 		os.RemoveAll(dir)
 		return "", fmt.Errorf("pglocal: throwaway dir: %w", err)
 	}
+	if err := removeWhenGone(dir); err != nil {
+		os.RemoveAll(dir)
+		return "", fmt.Errorf("pglocal: throwaway dir: %w", err)
+	}
 	return dir, nil
+}
+
+// watchdogScript waits until process $1 is gone, then gives a server in
+// directory $2 (stopping by itself: Pdeathsig) up to 30 s to remove its
+// postmaster.pid, and removes the directory.
+const watchdogScript = `while kill -0 "$1" 2>/dev/null; do sleep 1; done
+i=0
+while [ $i -lt 30 ] && [ -n "$(find "$2" -name postmaster.pid -print 2>/dev/null | head -n 1)" ]; do sleep 1; i=$((i+1)); done
+rm -rf -- "$2"`
+
+// removeWhenGone starts a watchdog that removes dir once this process has
+// exited, however it ends: a test binary killed by `go test -timeout` or
+// SIGKILL runs none of its cleanups. The watchdog runs in a session of its
+// own (a kill of our process group spares it) and holds none of our output
+// pipes (go test would wait for them to close). SweepThrowaway remains for
+// what a watchdog could not remove (a machine that went down meanwhile).
+func removeWhenGone(dir string) error {
+	cmd := exec.Command("/bin/sh", "-c", watchdogScript, "registryd-throwaway-watchdog", strconv.Itoa(os.Getpid()), dir)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start watchdog: %w", err)
+	}
+	// Reap it if it ends before we do (it only ends after us, or if killed).
+	go cmd.Wait() //nolint:errcheck
+	return nil
 }
 
 // SweepThrowaway removes the directories MkdirThrowaway made with prefix

@@ -1,11 +1,15 @@
 package pglocal
 
 import (
+	"bufio"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -161,4 +165,53 @@ func TestMkdirThrowaway(t *testing.T) {
 	if err != nil || slices.Contains(removed, dir) {
 		t.Errorf("sweep took a live process's dir: %v %v", removed, err)
 	}
+}
+
+// A throwaway directory disappears soon after its process dies, even by
+// SIGKILL, which runs no cleanup: its watchdog removes it.
+func TestThrowawayRemovedWhenOwnerDies(t *testing.T) {
+	t.Parallel()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperMkdirThrowawayAndHang$")
+	cmd.Env = append(os.Environ(), "PGLOCAL_HELPER_THROWAWAY=1")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	dir := strings.TrimPrefix(strings.TrimSpace(line), "dir ")
+	if err != nil || !strings.HasPrefix(filepath.Base(dir), "registryd-pglocal-watchdog-") {
+		_ = cmd.Process.Kill()
+		t.Fatalf("helper said %q: %v", line, err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if _, err := os.Stat(dir); err != nil {
+		t.Fatalf("the helper's dir is not there while it lives: %v", err)
+	}
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s still exists 10 s after its owner was killed", dir)
+		}
+	}
+}
+
+// TestHelperMkdirThrowawayAndHang is the child side of
+// TestThrowawayRemovedWhenOwnerDies.
+func TestHelperMkdirThrowawayAndHang(t *testing.T) {
+	if os.Getenv("PGLOCAL_HELPER_THROWAWAY") == "" {
+		t.Skip("helper process for TestThrowawayRemovedWhenOwnerDies")
+	}
+	dir, err := MkdirThrowaway("registryd-pglocal-watchdog-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Printf("dir %s\n", dir)
+	time.Sleep(time.Minute) // until killed
 }
