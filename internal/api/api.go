@@ -132,7 +132,7 @@ func New(cfg Config) *Server {
 		s.ready = func(context.Context) error { return nil }
 	}
 	r := chi.NewRouter()
-	r.Use(s.requestID, s.accessLog, s.recoverer)
+	r.Use(s.closeUnreadBody, s.requestID, s.accessLog, s.recoverer)
 	r.NotFound(s.problemHandler(http.StatusNotFound, "no such endpoint"))
 	r.MethodNotAllowed(s.methodNotAllowed)
 
