@@ -21,6 +21,9 @@ type Events interface {
 	// Subscribe opens a stream for principal; an error matching
 	// registry.ErrTooMany when a cap on streams is reached.
 	Subscribe(ctx context.Context, principal string) (EventStream, error)
+	// Admit reports whether Subscribe would accept principal now, without
+	// subscribing: an error matching registry.ErrTooMany at a cap.
+	Admit(principal string) error
 	// Backfill calls fn for every event in (after, upto] from the change
 	// log, with its encoding (see EncodeEvent).
 	Backfill(ctx context.Context, after, upto int64, fn func(e registry.NodeEvent, frame []byte) error) error
