@@ -65,7 +65,8 @@ func openDatabase(ctx context.Context, cfg config, logger *slog.Logger) (*databa
 			}
 		}
 	}
-	st, err := store.Open(ctx, url, store.Options{MaxConns: cfg.MaxConns, AcquireTimeout: cfg.AcquireTimeout})
+	st, err := store.Open(ctx, url, store.Options{MaxConns: cfg.MaxConns, AcquireTimeout: cfg.AcquireTimeout,
+		StatementTimeout: cfg.StatementTimeout})
 	if err != nil {
 		stopCluster()
 		return nil, err
