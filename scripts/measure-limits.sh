@@ -7,6 +7,10 @@
 #             --nofile=1024:1024); 1,100 idle keep-alive connections, each
 #             after one GET /healthz, then a new client's GET /healthz is
 #             timed (goal: answered within 3 s).
+#   trickle   the server under a descriptor limit of 1024; 1,000
+#             connections without a token each announce a body to
+#             GET /healthz and trickle it (a byte every 2 s), then a new
+#             client's GET /healthz is timed (goal: answered within 3 s).
 #   watchers  the server under a descriptor limit of 8192 (WATCH_NOFILE;
 #             2,000 watchers need more than 1024: under 1024 the connection
 #             limit is 956 and the watch cap half that, so most are refused
@@ -15,7 +19,7 @@
 #             (goals: RSS <= 400 MB, list within 1 s); then 300 watchers
 #             resuming from event 0 while list is timed.
 #
-# usage: scripts/measure-limits.sh [fd|watchers|all] [path/to/registryd]
+# usage: scripts/measure-limits.sh [fd|trickle|watchers|all] [path/to/registryd]
 # The binary defaults to one built from this checkout; pass another (say,
 # one built from an older commit) to compare.
 set -euo pipefail
@@ -77,6 +81,13 @@ if [ "$what" = fd ] || [ "$what" = all ]; then
 	echo "== fd: 1,100 idle keep-alive connections under RLIMIT_NOFILE 1024"
 	start_server 1024
 	"$work/limitsbench" idle -addr "$addr" -n 1100
+	stop_server
+fi
+
+if [ "$what" = trickle ] || [ "$what" = all ]; then
+	echo "== trickle: 1,000 connections trickling bodies under RLIMIT_NOFILE 1024"
+	start_server 1024
+	"$work/limitsbench" trickle -addr "$addr" -n 1000
 	stop_server
 fi
 

@@ -27,6 +27,8 @@ type config struct {
 	AcquireTimeout  time.Duration // REGISTRY_DB_ACQUIRE_TIMEOUT: bound on the wait for a pooled connection
 	ShutdownTimeout time.Duration // REGISTRY_SHUTDOWN_TIMEOUT
 
+	StatementTimeout time.Duration // REGISTRY_DB_STATEMENT_TIMEOUT: bound on one statement
+
 	JWTSecret     []byte             // REGISTRY_JWT_SECRET or the file REGISTRY_JWT_SECRET_FILE names
 	JWTPublicKeys []crypto.PublicKey // from the PEM file REGISTRY_JWT_PUBLIC_KEYS names
 	JWTIssuer     string             // REGISTRY_JWT_ISSUER
@@ -99,6 +101,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		AcquireTimeout:  10 * time.Second,
 		WatchRetention:  24 * time.Hour,
 	}
+	c.StatementTimeout = 30 * time.Second
 	var errs []string
 	if v := getenv("REGISTRY_MIGRATE"); v != "" {
 		b, err := strconv.ParseBool(v)
@@ -128,6 +131,13 @@ func loadConfig(getenv func(string) string) (config, error) {
 			errs = append(errs, fmt.Sprintf("REGISTRY_DB_ACQUIRE_TIMEOUT=%q: want a duration of at least 10ms, such as 10s", v))
 		}
 		c.AcquireTimeout = d
+	}
+	if v := getenv("REGISTRY_DB_STATEMENT_TIMEOUT"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 100*time.Millisecond || d > time.Hour {
+			errs = append(errs, fmt.Sprintf("REGISTRY_DB_STATEMENT_TIMEOUT=%q: want a duration between 100ms and 1h, such as 30s", v))
+		}
+		c.StatementTimeout = d
 	}
 	if v := getenv("REGISTRY_SHUTDOWN_TIMEOUT"); v != "" {
 		d, err := time.ParseDuration(v)

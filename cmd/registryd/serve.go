@@ -65,7 +65,8 @@ func openDatabase(ctx context.Context, cfg config, logger *slog.Logger) (*databa
 			}
 		}
 	}
-	st, err := store.Open(ctx, url, store.Options{MaxConns: cfg.MaxConns, AcquireTimeout: cfg.AcquireTimeout})
+	st, err := store.Open(ctx, url, store.Options{MaxConns: cfg.MaxConns, AcquireTimeout: cfg.AcquireTimeout,
+		StatementTimeout: cfg.StatementTimeout})
 	if err != nil {
 		stopCluster()
 		return nil, err
@@ -159,14 +160,24 @@ func startEmbedded(ctx context.Context, cfg config, logger *slog.Logger) (*pgloc
 // embedded default one kept in the data directory, made on first use.
 // created reports whether this call made it.
 func tokenSecret(cfg config, logger *slog.Logger) (secret []byte, created bool, err error) {
+	secret, _, created, err = tokenSecretFile(cfg, logger)
+	return secret, created, err
+}
+
+// tokenSecretFile is tokenSecret that also names the file the secret was
+// read from or written to; "" for a configured one.
+func tokenSecretFile(cfg config, logger *slog.Logger) (secret []byte, path string, created bool, err error) {
 	if cfg.JWTSecret != nil || len(cfg.JWTPublicKeys) > 0 {
-		return cfg.JWTSecret, false, nil
+		return cfg.JWTSecret, "", false, nil
 	}
 	if cfg.DatabaseURL != "" {
-		return nil, false, errors.New("no token keys configured: with REGISTRY_DATABASE_URL set, set REGISTRY_JWT_SECRET (at least 32 bytes, e.g. `openssl rand -hex 32`), REGISTRY_JWT_SECRET_FILE or REGISTRY_JWT_PUBLIC_KEYS; every replica needs the same keys")
+		return nil, "", false, errors.New("no token keys configured: with REGISTRY_DATABASE_URL set, set REGISTRY_JWT_SECRET (at least 32 bytes, e.g. `openssl rand -hex 32`), REGISTRY_JWT_SECRET_FILE or REGISTRY_JWT_PUBLIC_KEYS; every replica needs the same keys")
 	}
-	_, secret, created, err = openDataDir(cfg, logger)
-	return secret, created, err
+	dir, secret, created, err := openDataDir(cfg, logger)
+	if err != nil {
+		return nil, "", false, err
+	}
+	return secret, filepath.Join(dir, "jwt-secret"), created, nil
 }
 
 // openMigrated opens the database and makes sure its schema is the

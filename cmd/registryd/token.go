@@ -53,9 +53,15 @@ func token(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 	if cfg.JWTSecret == nil && len(cfg.JWTPublicKeys) > 0 {
 		return fmt.Errorf("only REGISTRY_JWT_PUBLIC_KEYS is configured: tokens come from your identity provider; registryd signs only with REGISTRY_JWT_SECRET")
 	}
-	secret, _, err := tokenSecret(cfg, newLogger(cfg, stderr))
+	secret, path, created, err := tokenSecretFile(cfg, newLogger(cfg, stderr))
 	if err != nil {
 		return err
+	}
+	if created {
+		// Most likely run from another folder than the server (./.data is
+		// relative): no server would accept what is minted here.
+		fmt.Fprintf(stderr, "registryd: made a new token secret, %s: only a server using this data folder accepts the token; if the server runs elsewhere, set REGISTRY_DATA_DIR to its data folder\n",
+			path)
 	}
 	signer := auth.Signer{Secret: secret, Issuer: cfg.JWTIssuer, Audience: cfg.JWTAudience, Lifetimes: cfg.TokenLifetimes}
 	m, err := signer.Mint(auth.TokenSpec{Sub: *sub, Role: r, TTL: *ttl, IPs: ips}, time.Now())

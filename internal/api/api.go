@@ -70,6 +70,9 @@ type Config struct {
 	// WatchKeepAlive is the interval of keep-alive comments on idle
 	// watch streams; default 15s.
 	WatchKeepAlive time.Duration
+	// WatchRecheck is how often a watch stream checks its token again,
+	// ending the stream once the token is revoked or expired; default 5s.
+	WatchRecheck time.Duration
 }
 
 // refuseAll is the Authenticator of a server configured without one.
@@ -97,6 +100,7 @@ type Server struct {
 	router     chi.Router
 
 	watchKeepAlive    time.Duration
+	watchRecheck      time.Duration
 	watchWriteTimeout time.Duration
 }
 
@@ -114,10 +118,14 @@ func New(cfg Config) *Server {
 		events:     cfg.Events,
 
 		watchKeepAlive:    cfg.WatchKeepAlive,
+		watchRecheck:      cfg.WatchRecheck,
 		watchWriteTimeout: 30 * time.Second,
 	}
 	if s.watchKeepAlive <= 0 {
 		s.watchKeepAlive = 15 * time.Second
+	}
+	if s.watchRecheck <= 0 {
+		s.watchRecheck = 5 * time.Second
 	}
 	if s.auth == nil {
 		s.auth = refuseAll{}
@@ -132,7 +140,7 @@ func New(cfg Config) *Server {
 		s.ready = func(context.Context) error { return nil }
 	}
 	r := chi.NewRouter()
-	r.Use(s.requestID, s.accessLog, s.recoverer)
+	r.Use(s.closeUnreadBody, s.requestID, s.accessLog, s.recoverer)
 	r.NotFound(s.problemHandler(http.StatusNotFound, "no such endpoint"))
 	r.MethodNotAllowed(s.methodNotAllowed)
 

@@ -111,10 +111,12 @@ var seq atomic.Int64
 func (b *bundle) fixture() fixture {
 	b.t.Helper()
 	ctx := context.Background()
-	mk := func(owner string) int64 {
+	// agent-a's node lies inside the bound agent's addresses (10.200/16),
+	// which it may act as; agent-b's outside.
+	mk := func(owner string, net int64) int64 {
 		i := seq.Add(1)
 		n, _, err := b.store.CreateNode(ctx, registry.Actor{Principal: registry.Principal{Sub: owner, Role: registry.RoleAgent}},
-			registry.NodeSpec{IP: fmt.Sprintf("10.%d.%d.%d", i>>16&255, i>>8&255, i&255), DriverVersion: "550"})
+			registry.NodeSpec{IP: fmt.Sprintf("10.%d.%d.%d", net+i>>16&255, i>>8&255, i&255), DriverVersion: "550"})
 		if err != nil {
 			b.t.Fatal(err)
 		}
@@ -126,7 +128,7 @@ func (b *bundle) fixture() fixture {
 	if err != nil {
 		b.t.Fatal(err)
 	}
-	return fixture{own: mk("agent-a"), other: mk("agent-b"), hw: hw.PK}
+	return fixture{own: mk("agent-a", 200), other: mk("agent-b", 0), hw: hw.PK}
 }
 
 // snapshot is everything a refused request must leave alone.
@@ -180,7 +182,7 @@ func TestPermissionMatrix(t *testing.T) {
 		{"reader", registry.RoleReader, "reader-1", nil},
 		{"scheduler", registry.RoleScheduler, "sched-1", nil},
 		{"agent", registry.RoleAgent, "agent-a", nil}, // owns fixture.own
-		// The same agent with a token bound to the addresses nodes are
+		// The same agent with a token bound to the addresses its nodes are
 		// created at (10.200/16), not those PUT moves them to (10.201/16).
 		{"bound agent", registry.RoleAgent, "agent-a", []string{"10.200.0.0/16"}},
 		{"admin", registry.RoleAdmin, "admin-1", nil},

@@ -224,3 +224,45 @@ func TestMalformedIPsClaim(t *testing.T) {
 	tok := handMadeToken(testSecret, `{"alg":"HS256"}`, fmt.Sprintf(`{"sub":"x","role":"agent","exp":%d,"ips":["10.0.0.0/24","2001:db8::7"]}`, exp))
 	b.must(http.StatusOK, b.do("GET", "/v1/nodes/ping", nil, "Authorization", "Bearer "+tok))
 }
+
+// Node ownership is by subject, and a fleet may give every agent the same
+// subject, each token bound to its own host. A bound token then acts
+// (Node-Id: ping, PATCH, DELETE) only as nodes at its own addresses: a
+// leaked one cannot change or delete the nodes of the other hosts, and
+// gets the same 403 as for a node that does not exist.
+func TestBoundAgentActsOnlyAtItsAddresses(t *testing.T) {
+	b := setup(t)
+	here, there := boundToken(t, "agent-fleet", "10.3.0.1"), boundToken(t, "agent-fleet", "10.3.0.2")
+	b.token = here
+	mine := b.createNode(map[string]any{"ip": "10.3.0.1"})
+	b.token = there
+	theirs := b.createNode(map[string]any{"ip": "10.3.0.2"})
+
+	b.token = here
+	b.must(http.StatusOK, b.do("GET", "/v1/nodes/ping", nil, "Node-Id", fmt.Sprint(mine)))
+	b.must(http.StatusOK, b.do("PATCH", fmt.Sprintf("/v1/nodes/%d", mine), map[string]any{"driver_version": "560.1"}, "Node-Id", fmt.Sprint(mine)))
+	missing := b.do("GET", "/v1/nodes/ping", nil, "Node-Id", "424242")
+	for _, r := range []response{
+		b.do("GET", "/v1/nodes/ping", nil, "Node-Id", fmt.Sprint(theirs)),
+		b.do("PATCH", fmt.Sprintf("/v1/nodes/%d", theirs), map[string]any{"driver_version": "pwned"}, "Node-Id", fmt.Sprint(theirs)),
+		b.do("DELETE", fmt.Sprintf("/v1/nodes/%d", theirs), nil, "Node-Id", fmt.Sprint(theirs)),
+	} {
+		if r.status != http.StatusForbidden {
+			t.Errorf("acting as another host's node: %d, want 403: %s", r.status, r.body)
+		}
+	}
+	if missing.status != http.StatusForbidden {
+		t.Errorf("acting as a missing node: %d, want 403", missing.status)
+	}
+	b.token = tokenFor(t, "admin-test", registry.RoleAdmin)
+	var n struct {
+		DriverVersion string `json:"driver_version"`
+	}
+	b.must(http.StatusOK, b.do("GET", fmt.Sprintf("/v1/nodes/%d", theirs), nil)).json(t, &n)
+	if n.DriverVersion == "pwned" {
+		t.Error("the other host's node was changed")
+	}
+	// The token of the node's own host still acts as it.
+	b.token = there
+	b.must(http.StatusNoContent, b.do("DELETE", fmt.Sprintf("/v1/nodes/%d", theirs), nil, "Node-Id", fmt.Sprint(theirs)))
+}

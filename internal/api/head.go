@@ -15,8 +15,9 @@ func getAndHead(r chi.Router, pattern string, h http.HandlerFunc) {
 }
 
 // headWatch is HEAD /v1/nodes/watch: the checks GET makes before its
-// stream starts, then the stream's headers, and the answer ends. It never
-// subscribes, so it cannot hang.
+// stream starts (the caps on streams included), then the stream's
+// headers, and the answer ends. It never subscribes, so it cannot hang
+// and holds no slot.
 func (s *Server) headWatch(w http.ResponseWriter, r *http.Request) error {
 	if _, err := readWatchFilter(r.URL.Query()); err != nil {
 		return err
@@ -26,6 +27,9 @@ func (s *Server) headWatch(w http.ResponseWriter, r *http.Request) error {
 	}
 	if s.events == nil {
 		return &httpError{status: http.StatusServiceUnavailable, detail: "watching is not enabled on this server"}
+	}
+	if err := s.events.Admit(principalFrom(r.Context()).Sub); err != nil {
+		return err
 	}
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")

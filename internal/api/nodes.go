@@ -235,7 +235,11 @@ func (s *Server) deleteNode(w http.ResponseWriter, r *http.Request) error {
 // forceFlag reads ?force=true, with which an admin deletes a node that
 // still holds a job.
 func forceFlag(r *http.Request) (bool, error) {
-	v := r.URL.Query().Get("force")
+	q := r.URL.Query()
+	if len(q["force"]) > 1 {
+		return false, badRequest("send force once, not " + strconv.Itoa(len(q["force"])) + " times")
+	}
+	v := q.Get("force")
 	if v == "" {
 		return false, nil
 	}

@@ -45,7 +45,7 @@ type replica struct {
 	store *revocationCounter
 }
 
-func newReplica(b *bundle) *replica {
+func newReplica(b *bundle, opts ...option) *replica {
 	t := b.t
 	t.Helper()
 	st, err := store.Open(context.Background(), b.dbURL, store.Options{})
@@ -75,8 +75,11 @@ func newReplica(b *bundle) *replica {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts := httptest.NewServer(api.New(api.Config{Store: st, OpenAPI: registryd.OpenAPI, Ready: st.Ping, Auth: verifier,
-		Events: startHub(t, st)}))
+	cfg := api.Config{Store: st, OpenAPI: registryd.OpenAPI, Ready: st.Ping, Auth: verifier, Events: startHub(t, st)}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	ts := httptest.NewServer(api.New(cfg))
 	t.Cleanup(ts.Close)
 	r := *b
 	r.url = ts.URL

@@ -21,6 +21,9 @@ type Events interface {
 	// Subscribe opens a stream for principal; an error matching
 	// registry.ErrTooMany when a cap on streams is reached.
 	Subscribe(ctx context.Context, principal string) (EventStream, error)
+	// Admit reports whether Subscribe would accept principal now, without
+	// subscribing: an error matching registry.ErrTooMany at a cap.
+	Admit(principal string) error
 	// Backfill calls fn for every event in (after, upto] from the change
 	// log, with its encoding (see EncodeEvent).
 	Backfill(ctx context.Context, after, upto int64, fn func(e registry.NodeEvent, frame []byte) error) error
@@ -156,6 +159,13 @@ func (s *Server) watchNodes(w http.ResponseWriter, r *http.Request) error {
 	if s.events == nil {
 		return &httpError{status: http.StatusServiceUnavailable, detail: "watching is not enabled on this server"}
 	}
+	// The token was verified as the stream opened; it is verified again
+	// every watchRecheck, so that revoking it (or its expiry) ends the
+	// stream too, not only requests to come.
+	token, err := parseBearer(r.Header.Values("Authorization"))
+	if err != nil {
+		return err
+	}
 	ctx := r.Context()
 	sub, err := s.events.Subscribe(ctx, principalFrom(ctx).Sub)
 	if err != nil {
@@ -244,10 +254,19 @@ func (s *Server) watchNodes(w http.ResponseWriter, r *http.Request) error {
 
 	keepAlive := time.NewTicker(s.watchKeepAlive)
 	defer keepAlive.Stop()
+	recheck := time.NewTicker(s.watchRecheck)
+	defer recheck.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-recheck.C:
+			if _, err := s.auth.Verify(token); err != nil && !errors.Is(err, registry.ErrUnavailable) {
+				// The reason stays out of the stream (a comment ends at a
+				// newline); a reconnect with the token gets it in a 401.
+				_ = send(": the token is no longer valid (revoked or expired); stream ended\n\n")
+				return nil
+			}
 		case <-sub.Done():
 			// Fell behind (or the server is stopping): end the stream; the
 			// client resumes with Last-Event-ID from the change log.

@@ -269,19 +269,20 @@ func isPostgres(pid int) bool {
 func (c *Cluster) makeSocketDir(ra runAs) error {
 	dir := filepath.Join(c.dataDir, "run")
 	if len(filepath.Join(dir, ".s.PGSQL."+strconv.Itoa(port))) < maxSocketPath {
-		if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		if err := makeRunDir(c.dataDir, "run", ra); err != nil {
 			return fmt.Errorf("pglocal: socket dir: %w", err)
 		}
-	} else {
-		var err error
-		if dir, err = os.MkdirTemp("", "pgsock"); err != nil {
-			return fmt.Errorf("pglocal: socket dir: %w", err)
-		}
-		c.tempSock = true
+		c.sockDir = dir
+		return nil
 	}
+	dir, err := os.MkdirTemp("", "pgsock")
+	if err != nil {
+		return fmt.Errorf("pglocal: socket dir: %w", err)
+	}
+	c.tempSock = true
 	c.sockDir = dir
-	err := errors.Join(os.Chmod(dir, 0o700), ra.chown(dir))
-	if err == nil && c.tempSock {
+	err = errors.Join(os.Chmod(dir, 0o700), ra.chown(dir))
+	if err == nil {
 		err = ra.checkAccess(dir) // $TMPDIR may point somewhere the server user cannot reach
 	}
 	if err != nil {
@@ -289,6 +290,37 @@ func (c *Cluster) makeSocketDir(ra runAs) error {
 		return fmt.Errorf("pglocal: socket dir: %w", err)
 	}
 	return nil
+}
+
+// makeRunDir makes name in the cluster directory dataDir a directory of
+// the server user's, mode 0700. The cluster directory belongs to the server
+// user, who may have put anything at name: a link there must not make us
+// (root) chmod and chown its target, which could be any directory of the
+// machine. So only a real directory is accepted, and it is changed through
+// an os.Root of dataDir, through which no link (even one swapped in after
+// the check) leads outside the cluster directory.
+func makeRunDir(dataDir, name string, ra runAs) error {
+	root, err := os.OpenRoot(dataDir)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	if err := root.Mkdir(name, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return err
+	}
+	fi, err := root.Lstat(name)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("%s is not a directory (%v); remove it and start again",
+			filepath.Join(dataDir, name), fi.Mode().Type())
+	}
+	err = root.Chmod(name, 0o700)
+	if ra.cred != nil {
+		err = errors.Join(err, root.Chown(name, int(ra.uid), int(ra.gid)))
+	}
+	return err
 }
 
 func (c *Cluster) removeTempSocketDir() error {

@@ -78,13 +78,16 @@ type Principal struct {
 }
 
 // MayActAs reports whether p may act on behalf of node n (the Node-Id
-// header): the agent that registered it, or any admin.
+// header): the agent that registered it, or any admin. An agent bound to
+// its hosts (IPs set) acts only as nodes at its addresses, so that when
+// many hosts' agents share one subject, a leaked token cannot change or
+// delete the nodes of the others.
 func (p Principal) MayActAs(n Node) bool {
 	switch p.Role {
 	case RoleAdmin:
 		return true
 	case RoleAgent:
-		return n.Owner != nil && *n.Owner == p.Sub
+		return n.Owner != nil && *n.Owner == p.Sub && p.MayUseIP(n.IP)
 	}
 	return false
 }

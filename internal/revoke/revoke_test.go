@@ -145,12 +145,19 @@ func TestReloadsAfterReconnect(t *testing.T) {
 	l := revoke.New(open(t, url), revoke.Options{Channel: store.RevocationsChannel, Reload: time.Hour})
 	start(t, l)
 	loads := l.Loads()
-	// End the listening session from the server side.
+	// End the listening session from the server side, once it listens:
+	// the first load can come before the session has sent its LISTEN.
 	var n int
-	if err := st.Pool().QueryRow(context.Background(), `
-		SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-		WHERE datname = current_database() AND query LIKE 'LISTEN%' AND pid <> pg_backend_pid()`).Scan(&n); err != nil || n != 1 {
-		t.Fatalf("terminated %d listening sessions: %v", n, err)
+	eventually(t, 5*time.Second, "the listening session is up and terminated", func() bool {
+		if err := st.Pool().QueryRow(context.Background(), `
+			SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+			WHERE datname = current_database() AND query LIKE 'LISTEN%' AND pid <> pg_backend_pid()`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n > 0
+	})
+	if n != 1 {
+		t.Fatalf("terminated %d listening sessions, want 1", n)
 	}
 	if _, err := st.RevokeTokens(context.Background(), admin, registry.Revocation{Sub: "leaked"}); err != nil {
 		t.Fatal(err)

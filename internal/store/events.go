@@ -163,6 +163,7 @@ func (s *Store) EventHorizon(ctx context.Context) (pruned, latest int64, err err
 // PruneEvents deletes stamped events older than before, keeping the newest
 // one so the latest id survives an idle period, and raises the horizon.
 func (s *Store) PruneEvents(ctx context.Context, before time.Time) (int64, error) {
+	ctx = withoutStatementTimeout(ctx) // a day of events may take a while to delete
 	var n int64
 	err := s.WithTx(ctx, func(tx *Store) error {
 		if _, err := tx.db.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(sequencerLockID)); err != nil {

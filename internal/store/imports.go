@@ -45,6 +45,9 @@ func (s *Store) ApplyImport(ctx context.Context, actor registry.Actor, source st
 	if _, ok := importLocks[source]; !ok {
 		return res, registry.Invalidf("unknown import source %q", source)
 	}
+	// A pass over a large inventory may take its statements long; it is
+	// bounded as a whole by the caller (REGISTRY_SYNC_TIMEOUT).
+	ctx = withoutStatementTimeout(ctx)
 	err := s.WithTx(ctx, func(tx *Store) error {
 		res = registry.ImportResult{}
 		if _, err := tx.db.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, importLocks[source]); err != nil {

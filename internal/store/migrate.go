@@ -49,7 +49,7 @@ func (m *Migrator) Close() error { return m.db.Close() }
 
 // Up applies every pending migration and returns what ran.
 func (m *Migrator) Up(ctx context.Context) ([]*goose.MigrationResult, error) {
-	res, err := m.provider.Up(ctx)
+	res, err := m.provider.Up(withoutStatementTimeout(ctx))
 	if err != nil {
 		return res, fmt.Errorf("store: migrate up: %w", translate(err))
 	}
@@ -58,7 +58,7 @@ func (m *Migrator) Up(ctx context.Context) ([]*goose.MigrationResult, error) {
 
 // Down rolls back the newest applied migration.
 func (m *Migrator) Down(ctx context.Context) (*goose.MigrationResult, error) {
-	res, err := m.provider.Down(ctx)
+	res, err := m.provider.Down(withoutStatementTimeout(ctx))
 	if err != nil {
 		return res, fmt.Errorf("store: migrate down: %w", translate(err))
 	}
@@ -67,7 +67,7 @@ func (m *Migrator) Down(ctx context.Context) (*goose.MigrationResult, error) {
 
 // Status lists every known migration and whether it is applied.
 func (m *Migrator) Status(ctx context.Context) ([]*goose.MigrationStatus, error) {
-	st, err := m.provider.Status(ctx)
+	st, err := m.provider.Status(withoutStatementTimeout(ctx))
 	if err != nil {
 		return nil, fmt.Errorf("store: migrate status: %w", translate(err))
 	}

@@ -49,6 +49,13 @@ type Options struct {
 	// that stopped answering, or more load than the pool serves — requests
 	// then get 503 with Retry-After instead of queueing without end.
 	AcquireTimeout time.Duration
+	// StatementTimeout bounds each statement on a connection the pool
+	// handed out, from sending it to reading its last row; default 30s.
+	// A database that stops answering (a frozen host, a network partition
+	// that resets nothing) then fails the statement as unavailable instead
+	// of holding its request until the client gives up. Migrations, import
+	// passes and pruning are not bounded (see withoutStatementTimeout).
+	StatementTimeout time.Duration
 }
 
 // Open connects to the database at url. It does not check the schema; see
@@ -68,7 +75,8 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 			cfg.ConnConfig.ConnectTimeout = 5 * time.Second
 		}
 	}
-	cfg.ConnConfig.Tracer = acquireBound{wait: cmp.Or(opts.AcquireTimeout, defaultAcquireTimeout)}
+	cfg.ConnConfig.Tracer = bounds{wait: cmp.Or(opts.AcquireTimeout, defaultAcquireTimeout),
+		statement: cmp.Or(opts.StatementTimeout, defaultStatementTimeout)}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("store: open: %w", translate(err))

@@ -438,13 +438,8 @@ func (h *Hub) Subscribe(ctx context.Context, principal string) (Stream, error) {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.streams >= h.opts.MaxStreams {
-		return nil, registry.Errorf(registry.ErrTooMany,
-			"this server already has %d watch streams open, its maximum; retry later or watch through another replica", h.streams)
-	}
-	if n := h.byPrincipal[principal]; n >= h.opts.MaxPerPrincipal {
-		return nil, registry.Errorf(registry.ErrTooMany,
-			"%q already has %d watch streams open on this server, the maximum per principal; close one or retry later", principal, n)
+	if err := h.admitLocked(principal); err != nil {
+		return nil, err
 	}
 	s := &Subscription{hub: h, principal: principal, last: h.last,
 		wake: make(chan struct{}, 1), done: make(chan struct{})}
@@ -457,6 +452,28 @@ func (h *Hub) Subscribe(ctx context.Context, principal string) (Stream, error) {
 		h.subs[s] = struct{}{}
 	}
 	return s, nil
+}
+
+// Admit reports whether Subscribe would take a subscription of principal
+// now, without taking one: an error matching registry.ErrTooMany when a
+// cap is reached (what HEAD of a watch answers).
+func (h *Hub) Admit(principal string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.admitLocked(principal)
+}
+
+// admitLocked is Admit with h.mu held.
+func (h *Hub) admitLocked(principal string) error {
+	if h.streams >= h.opts.MaxStreams {
+		return registry.Errorf(registry.ErrTooMany,
+			"this server already has %d watch streams open, its maximum; retry later or watch through another replica", h.streams)
+	}
+	if n := h.byPrincipal[principal]; n >= h.opts.MaxPerPrincipal {
+		return registry.Errorf(registry.ErrTooMany,
+			"%q already has %d watch streams open on this server, the maximum per principal; close one or retry later", principal, n)
+	}
+	return nil
 }
 
 // Streams returns how many subscriptions are open.

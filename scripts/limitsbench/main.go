@@ -3,6 +3,7 @@
 // scripts/measure-limits.sh, which starts the server; see there.
 //
 //	limitsbench idle     -addr HOST:PORT -n 1100
+//	limitsbench trickle  -addr HOST:PORT -n 1000
 //	limitsbench watchers -addr HOST:PORT -token T -pid PID -n 2000 -changes 600 -resume 300
 package main
 
@@ -28,13 +29,15 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: limitsbench idle|watchers [flags]")
+		fmt.Fprintln(os.Stderr, "usage: limitsbench idle|trickle|watchers [flags]")
 		os.Exit(2)
 	}
 	var err error
 	switch os.Args[1] {
 	case "idle":
 		err = idle(os.Args[2:])
+	case "trickle":
+		err = trickle(os.Args[2:])
 	case "watchers":
 		err = watchers(os.Args[2:])
 	default:
@@ -166,6 +169,78 @@ func idle(args []string) error {
 	}
 	wg.Wait()
 	fmt.Printf("held connections the server has closed: %d of %d\n", closed.Load(), len(conns))
+	return nil
+}
+
+// trickle holds n connections that each send GET /healthz announcing a
+// body of 100,000 bytes and then trickle it, a byte every 2 s, with no
+// token, then times a new client's GET /healthz. Before the fix net/http
+// read such bodies for up to ReadTimeout (30 s) with the connection busy,
+// where the connection limit cannot close it for a newcomer.
+func trickle(args []string) error {
+	fs := flag.NewFlagSet("trickle", flag.ExitOnError)
+	addr := fs.String("addr", "127.0.0.1:8080", "server address")
+	n := fs.Int("n", 1000, "trickling connections to hold")
+	wait := fs.Duration("wait", 10*time.Second, "how long the new client waits at most")
+	_ = fs.Parse(args)
+
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	held, failed := 0, 0
+	start := time.Now()
+	for range *n {
+		c, err := dial(*addr)
+		if err != nil {
+			failed++
+			continue
+		}
+		_ = c.c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.WriteString(c.c, "GET /healthz HTTP/1.1\r\nHost: registryd\r\nContent-Length: 100000\r\n\r\nx"); err != nil {
+			c.c.Close()
+			failed++
+			continue
+		}
+		held++
+		wg.Go(func() {
+			defer c.c.Close()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(2 * time.Second):
+				}
+				_ = c.c.SetWriteDeadline(time.Now().Add(time.Second))
+				if _, err := c.c.Write([]byte("x")); err != nil {
+					return
+				}
+			}
+		})
+	}
+	fmt.Printf("opened %d trickling connections in %.1fs (%d failed)\n", held, time.Since(start).Seconds(), failed)
+	time.Sleep(3 * time.Second) // past the limit's grace for connections without a request
+
+	for range 3 {
+		t0 := time.Now()
+		c, err := dial(*addr)
+		if err == nil {
+			err = c.send("GET", "/healthz", "", "")
+		}
+		code := 0
+		if err == nil {
+			code, err = c.status(*wait)
+		}
+		took := time.Since(t0)
+		if err != nil {
+			fmt.Printf("new client: no answer after %.2fs: %v\n", took.Seconds(), err)
+		} else {
+			fmt.Printf("new client: HTTP %d in %.1f ms\n", code, float64(took.Microseconds())/1000)
+		}
+		if c != nil {
+			c.c.Close()
+		}
+	}
 	return nil
 }
 
