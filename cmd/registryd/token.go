@@ -110,7 +110,7 @@ func revokeCmd(ctx context.Context, cfg config, args []string, stdout, stderr io
 		}
 		rev.Until = &t
 	}
-	if err := rev.Normalize(); err != nil {
+	if err := rev.Normalize(time.Now()); err != nil {
 		return err
 	}
 	logger := newLogger(cfg, stderr)

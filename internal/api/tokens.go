@@ -39,7 +39,7 @@ func (s *Server) revokeTokens(w http.ResponseWriter, r *http.Request) error {
 		f.errs.Add("jti", "must not be empty")
 	}
 	if !f.errs.Has("sub") && !f.errs.Has("jti") {
-		f.check(rev.Normalize())
+		f.check(rev.Normalize(time.Now()))
 	}
 	if err := f.err(); err != nil {
 		return err

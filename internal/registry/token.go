@@ -132,8 +132,10 @@ type Revocation struct {
 const MaxTokenIDLen = 200
 
 // Normalize validates a revocation request: exactly one of Sub and JTI,
-// each a sane label, and Until only with JTI.
-func (r *Revocation) Normalize() error {
+// each a sane label, and Until only with JTI and not before now. A past
+// Until would let the revocation be forgotten while the token, whose real
+// expiry the caller got wrong, still works.
+func (r *Revocation) Normalize(now time.Time) error {
 	var fe FieldErrors
 	switch {
 	case r.Sub == "" && r.JTI == "":
@@ -150,6 +152,9 @@ func (r *Revocation) Normalize() error {
 	default:
 		if msg := CheckLabel(r.JTI, MaxTokenIDLen); msg != "" {
 			fe.Add("jti", "%s", msg)
+		}
+		if r.Until != nil && r.Until.Before(now) {
+			fe.Add("until", "is in the past; give the token's expiry (its exp), or leave until out to keep the revocation for the longest lifetime a token may have")
 		}
 	}
 	return fe.Err()

@@ -99,7 +99,8 @@ func TestRevocationSet(t *testing.T) {
 }
 
 func TestRevocationNormalize(t *testing.T) {
-	u := time.Now()
+	now := time.Now()
+	u, past := now.Add(time.Hour), now.Add(-time.Second)
 	for _, tc := range []struct {
 		r    Revocation
 		want string // the fields at fault
@@ -107,6 +108,8 @@ func TestRevocationNormalize(t *testing.T) {
 		{Revocation{Sub: "agent-1"}, ""},
 		{Revocation{JTI: "abc"}, ""},
 		{Revocation{JTI: "abc", Until: &u}, ""},
+		{Revocation{JTI: "abc", Until: &now}, ""},
+		{Revocation{JTI: "abc", Until: &past}, "[until]"},
 		{Revocation{}, "[sub]"},
 		{Revocation{Sub: "a", JTI: "b"}, "[jti]"},
 		{Revocation{Sub: "a", Until: &u}, "[until]"},
@@ -114,7 +117,7 @@ func TestRevocationNormalize(t *testing.T) {
 		{Revocation{JTI: strings.Repeat("x", MaxTokenIDLen+1)}, "[jti]"},
 	} {
 		var fields []string
-		for _, f := range FieldsOf(tc.r.Normalize()) {
+		for _, f := range FieldsOf(tc.r.Normalize(now)) {
 			fields = append(fields, f.Field)
 		}
 		got := ""

@@ -245,9 +245,11 @@ func TestPrune(t *testing.T) {
 	t.Parallel()
 	st := open(t, pgtest.New(t))
 	ctx := context.Background()
-	past, future := time.Now().Add(-time.Hour), time.Now().Add(time.Hour)
+	// A revocation's until may not lie in the past; "expired" is one whose
+	// token expires in a second, pruned as if that second had passed.
+	soon, future := time.Now().Add(time.Second), time.Now().Add(time.Hour)
 	for _, r := range []registry.Revocation{
-		{JTI: "expired", Until: &past}, {JTI: "live", Until: &future}, {JTI: "unknown"}, {Sub: "someone"},
+		{JTI: "expired", Until: &soon}, {JTI: "live", Until: &future}, {JTI: "unknown"}, {Sub: "someone"},
 	} {
 		if _, err := st.RevokeTokens(ctx, admin, r); err != nil {
 			t.Fatal(err)
@@ -259,10 +261,11 @@ func TestPrune(t *testing.T) {
 		return n
 	}
 	// Unknown expiry, revoked just now: kept while the longest lifetime runs.
-	if n, err := st.PruneRevocations(ctx, time.Now(), time.Now().Add(-time.Hour)); err != nil || n != 1 {
+	later := soon.Add(time.Second)
+	if n, err := st.PruneRevocations(ctx, later, time.Now().Add(-time.Hour)); err != nil || n != 1 {
 		t.Fatalf("pruned %d: %v", n, err)
 	}
-	if n, err := st.PruneRevocations(ctx, time.Now(), time.Now().Add(time.Minute)); err != nil || n != 1 {
+	if n, err := st.PruneRevocations(ctx, later, time.Now().Add(time.Minute)); err != nil || n != 1 {
 		t.Fatalf("pruned %d: %v", n, err)
 	}
 	if n := count(); n != 2 {

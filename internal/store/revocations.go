@@ -56,7 +56,7 @@ func scanRevocation(row pgx.CollectableRow) (registry.Revocation, error) {
 // anyway; nil (unknown) wins over any date, since the row then stays for
 // the longest lifetime a token may have. ErrInvalid when r is malformed.
 func (s *Store) RevokeTokens(ctx context.Context, a registry.Actor, r registry.Revocation) (out registry.Revocation, err error) {
-	if err := r.Normalize(); err != nil {
+	if err := r.Normalize(time.Now()); err != nil {
 		return registry.Revocation{}, err
 	}
 	err = s.WithTx(ctx, func(tx *Store) error {
