@@ -45,6 +45,9 @@ type config struct {
 	SyncTimeout  time.Duration // REGISTRY_SYNC_TIMEOUT
 
 	embedded embeddedTuning // tests only; not from the environment
+	// revocationsWait bounds serve's wait for the first load of the token
+	// revocation list; 30s when zero. Tests only; not from the environment.
+	revocationsWait time.Duration
 }
 
 // scpConfig enables the Samsung SDS Cloud importer when Endpoint is set.

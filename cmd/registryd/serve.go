@@ -22,6 +22,7 @@ import (
 	"github.com/registryd/registryd/internal/auth"
 	"github.com/registryd/registryd/internal/connlimit"
 	"github.com/registryd/registryd/internal/heartbeat"
+	"github.com/registryd/registryd/internal/lifecycle"
 	"github.com/registryd/registryd/internal/pglocal"
 	"github.com/registryd/registryd/internal/registry"
 	"github.com/registryd/registryd/internal/revoke"
@@ -248,10 +249,7 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 	// waits for it below).
 	revocations := revoke.New(db.store, revoke.Options{Channel: store.RevocationsChannel,
 		Keep: cfg.TokenLifetimes.Longest() + 2*auth.Leeway, Leeway: auth.Leeway, Logger: logger})
-	revokeCtx, stopRevoke := context.WithCancel(ctx)
-	revokeDone := make(chan struct{})
-	go func() { revocations.Run(revokeCtx); close(revokeDone) }()
-	defer func() { stopRevoke(); <-revokeDone }()
+	defer lifecycle.Go(ctx, revocations.Run)()
 	verifier, err := auth.NewVerifier(auth.Config{Secret: secret, PublicKeys: cfg.JWTPublicKeys,
 		Issuer: cfg.JWTIssuer, Audience: cfg.JWTAudience, Lifetimes: cfg.TokenLifetimes,
 		RequireAgentIPs: cfg.AgentRequireIP, Revocations: revocations})
@@ -261,10 +259,7 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 
 	// Heartbeats outlive the HTTP server by one final flush.
 	beats := heartbeat.New(db.store, heartbeat.Options{Logger: logger})
-	beatCtx, stopBeats := context.WithCancel(context.WithoutCancel(ctx))
-	beatsDone := make(chan struct{})
-	go func() { beats.Run(beatCtx); close(beatsDone) }()
-	defer func() { stopBeats(); <-beatsDone }()
+	defer lifecycle.Go(context.WithoutCancel(ctx), beats.Run)()
 
 	// The sync loop runs when a provider is configured; replicas take turns
 	// through an advisory lock.
@@ -273,9 +268,7 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 		return err
 	}
 	if syncWorker != nil {
-		syncDone := make(chan struct{})
-		go func() { syncWorker.Run(ctx); close(syncDone) }()
-		defer func() { <-syncDone }()
+		defer lifecycle.Go(ctx, syncWorker.Run)()
 	}
 
 	lim := deriveLimits(cfg.limits, int(db.store.Pool().Config().MaxConns), logger)
@@ -292,9 +285,7 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 		BackfillConcurrency: lim.WatchBackfillConcurrency,
 		Logger:              logger,
 	})
-	hubDone := make(chan struct{})
-	go func() { hub.Run(ctx); close(hubDone) }()
-	defer func() { <-hubDone }()
+	defer lifecycle.Go(ctx, hub.Run)()
 
 	handler := api.New(api.Config{
 		Store:      db.store,
@@ -335,8 +326,8 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 	case <-revocations.Loaded():
 	case <-ctx.Done():
 		return nil
-	case <-time.After(30 * time.Second):
-		return errors.New("could not load the token revocation list within 30s; is the database reachable?")
+	case <-time.After(cmp.Or(cfg.revocationsWait, 30*time.Second)):
+		return fmt.Errorf("could not load the token revocation list within %s; is the database reachable?", cmp.Or(cfg.revocationsWait, 30*time.Second))
 	}
 	addr := "http://" + ln.Addr().String()
 	logger.Info("registryd listening", "addr", addr, "embedded_postgres", db.embedded)
