@@ -54,11 +54,7 @@ type outageServer struct {
 
 func newOutageServer(t *testing.T, dbURL string) *outageServer {
 	t.Helper()
-	st, err := store.Open(context.Background(), dbURL, store.Options{MaxConns: 8, ConnectTimeout: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
+	st := pgtest.Open(t, dbURL, store.Options{MaxConns: 8, ConnectTimeout: 2 * time.Second})
 	logs := &apitest.Buffer{}
 	logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	beats := heartbeat.New(st, heartbeat.Options{Interval: 100 * time.Millisecond, Logger: logger})
@@ -439,11 +435,7 @@ func TestOutageFailover(t *testing.T) {
 func TestPoolExhausted(t *testing.T) {
 	t.Parallel()
 	dbURL := pgtest.New(t)
-	st, err := store.Open(context.Background(), dbURL, store.Options{MaxConns: 1, AcquireTimeout: 300 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
+	st := pgtest.Open(t, dbURL, store.Options{MaxConns: 1, AcquireTimeout: 300 * time.Millisecond})
 	verifier, err := auth.NewVerifier(auth.Config{Secret: testSecret})
 	if err != nil {
 		t.Fatal(err)
@@ -479,11 +471,7 @@ func TestPoolExhausted(t *testing.T) {
 func TestClientGoneIsNotAnOutage(t *testing.T) {
 	t.Parallel()
 	dbURL := pgtest.New(t)
-	st, err := store.Open(context.Background(), dbURL, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
+	st := pgtest.Open(t, dbURL, store.Options{})
 	logs := &apitest.Buffer{}
 	logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	verifier, err := auth.NewVerifier(auth.Config{Secret: testSecret})

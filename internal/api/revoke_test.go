@@ -12,6 +12,7 @@ import (
 	registryd "github.com/registryd/registryd"
 	"github.com/registryd/registryd/internal/api"
 	"github.com/registryd/registryd/internal/auth"
+	"github.com/registryd/registryd/internal/pgtest"
 	"github.com/registryd/registryd/internal/registry"
 	"github.com/registryd/registryd/internal/revoke"
 	"github.com/registryd/registryd/internal/store"
@@ -48,11 +49,7 @@ type replica struct {
 func newReplica(b *bundle) *replica {
 	t := b.t
 	t.Helper()
-	st, err := store.Open(context.Background(), b.dbURL, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
+	st := pgtest.Open(t, b.dbURL, store.Options{})
 	cs := &revocationCounter{Store: st}
 	list := revoke.New(cs, revoke.Options{Channel: store.RevocationsChannel, Reload: time.Hour})
 	ctx, cancel := context.WithCancel(context.Background())

@@ -65,11 +65,7 @@ func setup(t *testing.T, opts ...option) *bundle {
 func another(t *testing.T, opts ...option) *bundle {
 	t.Helper()
 	dbURL := pgtest.New(t)
-	st, err := store.Open(context.Background(), dbURL, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
+	st := pgtest.Open(t, dbURL, store.Options{})
 	logger := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 	verifier, err := auth.NewVerifier(auth.Config{Secret: testSecret})
 	if err != nil {

@@ -128,6 +128,18 @@ func NewEmpty(t testing.TB) string {
 	return WithDatabase(admin, name)
 }
 
+// Open opens a store on url (a database from New, say) with opts, closed
+// when the test ends.
+func Open(t testing.TB, url string, opts store.Options) *store.Store {
+	t.Helper()
+	st, err := store.Open(context.Background(), url, opts)
+	if err != nil {
+		t.Fatalf("pgtest: open store: %v", err)
+	}
+	t.Cleanup(st.Close)
+	return st
+}
+
 // WithDatabase returns rawURL pointing at database name instead.
 func WithDatabase(rawURL, name string) string {
 	u, err := url.Parse(rawURL)

@@ -18,16 +18,6 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 
 var admin = registry.Actor{Principal: registry.Principal{Sub: "root", Role: registry.RoleAdmin}}
 
-func open(t *testing.T, url string) *store.Store {
-	t.Helper()
-	st, err := store.Open(context.Background(), url, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
-	return st
-}
-
 // counting counts the loads that reach the database.
 type counting struct {
 	*store.Store
@@ -93,7 +83,7 @@ func revoked(t *testing.T, l *revoke.List, sub, jti string, iat *time.Time) bool
 // unchecked.
 func TestFailsClosedUntilLoaded(t *testing.T) {
 	t.Parallel()
-	l := revoke.New(open(t, pgtest.New(t)), revoke.Options{Channel: store.RevocationsChannel})
+	l := revoke.New(pgtest.Open(t, pgtest.New(t), store.Options{}), revoke.Options{Channel: store.RevocationsChannel})
 	if _, err := l.Revoked("anyone", "", nil); !errors.Is(err, registry.ErrUnavailable) {
 		t.Fatalf("before loading: %v", err)
 	}
@@ -111,10 +101,10 @@ func TestFailsClosedUntilLoaded(t *testing.T) {
 func TestNotificationReachesEveryReplica(t *testing.T) {
 	t.Parallel()
 	url := pgtest.New(t)
-	writer := open(t, url)
+	writer := pgtest.Open(t, url, store.Options{})
 	lists := []*revoke.List{
-		revoke.New(open(t, url), revoke.Options{Channel: store.RevocationsChannel, Reload: time.Hour}),
-		revoke.New(open(t, url), revoke.Options{Channel: store.RevocationsChannel, Reload: time.Hour}),
+		revoke.New(pgtest.Open(t, url, store.Options{}), revoke.Options{Channel: store.RevocationsChannel, Reload: time.Hour}),
+		revoke.New(pgtest.Open(t, url, store.Options{}), revoke.Options{Channel: store.RevocationsChannel, Reload: time.Hour}),
 	}
 	for _, l := range lists {
 		start(t, l)
@@ -141,8 +131,8 @@ func TestNotificationReachesEveryReplica(t *testing.T) {
 func TestReloadsAfterReconnect(t *testing.T) {
 	t.Parallel()
 	url := pgtest.New(t)
-	st := open(t, url)
-	l := revoke.New(open(t, url), revoke.Options{Channel: store.RevocationsChannel, Reload: time.Hour})
+	st := pgtest.Open(t, url, store.Options{})
+	l := revoke.New(pgtest.Open(t, url, store.Options{}), revoke.Options{Channel: store.RevocationsChannel, Reload: time.Hour})
 	start(t, l)
 	loads := l.Loads()
 	// End the listening session from the server side.
@@ -168,8 +158,8 @@ func TestReloadsAfterReconnect(t *testing.T) {
 func TestPeriodicReload(t *testing.T) {
 	t.Parallel()
 	url := pgtest.New(t)
-	st := open(t, url)
-	l := revoke.New(open(t, url), revoke.Options{Channel: "nobody_notifies_this", Reload: 100 * time.Millisecond})
+	st := pgtest.Open(t, url, store.Options{})
+	l := revoke.New(pgtest.Open(t, url, store.Options{}), revoke.Options{Channel: "nobody_notifies_this", Reload: 100 * time.Millisecond})
 	start(t, l)
 	if _, err := st.Pool().Exec(context.Background(), `INSERT INTO token_revocations (jti) VALUES ('by-hand')`); err != nil {
 		t.Fatal(err)
@@ -184,7 +174,7 @@ func TestPeriodicReload(t *testing.T) {
 func TestChecksCostNoQuery(t *testing.T) {
 	t.Parallel()
 	url := pgtest.New(t)
-	st := &counting{Store: open(t, url)}
+	st := &counting{Store: pgtest.Open(t, url, store.Options{})}
 	if _, err := st.RevokeTokens(context.Background(), admin, registry.Revocation{Sub: "leaked"}); err != nil {
 		t.Fatal(err)
 	}
@@ -214,7 +204,7 @@ func TestChecksCostNoQuery(t *testing.T) {
 // Run stops with its context and leaves no goroutine behind.
 func TestRunStops(t *testing.T) {
 	url := pgtest.New(t)
-	st := open(t, url)
+	st := pgtest.Open(t, url, store.Options{})
 	base := runtime.NumGoroutine()
 	l := revoke.New(st, revoke.Options{Channel: store.RevocationsChannel, Reload: 10 * time.Millisecond})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -236,7 +226,7 @@ func TestRunStops(t *testing.T) {
 // unknown expiry after the longest lifetime; subject revocations stay.
 func TestPrune(t *testing.T) {
 	t.Parallel()
-	st := open(t, pgtest.New(t))
+	st := pgtest.Open(t, pgtest.New(t), store.Options{})
 	ctx := context.Background()
 	past, future := time.Now().Add(-time.Hour), time.Now().Add(time.Hour)
 	for _, r := range []registry.Revocation{
