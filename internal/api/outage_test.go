@@ -277,23 +277,11 @@ func (l *load) snapshot() (acked int, statuses map[string]int) {
 	return len(l.acked), statuses
 }
 
-// await polls cond every 20ms until it holds or d passes.
-func await(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, d)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // awaitAcks waits until n more creates have been acknowledged.
 func (l *load) awaitAcks(n int, d time.Duration, what string) {
 	l.t.Helper()
 	start, _ := l.snapshot()
-	await(l.t, d, what, func() bool { got, _ := l.snapshot(); return got >= start+n })
+	apitest.Eventually(l.t, d, what, func() bool { got, _ := l.snapshot(); return got >= start+n })
 }
 
 // awaitUnavailable waits until the writers have seen n more 503s.
@@ -301,7 +289,7 @@ func (l *load) awaitUnavailable(n int, d time.Duration) {
 	l.t.Helper()
 	_, s := l.snapshot()
 	start := s["create 503"]
-	await(l.t, d, "writers see the outage", func() bool { _, s := l.snapshot(); return s["create 503"] >= start+n })
+	apitest.Eventually(l.t, d, "writers see the outage", func() bool { _, s := l.snapshot(); return s["create 503"] >= start+n })
 }
 
 // heartbeatDuringOutage notes a heartbeat while the database is down and
@@ -314,7 +302,7 @@ func (l *load) heartbeatDuringOutage() time.Time {
 	failures := strings.Count(l.srv.logs.String(), "heartbeat flush failed")
 	at := time.Now()
 	l.srv.beats.Record(l.agent)
-	await(l.t, 10*time.Second, "a flush of the heartbeat fails", func() bool {
+	apitest.Eventually(l.t, 10*time.Second, "a flush of the heartbeat fails", func() bool {
 		return strings.Count(l.srv.logs.String(), "heartbeat flush failed") >= failures+2
 	})
 	return at
@@ -371,7 +359,7 @@ func (l *load) verify(dbURL string, beatAt time.Time) {
 	if lastBeat.After(want) {
 		want = lastBeat
 	}
-	await(l.t, 10*time.Second, "the heartbeats reach the database", func() bool {
+	apitest.Eventually(l.t, 10*time.Second, "the heartbeats reach the database", func() bool {
 		var seen time.Time
 		err := conn.QueryRow(ctx, `SELECT last_seen FROM node_liveness WHERE node_pk = $1`, l.agent).Scan(&seen)
 		return err == nil && !seen.Before(want.Truncate(time.Microsecond))
@@ -515,7 +503,7 @@ func TestClientGoneIsNotAnOutage(t *testing.T) {
 		}
 		done <- err
 	}()
-	await(t, 10*time.Second, "the PATCH waits on the row lock", func() bool {
+	apitest.Eventually(t, 10*time.Second, "the PATCH waits on the row lock", func() bool {
 		var n int
 		err := holder.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n)
@@ -531,7 +519,7 @@ func TestClientGoneIsNotAnOutage(t *testing.T) {
 		t.Fatal("the client did not give up")
 	}
 	// The access log line is written once the handler has returned.
-	await(t, 10*time.Second, "the server finishes the canceled request", func() bool {
+	apitest.Eventually(t, 10*time.Second, "the server finishes the canceled request", func() bool {
 		return strings.Contains(logs.String(), `method=PATCH path=/v1/nodes/1 status=`)
 	})
 	out := logs.String()

@@ -11,6 +11,7 @@ import (
 
 	registryd "github.com/registryd/registryd"
 	"github.com/registryd/registryd/internal/api"
+	"github.com/registryd/registryd/internal/apitest"
 	"github.com/registryd/registryd/internal/auth"
 	"github.com/registryd/registryd/internal/pgtest"
 	"github.com/registryd/registryd/internal/registry"
@@ -63,11 +64,9 @@ func newReplica(b *bundle) *replica {
 	}
 	// Connecting the LISTEN session asks for one more load; let it settle
 	// so that tests counting loads count only what requests cause.
-	for deadline := time.Now().Add(10 * time.Second); !cs.listening.Load() || cs.loads.Load() < 2; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the revocation list's LISTEN session did not come up within 10s")
-		}
-	}
+	apitest.Eventually(t, 10*time.Second, "the revocation list's LISTEN session comes up", func() bool {
+		return cs.listening.Load() && cs.loads.Load() >= 2
+	})
 	verifier, err := auth.NewVerifier(auth.Config{Secret: testSecret, Revocations: list})
 	if err != nil {
 		t.Fatal(err)

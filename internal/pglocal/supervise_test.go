@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/registryd/registryd/internal/apitest"
 )
 
 // supervised runs Supervise on c until the test ends (or it returns).
@@ -43,16 +45,6 @@ func (s *supervised) wait(t *testing.T, limit time.Duration) error {
 	case <-time.After(limit):
 		t.Fatalf("Supervise still running after %s", limit)
 		return nil
-	}
-}
-
-// waitUntil polls cond every 20ms until it holds, failing after limit.
-func waitUntil(t *testing.T, limit time.Duration, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(limit); !cond(); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s", what, limit)
-		}
 	}
 }
 
@@ -128,7 +120,7 @@ func TestSuperviseRestarts(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-old.exited
-	waitUntil(t, 30*time.Second, "restart after SIGKILL", func() bool { return up(c) && queryWorks(url) })
+	apitest.Eventually(t, 30*time.Second, "restart after SIGKILL", func() bool { return up(c) && queryWorks(url) })
 	if st, err := readProcStat(backend); err == nil && st.state != 'Z' {
 		t.Errorf("the stopped backend %d of the killed server still runs", backend)
 	}
@@ -142,7 +134,7 @@ func TestSuperviseRestarts(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-old.exited
-	waitUntil(t, 30*time.Second, "restart after SIGINT", func() bool { return up(c) && queryWorks(url) })
+	apitest.Eventually(t, 30*time.Second, "restart after SIGINT", func() bool { return up(c) && queryWorks(url) })
 
 	// Restarts fail while the data directory is gone: the cluster reports
 	// itself down since the kill, and comes back once it returns.
@@ -160,14 +152,14 @@ func TestSuperviseRestarts(t *testing.T) {
 	if !down || since.Before(killedAt) || time.Since(since) > 10*time.Second {
 		t.Fatalf("DownSince = %v, %v after the kill at %v", since, down, killedAt)
 	}
-	waitUntil(t, 10*time.Second, "failed restarts", func() bool { return strings.Count(logs.String(), "restart failed") >= 3 })
+	apitest.Eventually(t, 10*time.Second, "failed restarts", func() bool { return strings.Count(logs.String(), "restart failed") >= 3 })
 	if s2, down := c.DownSince(); !down || !s2.Equal(since) {
 		t.Errorf("DownSince while restarts fail = %v, %v; want %v, true", s2, down, since)
 	}
 	if err := os.Rename(away, dir); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, 30*time.Second, "restart once the data is back", func() bool { return up(c) && queryWorks(url) })
+	apitest.Eventually(t, 30*time.Second, "restart once the data is back", func() bool { return up(c) && queryWorks(url) })
 
 	// Stop while restarts are failing, then the data comes back: no
 	// restart may follow, and Supervise returns nil.
@@ -178,7 +170,7 @@ func TestSuperviseRestarts(t *testing.T) {
 	_ = syscall.Kill(old.proc.Pid, syscall.SIGKILL)
 	<-old.exited
 	failed := strings.Count(logs.String(), "restart failed")
-	waitUntil(t, 10*time.Second, "a failed restart", func() bool { return strings.Count(logs.String(), "restart failed") > failed })
+	apitest.Eventually(t, 10*time.Second, "a failed restart", func() bool { return strings.Count(logs.String(), "restart failed") > failed })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_ = c.Stop(ctx) // reports the kill

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/registryd/registryd/internal/apitest"
 	"github.com/registryd/registryd/internal/pgtest"
 	"github.com/registryd/registryd/internal/registry"
 	"github.com/registryd/registryd/internal/revoke"
@@ -58,18 +59,6 @@ func start(t *testing.T, l *revoke.List) {
 	}
 }
 
-// eventually waits, at most limit, for cond.
-func eventually(t *testing.T, limit time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %s: %s", limit, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func revoked(t *testing.T, l *revoke.List, sub, jti string, iat *time.Time) bool {
 	t.Helper()
 	r, err := l.Revoked(sub, jti, iat)
@@ -117,7 +106,7 @@ func TestNotificationReachesEveryReplica(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, l := range lists {
-		eventually(t, 5*time.Second, "replica sees the revocations", func() bool {
+		apitest.Eventually(t, 5*time.Second, "replica sees the revocations", func() bool {
 			return revoked(t, l, "leaked", "", &before) && revoked(t, l, "x", "tok-1", nil)
 		})
 		if revoked(t, l, "other", "tok-2", &before) {
@@ -145,7 +134,7 @@ func TestReloadsAfterReconnect(t *testing.T) {
 	if _, err := st.RevokeTokens(context.Background(), admin, registry.Revocation{Sub: "leaked"}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "the list reloads after reconnecting", func() bool {
+	apitest.Eventually(t, 5*time.Second, "the list reloads after reconnecting", func() bool {
 		return revoked(t, l, "leaked", "", nil)
 	})
 	if l.Loads() == loads {
@@ -164,7 +153,7 @@ func TestPeriodicReload(t *testing.T) {
 	if _, err := st.Pool().Exec(context.Background(), `INSERT INTO token_revocations (jti) VALUES ('by-hand')`); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "the periodic reload sees the row", func() bool {
+	apitest.Eventually(t, 5*time.Second, "the periodic reload sees the row", func() bool {
 		return revoked(t, l, "x", "by-hand", nil)
 	})
 }
@@ -182,7 +171,7 @@ func TestChecksCostNoQuery(t *testing.T) {
 	start(t, l)
 	// Connecting the LISTEN session asks for one more load (whatever was
 	// stored while it was down); let that settle before counting.
-	eventually(t, 5*time.Second, "the LISTEN session is up and its reload done", func() bool {
+	apitest.Eventually(t, 5*time.Second, "the LISTEN session is up and its reload done", func() bool {
 		return st.listening.Load() && st.loads.Load() >= 2
 	})
 	loads := st.loads.Load()
@@ -217,7 +206,7 @@ func TestRunStops(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Run did not return within 5s")
 	}
-	eventually(t, 5*time.Second, "goroutines back to where they were", func() bool {
+	apitest.Eventually(t, 5*time.Second, "goroutines back to where they were", func() bool {
 		return runtime.NumGoroutine() <= base
 	})
 }
