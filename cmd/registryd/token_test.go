@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -63,7 +64,11 @@ func TestTokenConfigErrors(t *testing.T) {
 		{"REGISTRY_ADMIN_TOKEN_MAX_TTL": "-1h"},
 		{"REGISTRY_AGENT_REQUIRE_IP": "maybe"},
 	} {
-		_, _, err := runCmd(t, env, "token", "--sub", "x", "--role", "reader")
+		// Should a setting be accepted by mistake, the token command's
+		// secret goes to a temporary folder, not into the source tree.
+		withDir := maps.Clone(env)
+		withDir["REGISTRY_DATA_DIR"] = t.TempDir()
+		_, _, err := runCmd(t, withDir, "token", "--sub", "x", "--role", "reader")
 		for k := range env {
 			if err == nil || !strings.Contains(err.Error(), k) {
 				t.Errorf("%v: error %v does not name %s", env, err, k)
