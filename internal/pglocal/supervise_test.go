@@ -232,3 +232,44 @@ func TestSuperviseGivesUp(t *testing.T) {
 		t.Error("DownSince: want down after giving up")
 	}
 }
+
+// A server that starts again but dies soon after, every time, is a crash
+// loop: each such restart counts as failed (the server was not up for
+// StableAfter), so Supervise gives up after Attempts of them instead of
+// restarting it forever, and the caller can exit for its own supervisor.
+func TestSuperviseGivesUpOnCrashLoop(t *testing.T) {
+	t.Parallel()
+	needBinaries(t)
+	dir := filepath.Join(reachableTempDir(t), "data")
+	c := start(t, Options{DataDir: dir, Ephemeral: true, Logger: testLogger(t)})
+	sup := supervise(t, c, SuperviseOptions{Attempts: 3, Backoff: 10 * time.Millisecond, StableAfter: time.Hour})
+	// Kill every postmaster as soon as it is up, until Supervise returns.
+	killed := map[int]bool{}
+	deadline := time.After(60 * time.Second)
+	for done := false; !done; {
+		if s := c.current(); up(c) && !killed[s.proc.Pid] {
+			killed[s.proc.Pid] = true
+			if err := syscall.Kill(s.proc.Pid, syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+		}
+		select {
+		case <-sup.done:
+			done = true
+		case <-deadline:
+			t.Fatalf("Supervise still restarting after 60s and %d kills", len(killed))
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if err := sup.err; err == nil || !strings.Contains(err.Error(), "could not be restarted") || !strings.Contains(err.Error(), dir) {
+		t.Fatalf("Supervise: %v; want it to give up naming %s", err, dir)
+	}
+	// The first kill ends a server that was up all along; the restarts
+	// after it are the loop: Attempts of them, then no more.
+	if len(killed) != 1+3 {
+		t.Errorf("%d servers killed, want 4: the first and 3 restarts", len(killed))
+	}
+	if _, down := c.DownSince(); !down {
+		t.Error("DownSince: want down after giving up")
+	}
+}
