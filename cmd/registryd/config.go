@@ -12,6 +12,7 @@ import (
 
 	"github.com/registryd/registryd/internal/auth"
 	"github.com/registryd/registryd/internal/provider"
+	"github.com/registryd/registryd/internal/watch"
 )
 
 // config is every setting, loaded once from the environment and validated.
@@ -255,7 +256,7 @@ type limits struct {
 }
 
 func loadLimits(getenv func(string) string, errs *[]string) limits {
-	l := limits{WatchMaxPerPrincipal: 64, WatchBufferBytes: 1 << 20}
+	l := limits{WatchMaxPerPrincipal: watch.DefaultMaxPerPrincipal, WatchBufferBytes: watch.DefaultMaxPending}
 	for _, v := range []struct {
 		name string
 		min  int
