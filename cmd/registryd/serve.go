@@ -40,11 +40,13 @@ func newLogger(cfg config, w io.Writer) *slog.Logger {
 
 // database is an open store plus whatever must be stopped after it.
 type database struct {
-	store    *store.Store
-	embedded bool
-	cluster  *pglocal.Cluster // the embedded PostgreSQL; nil for REGISTRY_DATABASE_URL
-	close    func()
+	store   *store.Store
+	cluster *pglocal.Cluster // the embedded PostgreSQL; nil for REGISTRY_DATABASE_URL
+	close   func()
 }
+
+// embedded reports whether this is registryd's own PostgreSQL.
+func (db *database) embedded() bool { return db.cluster != nil }
 
 // openDatabase connects to REGISTRY_DATABASE_URL, or starts the embedded
 // PostgreSQL when it is unset.
@@ -71,8 +73,7 @@ func openDatabase(ctx context.Context, cfg config, logger *slog.Logger) (*databa
 		stopCluster()
 		return nil, err
 	}
-	return &database{store: st, embedded: cluster != nil, cluster: cluster,
-		close: func() { st.Close(); stopCluster() }}, nil
+	return &database{store: st, cluster: cluster, close: func() { st.Close(); stopCluster() }}, nil
 }
 
 // embeddedDataDir resolves REGISTRY_DATA_DIR for the embedded default. It
@@ -187,7 +188,7 @@ func openMigrated(ctx context.Context, cfg config, logger *slog.Logger) (*databa
 // prepareSchema migrates when allowed, otherwise refuses a schema that is
 // not exactly the one this binary knows.
 func prepareSchema(ctx context.Context, db *database, migrate bool, logger *slog.Logger) error {
-	if migrate || db.embedded {
+	if migrate || db.embedded() {
 		m, err := db.store.NewMigrator(logger)
 		if err != nil {
 			return err
@@ -316,9 +317,9 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 		return err
 	}
 	addr := "http://" + ln.Addr().String()
-	logger.Info("registryd listening", "addr", addr, "embedded_postgres", db.embedded)
+	logger.Info("registryd listening", "addr", addr, "embedded_postgres", db.embedded())
 	fmt.Fprintf(stdout, "registryd is serving on %s\n", addr)
-	if db.embedded && cfg.JWTSecret == nil && secret != nil {
+	if db.embedded() && cfg.JWTSecret == nil && secret != nil {
 		if err := printAdminToken(stdout, cfg, secret, addr); err != nil {
 			return err
 		}
