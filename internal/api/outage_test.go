@@ -22,6 +22,7 @@ import (
 	"github.com/registryd/registryd/internal/apitest"
 	"github.com/registryd/registryd/internal/auth"
 	"github.com/registryd/registryd/internal/heartbeat"
+	"github.com/registryd/registryd/internal/lifecycle"
 	"github.com/registryd/registryd/internal/pgtest"
 	"github.com/registryd/registryd/internal/registry"
 	"github.com/registryd/registryd/internal/store"
@@ -58,10 +59,7 @@ func newOutageServer(t *testing.T, dbURL string) *outageServer {
 	logs := &apitest.Buffer{}
 	logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	beats := heartbeat.New(st, heartbeat.Options{Interval: 100 * time.Millisecond, Logger: logger})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { beats.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(lifecycle.Go(context.Background(), beats.Run))
 	verifier, err := auth.NewVerifier(auth.Config{Secret: testSecret})
 	if err != nil {
 		t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 	"github.com/registryd/registryd/internal/api"
 	"github.com/registryd/registryd/internal/apitest"
 	"github.com/registryd/registryd/internal/auth"
+	"github.com/registryd/registryd/internal/lifecycle"
 	"github.com/registryd/registryd/internal/pgtest"
 	"github.com/registryd/registryd/internal/registry"
 	"github.com/registryd/registryd/internal/revoke"
@@ -53,10 +54,7 @@ func newReplica(b *bundle) *replica {
 	st := pgtest.Open(t, b.dbURL, store.Options{})
 	cs := &revocationCounter{Store: st}
 	list := revoke.New(cs, revoke.Options{Channel: store.RevocationsChannel, Reload: time.Hour})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { list.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(lifecycle.Go(context.Background(), list.Run))
 	select {
 	case <-list.Loaded():
 	case <-time.After(10 * time.Second):

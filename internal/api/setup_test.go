@@ -17,6 +17,7 @@ import (
 	"github.com/registryd/registryd/internal/apitest"
 	"github.com/registryd/registryd/internal/auth"
 	"github.com/registryd/registryd/internal/heartbeat"
+	"github.com/registryd/registryd/internal/lifecycle"
 	"github.com/registryd/registryd/internal/pgtest"
 	"github.com/registryd/registryd/internal/registry"
 	"github.com/registryd/registryd/internal/store"
@@ -92,10 +93,7 @@ func startHub(t *testing.T, st *store.Store) *watch.Hub {
 		Encode:   api.EncodeEvent,
 		Poll:     100 * time.Millisecond,
 	})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { hub.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(lifecycle.Go(context.Background(), hub.Run))
 	return hub
 }
 

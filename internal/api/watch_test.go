@@ -18,6 +18,7 @@ import (
 	registryd "github.com/registryd/registryd"
 	"github.com/registryd/registryd/internal/api"
 	"github.com/registryd/registryd/internal/auth"
+	"github.com/registryd/registryd/internal/lifecycle"
 	"github.com/registryd/registryd/internal/pgtest"
 	"github.com/registryd/registryd/internal/registry"
 	"github.com/registryd/registryd/internal/store"
@@ -331,10 +332,7 @@ func limitedWatchServer(t *testing.T, b *bundle, st watch.Store, opts func(*watc
 	}
 	opts(&o)
 	hub := watch.New(st, o)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { hub.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(lifecycle.Go(context.Background(), hub.Run))
 	verifier, _ := auth.NewVerifier(auth.Config{Secret: testSecret})
 	srv := httptest.NewServer(api.New(api.Config{Store: b.store, OpenAPI: registryd.OpenAPI, Auth: verifier, Events: hub}))
 	t.Cleanup(srv.Close)
