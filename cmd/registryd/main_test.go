@@ -8,6 +8,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -231,7 +232,13 @@ func TestUsageAndConfigErrors(t *testing.T) {
 		{"REGISTRY_DB_ACQUIRE_TIMEOUT": "0s"},
 		{"REGISTRY_SHUTDOWN_TIMEOUT": "soon"},
 	} {
-		_, _, err := runCmd(t, env, "serve")
+		// Should a setting be accepted by mistake, serve fails fast on a
+		// database that is not there rather than starting one in the
+		// checkout on the default port.
+		withDB := maps.Clone(env)
+		withDB["REGISTRY_DATABASE_URL"] = "postgres://registry@127.0.0.1:1/registry?connect_timeout=2"
+		withDB["REGISTRY_LISTEN"] = "127.0.0.1:0"
+		_, _, err := runCmd(t, withDB, "serve")
 		for k := range env {
 			if err == nil || !strings.Contains(err.Error(), k) {
 				t.Errorf("%v: error %v does not name %s", env, err, k)
