@@ -2,6 +2,7 @@ package registryd_test
 
 import (
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -23,27 +24,75 @@ func deps(t *testing.T, pkg string) map[string]bool {
 	return m
 }
 
-// The layering the code relies on: the domain at the centre imports only
-// the standard library; the HTTP layer never reaches storage or the driver
-// except through its own interface; storage knows nothing of HTTP.
+// layers says, for every package under internal/, which packages of this
+// module it may depend on (directly or not). Dependencies point inward: the
+// domain (internal/registry) and the stdlib-only helpers (jsonscan,
+// lifecycle) at the centre, adapters around them. Siblings never import
+// each other: each declares the small interface it uses, and cmd/registryd
+// wires them. A new package must be added here.
+var layers = map[string][]string{
+	"internal/registry":              nil,
+	"internal/jsonscan":              nil,
+	"internal/lifecycle":             nil,
+	"internal/connlimit":             nil,
+	"internal/heartbeat":             nil,
+	"internal/pglocal":               nil,
+	"internal/provider":              nil,
+	"internal/provider/e2e":          {"internal/provider"},
+	"internal/provider/scp":          {"internal/provider"},
+	"internal/api":                   {"internal/registry", "internal/jsonscan"},
+	"internal/auth":                  {"internal/registry", "internal/jsonscan"},
+	"internal/revoke":                {"internal/registry", "internal/lifecycle"},
+	"internal/watch":                 {"internal/registry", "internal/lifecycle"},
+	"internal/syncer":                {"internal/registry", "internal/provider"},
+	"internal/store":                 {"internal/registry", "migrations"},
+	"internal/apitest":               {""}, // test helpers: anything
+	"internal/pgtest":                {""},
+	"internal/provider/providertest": {""},
+	"internal/provider/e2e/e2etest":  {""},
+	"internal/provider/scp/scptest":  {""},
+}
+
+// stdlibOnly are the packages that import nothing but the standard
+// library, so that anything may use them.
+var stdlibOnly = []string{"internal/registry", "internal/jsonscan", "internal/lifecycle"}
+
+// owners says which packages alone may use a third-party library: only
+// the store speaks SQL (pglocal and pgtest run PostgreSQL itself), only
+// the HTTP layer routes, only auth handles JWTs.
+var owners = map[string][]string{
+	"github.com/jackc/pgx":      {"internal/store", "internal/pglocal", "internal/pgtest"},
+	"github.com/pressly/goose":  {"internal/store", "internal/pgtest"},
+	"github.com/go-chi/chi":     {"internal/api"},
+	"github.com/golang-jwt/jwt": {"internal/auth"},
+}
+
+// The layering the code relies on, from `go list -deps`.
 func TestLayering(t *testing.T) {
 	t.Parallel()
-	for path, std := range deps(t, module+"/internal/registry") {
-		if !std && path != module+"/internal/registry" {
-			t.Errorf("internal/registry imports %s; it may import only the standard library", path)
-		}
+	out, err := exec.Command("go", "list", "./internal/...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
 	}
-	for _, tc := range []struct {
-		pkg       string
-		forbidden []string
-	}{
-		{"/internal/api", []string{module + "/internal/store", "github.com/jackc/pgx", module + "/internal/pglocal"}},
-		{"/internal/store", []string{module + "/internal/api", "github.com/go-chi/chi"}},
-	} {
-		for path := range deps(t, module+tc.pkg) {
-			for _, f := range tc.forbidden {
-				if strings.HasPrefix(path, f) {
-					t.Errorf("%s imports %s", tc.pkg, path)
+	for _, full := range strings.Fields(string(out)) {
+		pkg := strings.TrimPrefix(full, module+"/")
+		allowed, ok := layers[pkg]
+		if !ok {
+			t.Errorf("%s is not in arch_test.go's layers: say which packages of this module it may use", pkg)
+			continue
+		}
+		for path, std := range deps(t, full) {
+			rel, ours := strings.CutPrefix(path, module+"/")
+			switch {
+			case std || path == full:
+			case slices.Contains(stdlibOnly, pkg):
+				t.Errorf("%s imports %s; it may import only the standard library", pkg, path)
+			case ours && !slices.Contains(allowed, rel) && !slices.Contains(allowed, ""):
+				t.Errorf("%s imports %s; of this module it may use only %v (declare an interface, let cmd/registryd wire it)", pkg, rel, allowed)
+			}
+			for lib, who := range owners {
+				if strings.HasPrefix(path, lib) && !slices.Contains(who, pkg) {
+					t.Errorf("%s imports %s; only %v may", pkg, path, who)
 				}
 			}
 		}

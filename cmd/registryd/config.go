@@ -12,6 +12,7 @@ import (
 
 	"github.com/registryd/registryd/internal/auth"
 	"github.com/registryd/registryd/internal/provider"
+	"github.com/registryd/registryd/internal/watch"
 )
 
 // config is every setting, loaded once from the environment and validated.
@@ -47,6 +48,9 @@ type config struct {
 	SyncTimeout  time.Duration // REGISTRY_SYNC_TIMEOUT
 
 	embedded embeddedTuning // tests only; not from the environment
+	// revocationsWait bounds serve's wait for the first load of the token
+	// revocation list; 30s when zero. Tests only; not from the environment.
+	revocationsWait time.Duration
 }
 
 // scpConfig enables the Samsung SDS Cloud importer when Endpoint is set.
@@ -262,7 +266,7 @@ type limits struct {
 }
 
 func loadLimits(getenv func(string) string, errs *[]string) limits {
-	l := limits{WatchMaxPerPrincipal: 64, WatchBufferBytes: 1 << 20}
+	l := limits{WatchMaxPerPrincipal: watch.DefaultMaxPerPrincipal, WatchBufferBytes: watch.DefaultMaxPending}
 	for _, v := range []struct {
 		name string
 		min  int

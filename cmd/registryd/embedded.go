@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/registryd/registryd/internal/auth"
+	"github.com/registryd/registryd/internal/lifecycle"
 	"github.com/registryd/registryd/internal/pglocal"
 )
 
@@ -88,16 +89,12 @@ func superviseEmbedded(ctx context.Context, db *database, tune embeddedTuning) (
 	if db.cluster == nil {
 		return nil, func() {}
 	}
-	ctx, cancel := context.WithCancel(ctx)
 	fail := make(chan error, 1)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
+	return fail, lifecycle.Go(ctx, func(ctx context.Context) {
 		if err := db.cluster.Supervise(ctx, tune.supervise); err != nil {
 			fail <- err
 		}
-	}()
-	return fail, func() { cancel(); <-done }
+	})
 }
 
 // downSincer is what embeddedHealth asks of the cluster.

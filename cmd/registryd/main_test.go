@@ -8,6 +8,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -231,7 +232,13 @@ func TestUsageAndConfigErrors(t *testing.T) {
 		{"REGISTRY_DB_ACQUIRE_TIMEOUT": "0s"},
 		{"REGISTRY_SHUTDOWN_TIMEOUT": "soon"},
 	} {
-		_, _, err := runCmd(t, env, "serve")
+		// Should a setting be accepted by mistake, serve fails fast on a
+		// database that is not there rather than starting one in the
+		// checkout on the default port.
+		withDB := maps.Clone(env)
+		withDB["REGISTRY_DATABASE_URL"] = "postgres://registry@127.0.0.1:1/registry?connect_timeout=2"
+		withDB["REGISTRY_LISTEN"] = "127.0.0.1:0"
+		_, _, err := runCmd(t, withDB, "serve")
 		for k := range env {
 			if err == nil || !strings.Contains(err.Error(), k) {
 				t.Errorf("%v: error %v does not name %s", env, err, k)
@@ -413,5 +420,40 @@ func TestServePublicKeysOnly(t *testing.T) {
 	os.WriteFile(bad, []byte("not a key"), 0o644)
 	if _, _, err := runCmd(t, map[string]string{"REGISTRY_JWT_PUBLIC_KEYS": bad}, "serve"); err == nil || !strings.Contains(err.Error(), "REGISTRY_JWT_PUBLIC_KEYS") {
 		t.Errorf("bad key file: %v", err)
+	}
+}
+
+// When the token revocation list cannot be loaded, serve gives up and
+// returns its error: every loop it had started (the watch hub, the
+// revocation list, heartbeats) stops with it, whichever way serve returns,
+// rather than keeping it from returning at all.
+func TestServeGivesUpWithoutRevocationList(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	// The schema version is current, so serve gets as far as loading the
+	// list, which then fails on every try.
+	conn, err := pgx.Connect(context.Background(), db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(context.Background(), "ALTER TABLE token_revocations RENAME TO token_revocations_hidden"); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close(context.Background())
+	cfg, err := loadConfig(envFunc(map[string]string{"REGISTRY_DATABASE_URL": db, "REGISTRY_JWT_SECRET": testSecret,
+		"REGISTRY_LISTEN": "127.0.0.1:0"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.revocationsWait = 500 * time.Millisecond
+	errc := make(chan error, 1)
+	go func() { errc <- serve(context.Background(), cfg, nil, io.Discard, io.Discard) }()
+	select {
+	case err := <-errc:
+		if err == nil || !strings.Contains(err.Error(), "token revocation list") {
+			t.Fatalf("serve returned %v, want the revocation list's error", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("serve did not return within 20s of giving up on the revocation list")
 	}
 }

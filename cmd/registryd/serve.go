@@ -22,6 +22,7 @@ import (
 	"github.com/registryd/registryd/internal/auth"
 	"github.com/registryd/registryd/internal/connlimit"
 	"github.com/registryd/registryd/internal/heartbeat"
+	"github.com/registryd/registryd/internal/lifecycle"
 	"github.com/registryd/registryd/internal/pglocal"
 	"github.com/registryd/registryd/internal/registry"
 	"github.com/registryd/registryd/internal/revoke"
@@ -39,11 +40,13 @@ func newLogger(cfg config, w io.Writer) *slog.Logger {
 
 // database is an open store plus whatever must be stopped after it.
 type database struct {
-	store    *store.Store
-	embedded bool
-	cluster  *pglocal.Cluster // the embedded PostgreSQL; nil for REGISTRY_DATABASE_URL
-	close    func()
+	store   *store.Store
+	cluster *pglocal.Cluster // the embedded PostgreSQL; nil for REGISTRY_DATABASE_URL
+	close   func()
 }
+
+// embedded reports whether this is registryd's own PostgreSQL.
+func (db *database) embedded() bool { return db.cluster != nil }
 
 // openDatabase connects to REGISTRY_DATABASE_URL, or starts the embedded
 // PostgreSQL when it is unset.
@@ -71,8 +74,7 @@ func openDatabase(ctx context.Context, cfg config, logger *slog.Logger) (*databa
 		stopCluster()
 		return nil, err
 	}
-	return &database{store: st, embedded: cluster != nil, cluster: cluster,
-		close: func() { st.Close(); stopCluster() }}, nil
+	return &database{store: st, cluster: cluster, close: func() { st.Close(); stopCluster() }}, nil
 }
 
 // embeddedDataDir resolves REGISTRY_DATA_DIR for the embedded default. It
@@ -197,7 +199,7 @@ func openMigrated(ctx context.Context, cfg config, logger *slog.Logger) (*databa
 // prepareSchema migrates when allowed, otherwise refuses a schema that is
 // not exactly the one this binary knows.
 func prepareSchema(ctx context.Context, db *database, migrate bool, logger *slog.Logger) error {
-	if migrate || db.embedded {
+	if migrate || db.embedded() {
 		m, err := db.store.NewMigrator(logger)
 		if err != nil {
 			return err
@@ -221,6 +223,11 @@ func prepareSchema(ctx context.Context, db *database, migrate bool, logger *slog
 	return nil
 }
 
+// serve is `registryd serve`: it listens, opens (or starts) the database,
+// starts the background loops (revocation list, heartbeats, sync, watch
+// hub; each stopped by a deferred stop, whichever way serve returns),
+// waits for the revocation list and serves until ctx ends or the embedded
+// database is lost for good, then drains requests for ShutdownTimeout.
 func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -259,10 +266,7 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 	// waits for it below).
 	revocations := revoke.New(db.store, revoke.Options{Channel: store.RevocationsChannel,
 		Keep: cfg.TokenLifetimes.Longest() + 2*auth.Leeway, Leeway: auth.Leeway, Logger: logger})
-	revokeCtx, stopRevoke := context.WithCancel(ctx)
-	revokeDone := make(chan struct{})
-	go func() { revocations.Run(revokeCtx); close(revokeDone) }()
-	defer func() { stopRevoke(); <-revokeDone }()
+	defer lifecycle.Go(ctx, revocations.Run)()
 	verifier, err := auth.NewVerifier(auth.Config{Secret: secret, PublicKeys: cfg.JWTPublicKeys,
 		Issuer: cfg.JWTIssuer, Audience: cfg.JWTAudience, Lifetimes: cfg.TokenLifetimes,
 		RequireAgentIPs: cfg.AgentRequireIP, Revocations: revocations})
@@ -272,10 +276,7 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 
 	// Heartbeats outlive the HTTP server by one final flush.
 	beats := heartbeat.New(db.store, heartbeat.Options{Logger: logger})
-	beatCtx, stopBeats := context.WithCancel(context.WithoutCancel(ctx))
-	beatsDone := make(chan struct{})
-	go func() { beats.Run(beatCtx); close(beatsDone) }()
-	defer func() { stopBeats(); <-beatsDone }()
+	defer lifecycle.Go(context.WithoutCancel(ctx), beats.Run)()
 
 	// The sync loop runs when a provider is configured; replicas take turns
 	// through an advisory lock.
@@ -284,9 +285,7 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 		return err
 	}
 	if syncWorker != nil {
-		syncDone := make(chan struct{})
-		go func() { syncWorker.Run(ctx); close(syncDone) }()
-		defer func() { <-syncDone }()
+		defer lifecycle.Go(ctx, syncWorker.Run)()
 	}
 
 	lim := deriveLimits(cfg.limits, int(db.store.Pool().Config().MaxConns), logger)
@@ -303,9 +302,7 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 		BackfillConcurrency: lim.WatchBackfillConcurrency,
 		Logger:              logger,
 	})
-	hubDone := make(chan struct{})
-	go func() { hub.Run(ctx); close(hubDone) }()
-	defer func() { <-hubDone }()
+	defer lifecycle.Go(ctx, hub.Run)()
 
 	handler := api.New(api.Config{
 		Store:      db.store,
@@ -315,53 +312,28 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 		Heartbeats: beats,
 		Events:     hub,
 		Health:     embeddedHealth(db.cluster, cfg.embedded.healthGrace),
-		Ready: func(ctx context.Context) error {
-			st, err := db.store.CheckSchema(ctx)
-			if err != nil {
-				return errors.New("database unreachable")
-			}
-			if !st.OK() {
-				return errors.New(st.Problem())
-			}
-			return nil
-		},
+		Ready:      schemaReady(db.store),
 	})
-	srv := &http.Server{
-		Handler:           handler,
-		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       30 * time.Second,
-		WriteTimeout:      5 * time.Minute, // long lists stream; each batch flushes
-		IdleTimeout:       2 * time.Minute,
-		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
-		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
-	}
+	srv := newHTTPServer(ctx, handler, logger)
 	// Idle keep-alive connections make room for new clients once the
 	// connection limit is reached (oldest idle first).
 	limited, err := connlimit.Wrap(srv, ln, connlimit.Options{Max: lim.MaxConnections, Logger: logger})
 	if err != nil {
 		return err
 	}
-	select {
-	case <-revocations.Loaded():
-	case <-ctx.Done():
-		return nil
-	case <-time.After(30 * time.Second):
-		return errors.New("could not load the token revocation list within 30s; is the database reachable?")
+	if err := awaitRevocations(ctx, revocations, cmp.Or(cfg.revocationsWait, 30*time.Second)); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while waiting
+		}
+		return err
 	}
 	addr := "http://" + ln.Addr().String()
-	logger.Info("registryd listening", "addr", addr, "embedded_postgres", db.embedded)
+	logger.Info("registryd listening", "addr", addr, "embedded_postgres", db.embedded())
 	fmt.Fprintf(stdout, "registryd is serving on %s\n", addr)
-	if db.embedded && cfg.JWTSecret == nil && secret != nil {
-		// The embedded default is for a person at a terminal: hand them a
-		// working admin token (signed with the data directory's secret).
-		ttl := min(24*time.Hour, cfg.TokenLifetimes.For(registry.RoleAdmin))
-		tok, err := auth.Signer{Secret: secret, Issuer: cfg.JWTIssuer, Audience: cfg.JWTAudience, Lifetimes: cfg.TokenLifetimes}.
-			Sign("admin", registry.RoleAdmin, ttl, time.Now())
-		if err != nil {
+	if db.embedded() && cfg.JWTSecret == nil && secret != nil {
+		if err := printAdminToken(stdout, cfg, secret, addr); err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "admin token (%s; more with `registryd token --sub NAME --role ROLE`):\n  export REGISTRY_TOKEN=%s\n  curl -s -X POST -H \"Authorization: Bearer $REGISTRY_TOKEN\" %s/v1/nodes/list\n", auth.FormatDuration(ttl), tok, addr)
 	}
 
 	errc := make(chan error, 1)
@@ -386,6 +358,65 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 	}
 	logger.Info("stopped")
 	return exitErr
+}
+
+// schemaReady is /readyz's check: the database answers and its schema is
+// the one this binary knows.
+func schemaReady(st *store.Store) func(context.Context) error {
+	return func(ctx context.Context) error {
+		state, err := st.CheckSchema(ctx)
+		if err != nil {
+			return errors.New("database unreachable")
+		}
+		if !state.OK() {
+			return errors.New(state.Problem())
+		}
+		return nil
+	}
+}
+
+// newHTTPServer is the HTTP server of handler, with timeouts that bound
+// what a slow client can hold. Requests keep running through a signal (the
+// shutdown drains them) but not past it.
+func newHTTPServer(ctx context.Context, handler http.Handler, logger *slog.Logger) *http.Server {
+	return &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      5 * time.Minute, // long lists stream; each batch flushes
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+	}
+}
+
+// awaitRevocations waits, at most wait, for the token revocation list's
+// first load: serving before it would refuse every token (the verifier
+// fails closed until then). It returns ctx's error if ctx ends first.
+func awaitRevocations(ctx context.Context, list *revoke.List, wait time.Duration) error {
+	select {
+	case <-list.Loaded():
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(wait):
+		return fmt.Errorf("could not load the token revocation list within %s; is the database reachable?", wait)
+	}
+}
+
+// printAdminToken hands the person at the terminal who started the
+// embedded default a working admin token, signed with the data
+// directory's secret, and a command to try it with.
+func printAdminToken(stdout io.Writer, cfg config, secret []byte, addr string) error {
+	ttl := min(24*time.Hour, cfg.TokenLifetimes.For(registry.RoleAdmin))
+	tok, err := auth.Signer{Secret: secret, Issuer: cfg.JWTIssuer, Audience: cfg.JWTAudience, Lifetimes: cfg.TokenLifetimes}.
+		Sign("admin", registry.RoleAdmin, ttl, time.Now())
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "admin token (%s; more with `registryd token --sub NAME --role ROLE`):\n  export REGISTRY_TOKEN=%s\n  curl -s -X POST -H \"Authorization: Bearer $REGISTRY_TOKEN\" %s/v1/nodes/list\n", auth.FormatDuration(ttl), tok, addr)
+	return nil
 }
 
 // deriveLimits fills in the limits left to be derived: the connection

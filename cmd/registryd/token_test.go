@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"maps"
+	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -9,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/registryd/registryd/internal/apitest"
 	"github.com/registryd/registryd/internal/auth"
 	"github.com/registryd/registryd/internal/pgtest"
 	"github.com/registryd/registryd/internal/registry"
@@ -64,7 +67,11 @@ func TestTokenConfigErrors(t *testing.T) {
 		{"REGISTRY_ADMIN_TOKEN_MAX_TTL": "-1h"},
 		{"REGISTRY_AGENT_REQUIRE_IP": "maybe"},
 	} {
-		_, _, err := runCmd(t, env, "token", "--sub", "x", "--role", "reader")
+		// Should a setting be accepted by mistake, the token command's
+		// secret goes to a temporary folder, not into the source tree.
+		withDir := maps.Clone(env)
+		withDir["REGISTRY_DATA_DIR"] = t.TempDir()
+		_, _, err := runCmd(t, withDir, "token", "--sub", "x", "--role", "reader")
 		for k := range env {
 			if err == nil || !strings.Contains(err.Error(), k) {
 				t.Errorf("%v: error %v does not name %s", env, err, k)
@@ -177,6 +184,50 @@ func TestTokenRevokeCommand(t *testing.T) {
 		if _, _, err := runCmd(t, env, args...); err == nil {
 			t.Errorf("%q succeeded", args)
 		}
+	}
+}
+
+// A token-id revocation without an expiry (what `token revoke --jti`
+// stores without --until) must outlive any token it could stop: serve
+// prunes only those older than the longest token lifetime. Its first
+// prune, at start, takes a revocation whose token expired, and keeps one
+// of a day ago whose token may still have 89 days to live.
+func TestServeKeepsRevocationsOfUnknownExpiry(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	env := map[string]string{"REGISTRY_DATABASE_URL": db, "REGISTRY_JWT_SECRET": testSecret}
+	tok, jti := mintCmd(t, env, "--sub", "agent-kept", "--role", "agent")
+	if _, stderr, err := runCmd(t, env, "token", "revoke", "--jti", jti); err != nil {
+		t.Fatalf("revoke --jti: %v\n%s", err, stderr)
+	}
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `UPDATE token_revocations SET revoked_at = now() - interval '1 day' WHERE jti = $1`, jti); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `INSERT INTO token_revocations (jti, until) VALUES ('long-expired', now() - interval '1 day')`); err != nil {
+		t.Fatal(err)
+	}
+	count := func(jti string) int {
+		var n int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM token_revocations WHERE jti = $1`, jti).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	srv := startServer(t, env)
+	apitest.Eventually(t, 10*time.Second, "the first prune removes the expired token's revocation", func() bool {
+		return count("long-expired") == 0
+	})
+	if count(jti) != 1 {
+		t.Fatal("the prune removed a revocation whose token may still be valid")
+	}
+	if code, body := call(t, "GET", srv.url+"/v1/nodes/ping", "", tok); code != http.StatusUnauthorized || !strings.Contains(body, "revoked") {
+		t.Errorf("the revoked token: %d %s", code, body)
 	}
 }
 

@@ -25,12 +25,8 @@ import (
 func benchServer(b *testing.B, n int) string {
 	b.Helper()
 	ctx := context.Background()
-	st, err := store.Open(ctx, pgtest.New(b), store.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(st.Close)
-	_, err = st.Pool().Exec(ctx, `
+	st := pgtest.Open(b, pgtest.New(b), store.Options{})
+	_, err := st.Pool().Exec(ctx, `
 		INSERT INTO hardware_generations (name) VALUES ('H100');
 		INSERT INTO nodes (ip, gpu_index, cpu_mem, driver_version, hardware_generation, gpu_mem)
 		SELECT ('10.0.0.0'::inet + (g / 8)), g % 8, 2199023255552, '550.54.15', 1, 85899345920

@@ -19,6 +19,7 @@ import (
 	"github.com/registryd/registryd/internal/api"
 	"github.com/registryd/registryd/internal/apitest"
 	"github.com/registryd/registryd/internal/auth"
+	"github.com/registryd/registryd/internal/pgtest"
 	"github.com/registryd/registryd/internal/registry"
 	"github.com/registryd/registryd/internal/store"
 )
@@ -345,11 +346,7 @@ func TestConcurrentClaimsAcrossReplicas(t *testing.T) {
 	}
 	var replicas []string
 	for range 3 {
-		st, err := store.Open(context.Background(), b.dbURL, store.Options{MaxConns: 8})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(st.Close)
+		st := pgtest.Open(t, b.dbURL, store.Options{MaxConns: 8})
 		ts := httptest.NewServer(api.New(api.Config{Store: st, OpenAPI: registryd.OpenAPI, Auth: verifier}))
 		t.Cleanup(ts.Close)
 		replicas = append(replicas, ts.URL)

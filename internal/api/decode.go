@@ -2,7 +2,6 @@ package api
 
 import (
 	"bytes"
-	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,9 +11,8 @@ import (
 	"slices"
 	"strconv"
 	"time"
-	"unicode/utf16"
-	"unicode/utf8"
 
+	"github.com/registryd/registryd/internal/jsonscan"
 	"github.com/registryd/registryd/internal/registry"
 )
 
@@ -86,6 +84,9 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	}
 }
 
+// bodyScan is how request bodies are read: see parseObject.
+var bodyScan = jsonscan.Options{MaxDepth: maxBodyDepth, MaxMembers: MaxBodyMembers}
+
 // parseObject decodes exactly one JSON object. Beyond JSON's own grammar it
 // refuses duplicate members, more than MaxBodyMembers members, nesting
 // deeper than maxBodyDepth, and strings that are not valid Unicode text:
@@ -95,81 +96,17 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 // value is named in the error; a bad member name refuses the body without
 // echoing it.
 func parseObject(body []byte) (object, error) {
-	sc := scanner{data: body}
-	sc.skipSpace()
-	if sc.pos == len(body) {
-		return nil, badRequest("the request body must be a JSON object")
-	}
-	if c := body[sc.pos]; c != '{' {
-		if !startsValue(c) {
-			return nil, sc.syntax("looking for the beginning of a value")
-		}
-		return nil, badRequest("the request body must be a JSON object")
-	}
-	sc.pos++
 	obj := object{}
 	var textErrs registry.FieldErrors
-	for first := true; ; first = false {
-		sc.skipSpace()
-		if sc.pos == len(body) {
-			return nil, sc.syntax("")
+	err := jsonscan.Object(body, bodyScan, func(m jsonscan.Member) error {
+		if m.Text != nil {
+			textErrs.Add(m.Name, "must be valid Unicode text, but %s", m.Text)
 		}
-		if first && body[sc.pos] == '}' {
-			sc.pos++
-			break
-		}
-		if body[sc.pos] != '"' {
-			return nil, sc.syntax("looking for the beginning of a member name")
-		}
-		if len(obj) == MaxBodyMembers {
-			return nil, badRequest(fmt.Sprintf("the request body has more than %d members; no request takes that many", MaxBodyMembers))
-		}
-		key, bad, err := sc.str(true)
-		if err != nil {
-			return nil, err
-		}
-		if bad != "" {
-			// Not echoed: the name is not text a problem document can carry.
-			return nil, badRequest("a member name of the request body is not valid Unicode text (" + bad + ")")
-		}
-		name := string(key)
-		if _, dup := obj[name]; dup {
-			return nil, fieldError(name, "appears more than once")
-		}
-		sc.skipSpace()
-		if sc.pos == len(body) {
-			return nil, sc.syntax("")
-		}
-		if body[sc.pos] != ':' {
-			return nil, sc.syntax("after a member name")
-		}
-		sc.pos++
-		sc.skipSpace()
-		start := sc.pos
-		bad, err = sc.value(1)
-		if err != nil {
-			return nil, err
-		}
-		if bad != "" {
-			textErrs.Add(name, "must be valid Unicode text, but %s", bad)
-		}
-		obj[name] = json.RawMessage(body[start:sc.pos])
-		sc.skipSpace()
-		if sc.pos == len(body) {
-			return nil, sc.syntax("")
-		}
-		if body[sc.pos] == '}' {
-			sc.pos++
-			break
-		}
-		if body[sc.pos] != ',' {
-			return nil, sc.syntax("after a member value")
-		}
-		sc.pos++
-	}
-	sc.skipSpace()
-	if sc.pos != len(body) {
-		return nil, badRequest("the request body must hold a single JSON object and nothing after it")
+		obj[m.Name] = json.RawMessage(m.Value)
+		return nil
+	})
+	if err != nil {
+		return nil, bodyError(err)
 	}
 	if err := textErrs.Err(); err != nil {
 		return nil, err
@@ -177,297 +114,28 @@ func parseObject(body []byte) (object, error) {
 	return obj, nil
 }
 
-// scanner walks a JSON text. It checks the grammar of RFC 8259 and the
-// text of every string, and decodes member names; values are left raw for
-// the field readers.
-type scanner struct {
-	data []byte
-	pos  int
-}
-
-func (s *scanner) skipSpace() {
-	for s.pos < len(s.data) {
-		switch s.data[s.pos] {
-		case ' ', '\t', '\n', '\r':
-			s.pos++
-		default:
-			return
-		}
+// bodyError is the 400 for a body jsonscan refused.
+func bodyError(err error) error {
+	e, ok := errors.AsType[*jsonscan.Error](err)
+	if !ok {
+		return badRequest("the request body is not valid JSON")
 	}
-}
-
-func startsValue(c byte) bool {
-	return c == '{' || c == '[' || c == '"' || c == '-' || c == 't' || c == 'f' || c == 'n' || c >= '0' && c <= '9'
-}
-
-// syntax is the error for the byte at s.pos, or for a body that ends early.
-func (s *scanner) syntax(context string) error {
-	if s.pos >= len(s.data) {
-		return badRequest("the request body is not valid JSON (it ends too early)")
+	switch e.Kind {
+	case jsonscan.NotObject:
+		return badRequest("the request body must be a JSON object")
+	case jsonscan.Trailing:
+		return badRequest("the request body must hold a single JSON object and nothing after it")
+	case jsonscan.TooDeep:
+		return badRequest(fmt.Sprintf("the request body nests arrays and objects more than %d deep", maxBodyDepth))
+	case jsonscan.TooManyMembers:
+		return badRequest(fmt.Sprintf("the request body has more than %d members; no request takes that many", MaxBodyMembers))
+	case jsonscan.Duplicate:
+		return fieldError(e.Name, "appears more than once")
+	case jsonscan.BadName:
+		// Not echoed: the name is not text a problem document can carry.
+		return badRequest("a member name of the request body is not valid Unicode text (" + e.Text.Error() + ")")
 	}
-	c := s.data[s.pos]
-	what := fmt.Sprintf("byte 0x%02x", c)
-	if c >= 0x20 && c < 0x7f {
-		what = strconv.QuoteRune(rune(c))
-	}
-	msg := "unexpected " + what
-	if context != "" {
-		msg += " " + context
-	}
-	return badRequest(fmt.Sprintf("the request body is not valid JSON (at byte %d: %s)", s.pos, msg))
-}
-
-// value scans one value at s.pos. bad describes the first string inside it
-// that is not valid Unicode text, or is "".
-func (s *scanner) value(depth int) (bad string, err error) {
-	if s.pos == len(s.data) {
-		return "", s.syntax("")
-	}
-	switch c := s.data[s.pos]; {
-	case c == '"':
-		_, bad, err := s.str(false)
-		return bad, err
-	case c == '{' || c == '[':
-		if depth >= maxBodyDepth {
-			return "", badRequest(fmt.Sprintf("the request body nests arrays and objects more than %d deep", maxBodyDepth))
-		}
-		return s.composite(depth)
-	case c == '-' || c >= '0' && c <= '9':
-		return "", s.number()
-	case c == 't':
-		return "", s.literal("true")
-	case c == 'f':
-		return "", s.literal("false")
-	case c == 'n':
-		return "", s.literal("null")
-	}
-	return "", s.syntax("looking for the beginning of a value")
-}
-
-// composite scans an array or object nested in a member's value.
-func (s *scanner) composite(depth int) (bad string, err error) {
-	isObject := s.data[s.pos] == '{'
-	end := byte(']')
-	if isObject {
-		end = '}'
-	}
-	s.pos++
-	for first := true; ; first = false {
-		s.skipSpace()
-		if s.pos == len(s.data) {
-			return "", s.syntax("")
-		}
-		if first && s.data[s.pos] == end {
-			s.pos++
-			return bad, nil
-		}
-		if isObject {
-			if s.data[s.pos] != '"' {
-				return "", s.syntax("looking for the beginning of a member name")
-			}
-			_, b, err := s.str(false)
-			if err != nil {
-				return "", err
-			}
-			bad = cmp.Or(bad, b)
-			s.skipSpace()
-			if s.pos == len(s.data) {
-				return "", s.syntax("")
-			}
-			if s.data[s.pos] != ':' {
-				return "", s.syntax("after a member name")
-			}
-			s.pos++
-			s.skipSpace()
-		}
-		b, err := s.value(depth + 1)
-		if err != nil {
-			return "", err
-		}
-		bad = cmp.Or(bad, b)
-		s.skipSpace()
-		if s.pos == len(s.data) {
-			return "", s.syntax("")
-		}
-		switch s.data[s.pos] {
-		case end:
-			s.pos++
-			return bad, nil
-		case ',':
-			s.pos++
-		default:
-			return "", s.syntax("after a value")
-		}
-	}
-}
-
-func (s *scanner) literal(word string) error {
-	if !bytes.HasPrefix(s.data[s.pos:], []byte(word)) {
-		for i := 0; i < len(word) && s.pos < len(s.data) && s.data[s.pos] == word[i]; i++ {
-			s.pos++
-		}
-		return s.syntax("in a literal (true, false or null)")
-	}
-	s.pos += len(word)
-	return nil
-}
-
-func (s *scanner) number() error {
-	digits := func() int {
-		n := 0
-		for s.pos < len(s.data) && s.data[s.pos] >= '0' && s.data[s.pos] <= '9' {
-			s.pos++
-			n++
-		}
-		return n
-	}
-	if s.data[s.pos] == '-' {
-		s.pos++
-	}
-	switch {
-	case s.pos < len(s.data) && s.data[s.pos] == '0':
-		s.pos++
-	case digits() == 0:
-		return s.syntax("in a number")
-	}
-	if s.pos < len(s.data) && s.data[s.pos] == '.' {
-		s.pos++
-		if digits() == 0 {
-			return s.syntax("after a decimal point")
-		}
-	}
-	if s.pos < len(s.data) && (s.data[s.pos] == 'e' || s.data[s.pos] == 'E') {
-		s.pos++
-		if s.pos < len(s.data) && (s.data[s.pos] == '+' || s.data[s.pos] == '-') {
-			s.pos++
-		}
-		if digits() == 0 {
-			return s.syntax("in an exponent")
-		}
-	}
-	return nil
-}
-
-// str scans the string at s.pos. With decode set it returns its decoded
-// text. bad describes the first thing in it that is not valid Unicode
-// text (bytes that are not UTF-8, a surrogate escape without its other
-// half), or is "".
-func (s *scanner) str(decode bool) (text []byte, bad string, err error) {
-	s.pos++ // the opening quote
-	for {
-		// Plain ASCII runs, most of any string, need no decision per byte.
-		i := s.pos
-		for i < len(s.data) && s.data[i] >= 0x20 && s.data[i] < utf8.RuneSelf && s.data[i] != '"' && s.data[i] != '\\' {
-			i++
-		}
-		if decode {
-			text = append(text, s.data[s.pos:i]...)
-		}
-		s.pos = i
-		if s.pos == len(s.data) {
-			return nil, "", s.syntax("")
-		}
-		switch c := s.data[s.pos]; {
-		case c == '"':
-			s.pos++
-			return text, bad, nil
-		case c < 0x20:
-			return nil, "", s.syntax("in a string (control characters must be escaped)")
-		case c == '\\':
-			r, b, err := s.escape()
-			if err != nil {
-				return nil, "", err
-			}
-			bad = cmp.Or(bad, b)
-			if decode {
-				text = utf8.AppendRune(text, r)
-			}
-		default:
-			r, size := utf8.DecodeRune(s.data[s.pos:])
-			if r == utf8.RuneError && size == 1 {
-				bad = cmp.Or(bad, "it holds bytes that are not UTF-8")
-			}
-			if decode {
-				text = append(text, s.data[s.pos:s.pos+size]...)
-			}
-			s.pos += size
-		}
-	}
-}
-
-// escape reads the escape sequence at s.pos (at its backslash). A high
-// surrogate escape takes the low one that must follow it.
-func (s *scanner) escape() (r rune, bad string, err error) {
-	s.pos++
-	if s.pos == len(s.data) {
-		return 0, "", s.syntax("")
-	}
-	switch s.data[s.pos] {
-	case '"', '\\', '/':
-		r = rune(s.data[s.pos])
-	case 'b':
-		r = '\b'
-	case 'f':
-		r = '\f'
-	case 'n':
-		r = '\n'
-	case 'r':
-		r = '\r'
-	case 't':
-		r = '\t'
-	case 'u':
-		s.pos++
-		r, err = s.hex4()
-		if err != nil {
-			return 0, "", err
-		}
-		switch {
-		case r >= 0xdc00 && r < 0xe000: // a low surrogate with no high one before it
-			return utf8.RuneError, fmt.Sprintf("the escape \\u%04x is the second half of a UTF-16 surrogate pair without the first", r), nil
-		case r >= 0xd800 && r < 0xdc00: // a high surrogate: its low one must follow
-			if s.pos+1 < len(s.data) && s.data[s.pos] == '\\' && s.data[s.pos+1] == 'u' {
-				save := s.pos
-				s.pos += 2
-				r2, err := s.hex4()
-				if err != nil {
-					return 0, "", err
-				}
-				if r2 >= 0xdc00 && r2 < 0xe000 {
-					return utf16.DecodeRune(r, r2), "", nil
-				}
-				s.pos = save // not a pair: the next escape is read on its own
-			}
-			return utf8.RuneError, fmt.Sprintf("the escape \\u%04x is the first half of a UTF-16 surrogate pair without the second", r), nil
-		}
-		return r, "", nil
-	default:
-		return 0, "", s.syntax("in an escape sequence")
-	}
-	s.pos++
-	return r, "", nil
-}
-
-// hex4 reads the four hex digits of a \u escape.
-func (s *scanner) hex4() (rune, error) {
-	var r rune
-	for range 4 {
-		if s.pos == len(s.data) {
-			return 0, s.syntax("")
-		}
-		c := s.data[s.pos]
-		switch {
-		case c >= '0' && c <= '9':
-			r = r<<4 | rune(c-'0')
-		case c >= 'a' && c <= 'f':
-			r = r<<4 | rune(c-'a'+10)
-		case c >= 'A' && c <= 'F':
-			r = r<<4 | rune(c-'A'+10)
-		default:
-			return 0, s.syntax("in a \\u escape (four hex digits)")
-		}
-		s.pos++
-	}
-	return r, nil
+	return badRequest("the request body is not valid JSON (" + e.Detail + ")")
 }
 
 // checkContentType accepts JSON media types (application/json, any
@@ -674,33 +342,22 @@ func parseIntArray(v json.RawMessage, limit int) ([]int64, string) {
 	if len(v) == 0 || v[0] != '[' {
 		return nil, notArray
 	}
-	sc := scanner{data: v, pos: 1}
 	out := []int64{}
-	for first := true; ; first = false {
-		sc.skipSpace()
-		if first && sc.pos < len(v) && v[sc.pos] == ']' {
-			return out, ""
-		}
-		start := sc.pos
-		if _, err := sc.value(1); err != nil {
-			return nil, notArray
-		}
-		n, msg := parseInt(v[start:sc.pos])
-		if msg != "" {
-			return nil, notArray + " (an element " + msg + ")"
+	var msg string
+	err := jsonscan.Elements(v, bodyScan, func(elem []byte) bool {
+		n, m := parseInt(elem)
+		if m != "" {
+			msg = notArray + " (an element " + m + ")"
+			return false
 		}
 		out = append(out, n)
-		if len(out) > limit {
-			return out, ""
-		}
-		sc.skipSpace()
-		switch {
-		case sc.pos < len(v) && v[sc.pos] == ']':
-			return out, ""
-		case sc.pos < len(v) && v[sc.pos] == ',':
-			sc.pos++
-		default:
-			return nil, notArray
-		}
+		return len(out) <= limit
+	})
+	switch {
+	case msg != "":
+		return nil, msg
+	case err != nil:
+		return nil, notArray
 	}
+	return out, ""
 }

@@ -19,21 +19,13 @@ func getAndHead(r chi.Router, pattern string, h http.HandlerFunc) {
 // headers, and the answer ends. It never subscribes, so it cannot hang
 // and holds no slot.
 func (s *Server) headWatch(w http.ResponseWriter, r *http.Request) error {
-	if _, err := readWatchFilter(r.URL.Query()); err != nil {
+	if _, _, err := s.checkWatch(r); err != nil {
 		return err
-	}
-	if _, err := resumeFrom(r); err != nil {
-		return err
-	}
-	if s.events == nil {
-		return &httpError{status: http.StatusServiceUnavailable, detail: "watching is not enabled on this server"}
 	}
 	if err := s.events.Admit(principalFrom(r.Context()).Sub); err != nil {
 		return err
 	}
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.Header().Set("Cache-Control", "no-cache")
-	w.Header().Set("X-Accel-Buffering", "no")
+	setStreamHeaders(w.Header())
 	w.WriteHeader(http.StatusOK)
 	return nil
 }

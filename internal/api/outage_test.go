@@ -22,6 +22,7 @@ import (
 	"github.com/registryd/registryd/internal/apitest"
 	"github.com/registryd/registryd/internal/auth"
 	"github.com/registryd/registryd/internal/heartbeat"
+	"github.com/registryd/registryd/internal/lifecycle"
 	"github.com/registryd/registryd/internal/pgtest"
 	"github.com/registryd/registryd/internal/registry"
 	"github.com/registryd/registryd/internal/store"
@@ -54,18 +55,11 @@ type outageServer struct {
 
 func newOutageServer(t *testing.T, dbURL string) *outageServer {
 	t.Helper()
-	st, err := store.Open(context.Background(), dbURL, store.Options{MaxConns: 8, ConnectTimeout: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
+	st := pgtest.Open(t, dbURL, store.Options{MaxConns: 8, ConnectTimeout: 2 * time.Second})
 	logs := &apitest.Buffer{}
 	logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	beats := heartbeat.New(st, heartbeat.Options{Interval: 100 * time.Millisecond, Logger: logger})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { beats.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(lifecycle.Go(context.Background(), beats.Run))
 	verifier, err := auth.NewVerifier(auth.Config{Secret: testSecret})
 	if err != nil {
 		t.Fatal(err)
@@ -281,23 +275,11 @@ func (l *load) snapshot() (acked int, statuses map[string]int) {
 	return len(l.acked), statuses
 }
 
-// await polls cond every 20ms until it holds or d passes.
-func await(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, d)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // awaitAcks waits until n more creates have been acknowledged.
 func (l *load) awaitAcks(n int, d time.Duration, what string) {
 	l.t.Helper()
 	start, _ := l.snapshot()
-	await(l.t, d, what, func() bool { got, _ := l.snapshot(); return got >= start+n })
+	apitest.Eventually(l.t, d, what, func() bool { got, _ := l.snapshot(); return got >= start+n })
 }
 
 // awaitUnavailable waits until the writers have seen n more 503s.
@@ -305,7 +287,7 @@ func (l *load) awaitUnavailable(n int, d time.Duration) {
 	l.t.Helper()
 	_, s := l.snapshot()
 	start := s["create 503"]
-	await(l.t, d, "writers see the outage", func() bool { _, s := l.snapshot(); return s["create 503"] >= start+n })
+	apitest.Eventually(l.t, d, "writers see the outage", func() bool { _, s := l.snapshot(); return s["create 503"] >= start+n })
 }
 
 // heartbeatDuringOutage notes a heartbeat while the database is down and
@@ -318,7 +300,7 @@ func (l *load) heartbeatDuringOutage() time.Time {
 	failures := strings.Count(l.srv.logs.String(), "heartbeat flush failed")
 	at := time.Now()
 	l.srv.beats.Record(l.agent)
-	await(l.t, 10*time.Second, "a flush of the heartbeat fails", func() bool {
+	apitest.Eventually(l.t, 10*time.Second, "a flush of the heartbeat fails", func() bool {
 		return strings.Count(l.srv.logs.String(), "heartbeat flush failed") >= failures+2
 	})
 	return at
@@ -375,7 +357,7 @@ func (l *load) verify(dbURL string, beatAt time.Time) {
 	if lastBeat.After(want) {
 		want = lastBeat
 	}
-	await(l.t, 10*time.Second, "the heartbeats reach the database", func() bool {
+	apitest.Eventually(l.t, 10*time.Second, "the heartbeats reach the database", func() bool {
 		var seen time.Time
 		err := conn.QueryRow(ctx, `SELECT last_seen FROM node_liveness WHERE node_pk = $1`, l.agent).Scan(&seen)
 		return err == nil && !seen.Before(want.Truncate(time.Microsecond))
@@ -439,11 +421,7 @@ func TestOutageFailover(t *testing.T) {
 func TestPoolExhausted(t *testing.T) {
 	t.Parallel()
 	dbURL := pgtest.New(t)
-	st, err := store.Open(context.Background(), dbURL, store.Options{MaxConns: 1, AcquireTimeout: 300 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
+	st := pgtest.Open(t, dbURL, store.Options{MaxConns: 1, AcquireTimeout: 300 * time.Millisecond})
 	verifier, err := auth.NewVerifier(auth.Config{Secret: testSecret})
 	if err != nil {
 		t.Fatal(err)
@@ -479,11 +457,7 @@ func TestPoolExhausted(t *testing.T) {
 func TestClientGoneIsNotAnOutage(t *testing.T) {
 	t.Parallel()
 	dbURL := pgtest.New(t)
-	st, err := store.Open(context.Background(), dbURL, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
+	st := pgtest.Open(t, dbURL, store.Options{})
 	logs := &apitest.Buffer{}
 	logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	verifier, err := auth.NewVerifier(auth.Config{Secret: testSecret})
@@ -527,7 +501,7 @@ func TestClientGoneIsNotAnOutage(t *testing.T) {
 		}
 		done <- err
 	}()
-	await(t, 10*time.Second, "the PATCH waits on the row lock", func() bool {
+	apitest.Eventually(t, 10*time.Second, "the PATCH waits on the row lock", func() bool {
 		var n int
 		err := holder.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n)
@@ -543,7 +517,7 @@ func TestClientGoneIsNotAnOutage(t *testing.T) {
 		t.Fatal("the client did not give up")
 	}
 	// The access log line is written once the handler has returned.
-	await(t, 10*time.Second, "the server finishes the canceled request", func() bool {
+	apitest.Eventually(t, 10*time.Second, "the server finishes the canceled request", func() bool {
 		return strings.Contains(logs.String(), `method=PATCH path=/v1/nodes/1 status=`)
 	})
 	out := logs.String()

@@ -11,7 +11,10 @@ import (
 
 	registryd "github.com/registryd/registryd"
 	"github.com/registryd/registryd/internal/api"
+	"github.com/registryd/registryd/internal/apitest"
 	"github.com/registryd/registryd/internal/auth"
+	"github.com/registryd/registryd/internal/lifecycle"
+	"github.com/registryd/registryd/internal/pgtest"
 	"github.com/registryd/registryd/internal/registry"
 	"github.com/registryd/registryd/internal/revoke"
 	"github.com/registryd/registryd/internal/store"
@@ -48,17 +51,10 @@ type replica struct {
 func newReplica(b *bundle, opts ...option) *replica {
 	t := b.t
 	t.Helper()
-	st, err := store.Open(context.Background(), b.dbURL, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
+	st := pgtest.Open(t, b.dbURL, store.Options{})
 	cs := &revocationCounter{Store: st}
 	list := revoke.New(cs, revoke.Options{Channel: store.RevocationsChannel, Reload: time.Hour})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { list.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(lifecycle.Go(context.Background(), list.Run))
 	select {
 	case <-list.Loaded():
 	case <-time.After(10 * time.Second):
@@ -66,11 +62,9 @@ func newReplica(b *bundle, opts ...option) *replica {
 	}
 	// Connecting the LISTEN session asks for one more load; let it settle
 	// so that tests counting loads count only what requests cause.
-	for deadline := time.Now().Add(10 * time.Second); !cs.listening.Load() || cs.loads.Load() < 2; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the revocation list's LISTEN session did not come up within 10s")
-		}
-	}
+	apitest.Eventually(t, 10*time.Second, "the revocation list's LISTEN session comes up", func() bool {
+		return cs.listening.Load() && cs.loads.Load() >= 2
+	})
 	verifier, err := auth.NewVerifier(auth.Config{Secret: testSecret, Revocations: list})
 	if err != nil {
 		t.Fatal(err)

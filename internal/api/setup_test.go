@@ -17,6 +17,7 @@ import (
 	"github.com/registryd/registryd/internal/apitest"
 	"github.com/registryd/registryd/internal/auth"
 	"github.com/registryd/registryd/internal/heartbeat"
+	"github.com/registryd/registryd/internal/lifecycle"
 	"github.com/registryd/registryd/internal/pgtest"
 	"github.com/registryd/registryd/internal/registry"
 	"github.com/registryd/registryd/internal/store"
@@ -65,11 +66,7 @@ func setup(t *testing.T, opts ...option) *bundle {
 func another(t *testing.T, opts ...option) *bundle {
 	t.Helper()
 	dbURL := pgtest.New(t)
-	st, err := store.Open(context.Background(), dbURL, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
+	st := pgtest.Open(t, dbURL, store.Options{})
 	logger := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 	verifier, err := auth.NewVerifier(auth.Config{Secret: testSecret})
 	if err != nil {
@@ -96,10 +93,7 @@ func startHub(t *testing.T, st *store.Store) *watch.Hub {
 		Encode:   api.EncodeEvent,
 		Poll:     100 * time.Millisecond,
 	})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { hub.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(lifecycle.Go(context.Background(), hub.Run))
 	return hub
 }
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/registryd/registryd/internal/apitest"
 	"github.com/registryd/registryd/internal/registry"
 )
 
@@ -51,7 +52,7 @@ func (b *bundle) lockRows(pks ...int64) (tx pgx.Tx, release func()) {
 // database waits on a row lock.
 func (b *bundle) waitForLockWait() {
 	b.t.Helper()
-	await(b.t, 10*time.Second, "a request waits on the row lock", func() bool {
+	apitest.Eventually(b.t, 10*time.Second, "a request waits on the row lock", func() bool {
 		var n int
 		err := b.store.Pool().QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
 			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n)

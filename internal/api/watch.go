@@ -142,22 +142,38 @@ func EncodeEvent(e registry.NodeEvent) ([]byte, error) {
 	return append(b, "\n\n"...), nil
 }
 
+// checkWatch makes the checks of a watch request that come before its
+// stream opens (GET) or instead of it (HEAD): the filters, the resume
+// point and whether watching is enabled here.
+func (s *Server) checkWatch(r *http.Request) (filter watchFilter, resume int64, err error) {
+	if filter, err = readWatchFilter(r.URL.Query()); err != nil {
+		return watchFilter{}, 0, err
+	}
+	if resume, err = resumeFrom(r); err != nil {
+		return watchFilter{}, 0, err
+	}
+	if s.events == nil {
+		return watchFilter{}, 0, &httpError{status: http.StatusServiceUnavailable, detail: "watching is not enabled on this server"}
+	}
+	return filter, resume, nil
+}
+
+// setStreamHeaders sets the headers of an event stream.
+func setStreamHeaders(h http.Header) {
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no") // nginx: do not buffer the stream
+}
+
 // watchNodes is GET /v1/nodes/watch, a Server-Sent Events stream of node
 // changes. Each event's id increases; a client that reconnects with
 // Last-Event-ID gets everything it missed from the change log, or a
 // "reset" event when retention already removed it. Streams are capped per
 // server and per principal (429 beyond).
 func (s *Server) watchNodes(w http.ResponseWriter, r *http.Request) error {
-	filter, err := readWatchFilter(r.URL.Query())
+	filter, resume, err := s.checkWatch(r)
 	if err != nil {
 		return err
-	}
-	resume, err := resumeFrom(r)
-	if err != nil {
-		return err
-	}
-	if s.events == nil {
-		return &httpError{status: http.StatusServiceUnavailable, detail: "watching is not enabled on this server"}
 	}
 	// The token was verified as the stream opened; it is verified again
 	// every watchRecheck, so that revoking it (or its expiry) ends the
@@ -179,9 +195,7 @@ func (s *Server) watchNodes(w http.ResponseWriter, r *http.Request) error {
 	// own deadline instead, so a stuck client is dropped.
 	_ = rc.SetReadDeadline(time.Time{})
 	_ = rc.SetWriteDeadline(time.Time{})
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.Header().Set("Cache-Control", "no-cache")
-	w.Header().Set("X-Accel-Buffering", "no") // nginx: do not buffer the stream
+	setStreamHeaders(w.Header())
 	w.WriteHeader(http.StatusOK)
 
 	// Events come in batches: a batch gets one write deadline and one

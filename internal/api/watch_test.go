@@ -18,6 +18,8 @@ import (
 	registryd "github.com/registryd/registryd"
 	"github.com/registryd/registryd/internal/api"
 	"github.com/registryd/registryd/internal/auth"
+	"github.com/registryd/registryd/internal/lifecycle"
+	"github.com/registryd/registryd/internal/pgtest"
 	"github.com/registryd/registryd/internal/registry"
 	"github.com/registryd/registryd/internal/store"
 	"github.com/registryd/registryd/internal/watch"
@@ -237,11 +239,7 @@ func TestWatchTooOld(t *testing.T) {
 // A change made through one replica reaches a watcher on another.
 func TestWatchAcrossReplicas(t *testing.T) {
 	b := setup(t)
-	st, err := store.Open(context.Background(), b.dbURL, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
+	st := pgtest.Open(t, b.dbURL, store.Options{})
 	verifier, _ := auth.NewVerifier(auth.Config{Secret: testSecret})
 	other := httptest.NewServer(api.New(api.Config{Store: st, OpenAPI: registryd.OpenAPI, Auth: verifier, Events: startHub(t, st)}))
 	t.Cleanup(other.Close)
@@ -334,10 +332,7 @@ func limitedWatchServer(t *testing.T, b *bundle, st watch.Store, opts func(*watc
 	}
 	opts(&o)
 	hub := watch.New(st, o)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { hub.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(lifecycle.Go(context.Background(), hub.Run))
 	verifier, _ := auth.NewVerifier(auth.Config{Secret: testSecret})
 	srv := httptest.NewServer(api.New(api.Config{Store: b.store, OpenAPI: registryd.OpenAPI, Auth: verifier, Events: hub}))
 	t.Cleanup(srv.Close)
@@ -430,11 +425,7 @@ func TestWatchBackfillsLeaveThePoolToLists(t *testing.T) {
 	for i := range events {
 		b.createNode(map[string]any{"index": i})
 	}
-	st, err := store.Open(context.Background(), b.dbURL, store.Options{MaxConns: 4})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
+	st := pgtest.Open(t, b.dbURL, store.Options{MaxConns: 4})
 	counting := &countingStore{Store: st, page: page}
 	url, _ := limitedWatchServer(t, b, counting, func(o *watch.Options) {
 		o.BackfillConcurrency, o.BackfillPage, o.MaxPerPrincipal = 1, page, watchers

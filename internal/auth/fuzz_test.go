@@ -166,7 +166,8 @@ func FuzzStrictObject(f *testing.F) {
 	})
 }
 
-// deep reports whether data nests deeper than the scanner allows.
+// deep reports whether data nests deeper than the scanner allows: more
+// than maxJSONDepth levels, the top object counting as one.
 func deep(data []byte) bool {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	depth := 0
@@ -177,7 +178,7 @@ func deep(data []byte) bool {
 		}
 		switch tok {
 		case json.Delim('{'), json.Delim('['):
-			if depth++; depth >= maxJSONDepth {
+			if depth++; depth > maxJSONDepth {
 				return true
 			}
 		case json.Delim('}'), json.Delim(']'):

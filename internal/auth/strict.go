@@ -5,18 +5,18 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
-	"unicode/utf8"
+
+	"github.com/registryd/registryd/internal/jsonscan"
 )
 
 // MaxTokenBytes bounds a token's length. Identity-provider tokens with many
 // claims run to a few KiB; anything longer is refused before it is parsed.
 const MaxTokenBytes = 16 << 10
 
-// maxJSONDepth bounds nesting inside a token's header and claims; registryd
-// reads flat members only.
+// maxJSONDepth bounds nesting inside a token's header and claims, the
+// object itself counting as one level; registryd reads flat members only.
 const maxJSONDepth = 16
 
 // CheckCompact checks raw as a JWS compact serialization more strictly than
@@ -163,189 +163,57 @@ func stringArray(v json.RawMessage) bool {
 	if kind(v) != '[' {
 		return false
 	}
-	var items []json.RawMessage
-	if json.Unmarshal(v, &items) != nil {
-		return false
-	}
-	for _, it := range items {
-		if kind(it) != '"' {
-			return false
-		}
-	}
-	return true
+	allStrings := true
+	err := jsonscan.Elements(v, tokenScan, func(elem []byte) bool {
+		allStrings = kind(elem) == '"'
+		return allStrings
+	})
+	return err == nil && allStrings
 }
+
+// tokenScan is how a token's header and claims are read: registryd reads
+// flat members only, so deep nesting is refused, and a member name given
+// twice at any depth, since libraries differ on which one counts.
+var tokenScan = jsonscan.Options{MaxDepth: maxJSONDepth, NestedDuplicates: true}
 
 // strictObject reads data as exactly one JSON object and returns its
 // members, refusing what encoding/json would quietly accept: invalid
 // UTF-8, lone surrogate escapes, a member name twice at any depth, and
 // anything after the object.
 func strictObject(data []byte) (map[string]json.RawMessage, error) {
-	if !utf8.Valid(data) {
-		return nil, errors.New("is not valid UTF-8")
-	}
-	// json.Valid checks the syntax (one value, nothing after it) without
-	// allocating; the scan below can then walk the bytes trusting it.
-	if !json.Valid(data) {
-		return nil, errors.New("is not valid JSON")
-	}
-	sc := scanner{data: data}
-	sc.skipSpace()
-	if sc.data[sc.i] != '{' {
-		return nil, errors.New("is not a JSON object")
-	}
 	members := map[string]json.RawMessage{}
-	if err := sc.object(1, members); err != nil {
-		return nil, err
+	err := jsonscan.Object(data, tokenScan, func(m jsonscan.Member) error {
+		if m.Text != nil {
+			return textError(m.Text)
+		}
+		members[m.Name] = json.RawMessage(m.Value)
+		return nil
+	})
+	e, ok := errors.AsType[*jsonscan.Error](err)
+	switch {
+	case err == nil:
+		return members, nil
+	case !ok:
+		return nil, err // a textError from above
+	case e.Kind == jsonscan.NotObject:
+		return nil, errors.New("is not a JSON object")
+	case e.Kind == jsonscan.TooDeep:
+		return nil, fmt.Errorf("nests deeper than %d levels", maxJSONDepth)
+	case e.Kind == jsonscan.Duplicate:
+		return nil, fmt.Errorf("has the member %s twice", showName(e.Name))
+	case e.Kind == jsonscan.BadName:
+		return nil, textError(e.Text)
 	}
-	return members, nil
+	return nil, errors.New("is not valid JSON")
 }
 
-// scanner walks JSON that json.Valid accepted.
-type scanner struct {
-	data []byte
-	i    int
-}
-
-func (s *scanner) skipSpace() {
-	for s.i < len(s.data) && (s.data[s.i] == ' ' || s.data[s.i] == '\t' || s.data[s.i] == '\n' || s.data[s.i] == '\r') {
-		s.i++
+// textError says why a string of a token is not what was signed:
+// encoding/json would read U+FFFD in its place.
+func textError(e *jsonscan.TextError) error {
+	if e.Escape == 0 {
+		return errors.New("is not valid UTF-8")
 	}
-}
-
-// value consumes one value at s.i.
-func (s *scanner) value(depth int) error {
-	s.skipSpace()
-	switch s.data[s.i] {
-	case '{', '[':
-		if depth >= maxJSONDepth {
-			return fmt.Errorf("nests deeper than %d levels", maxJSONDepth)
-		}
-		if s.data[s.i] == '{' {
-			return s.object(depth+1, nil)
-		}
-		return s.array(depth + 1)
-	case '"':
-		_, err := s.str()
-		return err
-	}
-	for s.i < len(s.data) && !strings.ContainsRune(",}] \t\n\r", rune(s.data[s.i])) {
-		s.i++
-	}
-	return nil
-}
-
-// object consumes the object at s.i, refusing a member name seen twice;
-// with top set it also records each member's raw value.
-func (s *scanner) object(depth int, top map[string]json.RawMessage) error {
-	s.i++             // {
-	var seen []string // objects in tokens are small: a slice beats a map
-	for {
-		s.skipSpace()
-		if s.data[s.i] == '}' {
-			s.i++
-			return nil
-		}
-		if s.data[s.i] == ',' {
-			s.i++
-			s.skipSpace()
-		}
-		name, err := s.str()
-		if err != nil {
-			return err
-		}
-		if slices.Contains(seen, name) {
-			return fmt.Errorf("has the member %s twice", showName(name))
-		}
-		seen = append(seen, name)
-		s.skipSpace()
-		s.i++ // :
-		s.skipSpace()
-		start := s.i
-		if err := s.value(depth); err != nil {
-			return err
-		}
-		if top != nil {
-			top[name] = json.RawMessage(s.data[start:s.i])
-		}
-	}
-}
-
-func (s *scanner) array(depth int) error {
-	s.i++ // [
-	for {
-		s.skipSpace()
-		switch s.data[s.i] {
-		case ']':
-			s.i++
-			return nil
-		case ',':
-			s.i++
-		}
-		if err := s.value(depth); err != nil {
-			return err
-		}
-	}
-}
-
-// str consumes the string at s.i and returns it decoded, refusing \u
-// escapes of lone UTF-16 surrogates, which encoding/json silently turns
-// into U+FFFD: the claim would not be what was signed.
-func (s *scanner) str() (string, error) {
-	start := s.i
-	s.i++ // "
-	escaped := false
-	for s.data[s.i] != '"' {
-		if s.data[s.i] != '\\' {
-			s.i++
-			continue
-		}
-		escaped = true
-		if s.data[s.i+1] != 'u' {
-			s.i += 2
-			continue
-		}
-		r := hex4(s.data[s.i+2 : s.i+6])
-		s.i += 6
-		switch {
-		case 0xDC00 <= r && r <= 0xDFFF:
-			return "", errors.New("holds a lone surrogate escape")
-		case 0xD800 <= r && r <= 0xDBFF:
-			if s.i+6 > len(s.data) || s.data[s.i] != '\\' || s.data[s.i+1] != 'u' {
-				return "", errors.New("holds a lone surrogate escape")
-			}
-			if lo := hex4(s.data[s.i+2 : s.i+6]); lo < 0xDC00 || lo > 0xDFFF {
-				return "", errors.New("holds a lone surrogate escape")
-			}
-			s.i += 6
-		}
-	}
-	s.i++ // "
-	raw := s.data[start:s.i]
-	if !escaped {
-		return string(raw[1 : len(raw)-1]), nil
-	}
-	var out string
-	if err := json.Unmarshal(raw, &out); err != nil {
-		return "", errors.New("is not valid JSON")
-	}
-	return out, nil
-}
-
-// hex4 reads four hex digits that json.Valid has vouched for.
-func hex4(b []byte) rune {
-	var r rune
-	for _, c := range b {
-		r <<= 4
-		switch {
-		case '0' <= c && c <= '9':
-			r |= rune(c - '0')
-		case 'a' <= c && c <= 'f':
-			r |= rune(c - 'a' + 10)
-		default:
-			r |= rune(c - 'A' + 10)
-		}
-	}
-	return r
+	return errors.New("holds a lone surrogate escape")
 }
 
 // showName quotes a member name for a message when it is short and plain;

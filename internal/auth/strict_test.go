@@ -80,6 +80,13 @@ func TestVerifyRefusesLenientTokens(t *testing.T) {
 		{"aud as a number", rawToken(secret, hs, claims(`,"aud":7`)), rawToken(secret, hs, claims(`,"aud":["x"]`)), `"aud" claim must be`},
 		{"jti as a number", rawToken(secret, hs, claims(`,"jti":7`)), rawToken(secret, hs, claims(`,"jti":"7"`)), `"jti" claim must be a string`},
 		{"typ as a number", rawToken(secret, `{"alg":"HS256","typ":1}`, claims("")), good, `"typ" must be a string`},
+		// The jti is looked up in the revocation list and shown in logs.
+		{"jti with a control character", rawToken(secret, hs, claims(`,"jti":"a\u0007b"`)),
+			rawToken(secret, hs, claims(`,"jti":"ab"`)), `"jti" claim must not contain control characters`},
+		{"jti of 201 characters", rawToken(secret, hs, claims(`,"jti":"`+strings.Repeat("j", 201)+`"`)),
+			rawToken(secret, hs, claims(`,"jti":"`+strings.Repeat("j", 200)+`"`)), `"jti" claim must be at most 200 characters`},
+		{"longer than 16 KiB", rawToken(secret, hs, claims(`,"x":"`+strings.Repeat("x", MaxTokenBytes)+`"`)),
+			rawToken(secret, hs, claims(`,"x":"`+strings.Repeat("x", MaxTokenBytes/2)+`"`)), "longer than 16384 bytes"},
 		{"padded segment", strings.Replace(good, ".", "=.", 1), good, "base64url"},
 		// encoding/json reads member names without regard to case.
 		{"role differing in case, after role",

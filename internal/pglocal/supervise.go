@@ -72,11 +72,18 @@ func (c *Cluster) Supervise(ctx context.Context, opts SuperviseOptions) error {
 		c.downSince = s.exitedAt
 		c.mu.Unlock()
 		s.drainLog(time.Second)
-		c.logger.Error("pglocal: postgres exited unexpectedly; restarting it", "dir", c.dataDir,
-			"status", exitStatus(s.waitErr), "last_log", c.tail.last(errorLines))
 		if time.Since(upSince) >= opts.StableAfter {
 			failures = 0
+		} else if failures >= opts.Attempts {
+			// Each of the last restarts died again before StableAfter: a
+			// crash loop, which more restarts would only repeat.
+			c.logger.Error("pglocal: postgres exited again soon after its restart; giving up", "dir", c.dataDir,
+				"status", exitStatus(s.waitErr), "last_log", c.tail.last(errorLines))
+			return fmt.Errorf("pglocal: postgres in %s could not be restarted: it exited again within %s of each of %d restarts (last: %s)",
+				c.dataDir, opts.StableAfter, failures, exitStatus(s.waitErr))
 		}
+		c.logger.Error("pglocal: postgres exited unexpectedly; restarting it", "dir", c.dataDir,
+			"status", exitStatus(s.waitErr), "last_log", c.tail.last(errorLines))
 		for {
 			if failures > 0 {
 				wait := min(opts.Backoff<<(failures-1), opts.MaxBackoff)

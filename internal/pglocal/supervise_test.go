@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/registryd/registryd/internal/apitest"
 )
 
 // supervised runs Supervise on c until the test ends (or it returns).
@@ -43,16 +45,6 @@ func (s *supervised) wait(t *testing.T, limit time.Duration) error {
 	case <-time.After(limit):
 		t.Fatalf("Supervise still running after %s", limit)
 		return nil
-	}
-}
-
-// waitUntil polls cond every 20ms until it holds, failing after limit.
-func waitUntil(t *testing.T, limit time.Duration, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(limit); !cond(); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s", what, limit)
-		}
 	}
 }
 
@@ -128,7 +120,7 @@ func TestSuperviseRestarts(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-old.exited
-	waitUntil(t, 30*time.Second, "restart after SIGKILL", func() bool { return up(c) && queryWorks(url) })
+	apitest.Eventually(t, 30*time.Second, "restart after SIGKILL", func() bool { return up(c) && queryWorks(url) })
 	if st, err := readProcStat(backend); err == nil && st.state != 'Z' {
 		t.Errorf("the stopped backend %d of the killed server still runs", backend)
 	}
@@ -142,7 +134,7 @@ func TestSuperviseRestarts(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-old.exited
-	waitUntil(t, 30*time.Second, "restart after SIGINT", func() bool { return up(c) && queryWorks(url) })
+	apitest.Eventually(t, 30*time.Second, "restart after SIGINT", func() bool { return up(c) && queryWorks(url) })
 
 	// Restarts fail while the data directory is gone: the cluster reports
 	// itself down since the kill, and comes back once it returns.
@@ -160,14 +152,14 @@ func TestSuperviseRestarts(t *testing.T) {
 	if !down || since.Before(killedAt) || time.Since(since) > 10*time.Second {
 		t.Fatalf("DownSince = %v, %v after the kill at %v", since, down, killedAt)
 	}
-	waitUntil(t, 10*time.Second, "failed restarts", func() bool { return strings.Count(logs.String(), "restart failed") >= 3 })
+	apitest.Eventually(t, 10*time.Second, "failed restarts", func() bool { return strings.Count(logs.String(), "restart failed") >= 3 })
 	if s2, down := c.DownSince(); !down || !s2.Equal(since) {
 		t.Errorf("DownSince while restarts fail = %v, %v; want %v, true", s2, down, since)
 	}
 	if err := os.Rename(away, dir); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, 30*time.Second, "restart once the data is back", func() bool { return up(c) && queryWorks(url) })
+	apitest.Eventually(t, 30*time.Second, "restart once the data is back", func() bool { return up(c) && queryWorks(url) })
 
 	// Stop while restarts are failing, then the data comes back: no
 	// restart may follow, and Supervise returns nil.
@@ -178,7 +170,7 @@ func TestSuperviseRestarts(t *testing.T) {
 	_ = syscall.Kill(old.proc.Pid, syscall.SIGKILL)
 	<-old.exited
 	failed := strings.Count(logs.String(), "restart failed")
-	waitUntil(t, 10*time.Second, "a failed restart", func() bool { return strings.Count(logs.String(), "restart failed") > failed })
+	apitest.Eventually(t, 10*time.Second, "a failed restart", func() bool { return strings.Count(logs.String(), "restart failed") > failed })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_ = c.Stop(ctx) // reports the kill
@@ -235,6 +227,47 @@ func TestSuperviseGivesUp(t *testing.T) {
 	err := sup.wait(t, 30*time.Second)
 	if err == nil || !strings.Contains(err.Error(), "could not be restarted (3 attempts)") || !strings.Contains(err.Error(), dir) {
 		t.Fatalf("Supervise: %v; want it to give up after 3 attempts naming %s", err, dir)
+	}
+	if _, down := c.DownSince(); !down {
+		t.Error("DownSince: want down after giving up")
+	}
+}
+
+// A server that starts again but dies soon after, every time, is a crash
+// loop: each such restart counts as failed (the server was not up for
+// StableAfter), so Supervise gives up after Attempts of them instead of
+// restarting it forever, and the caller can exit for its own supervisor.
+func TestSuperviseGivesUpOnCrashLoop(t *testing.T) {
+	t.Parallel()
+	needBinaries(t)
+	dir := filepath.Join(reachableTempDir(t), "data")
+	c := start(t, Options{DataDir: dir, Ephemeral: true, Logger: testLogger(t)})
+	sup := supervise(t, c, SuperviseOptions{Attempts: 3, Backoff: 10 * time.Millisecond, StableAfter: time.Hour})
+	// Kill every postmaster as soon as it is up, until Supervise returns.
+	killed := map[int]bool{}
+	deadline := time.After(60 * time.Second)
+	for done := false; !done; {
+		if s := c.current(); up(c) && !killed[s.proc.Pid] {
+			killed[s.proc.Pid] = true
+			if err := syscall.Kill(s.proc.Pid, syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+		}
+		select {
+		case <-sup.done:
+			done = true
+		case <-deadline:
+			t.Fatalf("Supervise still restarting after 60s and %d kills", len(killed))
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if err := sup.err; err == nil || !strings.Contains(err.Error(), "could not be restarted") || !strings.Contains(err.Error(), dir) {
+		t.Fatalf("Supervise: %v; want it to give up naming %s", err, dir)
+	}
+	// The first kill ends a server that was up all along; the restarts
+	// after it are the loop: Attempts of them, then no more.
+	if len(killed) != 1+3 {
+		t.Errorf("%d servers killed, want 4: the first and 3 restarts", len(killed))
 	}
 	if _, down := c.DownSince(); !down {
 		t.Error("DownSince: want down after giving up")

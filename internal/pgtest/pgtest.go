@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.uber.org/goleak"
 
 	"github.com/registryd/registryd/internal/pglocal"
 	"github.com/registryd/registryd/internal/store"
@@ -39,12 +40,20 @@ var (
 	stopFns  []func()
 )
 
-// Main runs the tests of a package and stops any server it started.
+// Main runs the tests of a package and stops any server it started. Then,
+// if the tests passed, it fails them if any goroutine they started is
+// still running (goleak): every background loop must stop with its test.
 // Use it as: func TestMain(m *testing.M) { pgtest.Main(m) }.
 func Main(m *testing.M) {
 	code := m.Run()
 	for _, stop := range stopFns {
 		stop()
+	}
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "pgtest: goroutines outlived the tests: %v\n", err)
+			code = 1
+		}
 	}
 	os.Exit(code)
 }
@@ -117,6 +126,18 @@ func NewEmpty(t testing.TB) string {
 		}
 	})
 	return WithDatabase(admin, name)
+}
+
+// Open opens a store on url (a database from New, say) with opts, closed
+// when the test ends.
+func Open(t testing.TB, url string, opts store.Options) *store.Store {
+	t.Helper()
+	st, err := store.Open(context.Background(), url, opts)
+	if err != nil {
+		t.Fatalf("pgtest: open store: %v", err)
+	}
+	t.Cleanup(st.Close)
+	return st
 }
 
 // WithDatabase returns rawURL pointing at database name instead.

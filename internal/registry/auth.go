@@ -141,7 +141,7 @@ func (f *AuditFilter) Normalize() error {
 		fe.Add("target_type", "must be one of %s", strings.Join(AuditTargetTypes, ", "))
 	}
 	if f.TargetPK != nil && *f.TargetPK <= 0 {
-		fe.Add("target_pk", "must be a positive integer (the pk of a node or hardware generation; token entries have none)")
+		fe.Add("target_pk", "must be a positive integer (the pk of a node, a hardware generation or a token revocation)")
 	}
 	if f.Principal != nil {
 		if msg := CheckLabel(*f.Principal, MaxPrincipalLen); msg != "" {

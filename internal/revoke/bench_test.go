@@ -18,11 +18,7 @@ func BenchmarkLoad(b *testing.B) {
 	for _, rows := range []int{100, 10_000, 100_000} {
 		b.Run(fmt.Sprintf("rows=%d", rows), func(b *testing.B) {
 			url := pgtest.New(b)
-			st, err := store.Open(context.Background(), url, store.Options{})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer st.Close()
+			st := pgtest.Open(b, url, store.Options{})
 			if _, err := st.Pool().Exec(context.Background(), `
 				INSERT INTO token_revocations (sub, revoked_before) SELECT 'agent-' || i, now() FROM generate_series(1, $1) i;
 				`, rows/2); err != nil {
@@ -46,11 +42,7 @@ func BenchmarkLoad(b *testing.B) {
 // BenchmarkRevoked is the per-request cost of the check.
 func BenchmarkRevoked(b *testing.B) {
 	url := pgtest.New(b)
-	st, err := store.Open(context.Background(), url, store.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer st.Close()
+	st := pgtest.Open(b, url, store.Options{})
 	if _, err := st.Pool().Exec(context.Background(), `
 		INSERT INTO token_revocations (sub, revoked_before) SELECT 'agent-' || i, now() FROM generate_series(1, 10000) i`); err != nil {
 		b.Fatal(err)

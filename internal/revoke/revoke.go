@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/registryd/registryd/internal/lifecycle"
 	"github.com/registryd/registryd/internal/registry"
 )
 
@@ -111,40 +112,35 @@ func signal(ch chan struct{}) {
 	}
 }
 
+// listen asks for a reload on every notification, and on every
+// (re)connection: whatever was stored while the connection was down is
+// read then.
 func (l *List) listen(ctx context.Context) {
-	backoff := 100 * time.Millisecond
-	for ctx.Err() == nil {
-		// Every notification, and every (re)connection, asks for a reload:
-		// whatever was stored while the connection was down is read then.
-		err := l.store.Listen(ctx, []string{l.opts.Channel}, func(string, string) {
-			backoff = 100 * time.Millisecond
-			signal(l.kick)
+	lifecycle.Retry(ctx, lifecycle.Backoff{}, l.opts.Logger, "revoke: lost the notification connection; reconnecting",
+		func(ctx context.Context, alive func()) error {
+			return l.store.Listen(ctx, []string{l.opts.Channel}, func(string, string) {
+				alive()
+				signal(l.kick)
+			})
 		})
-		if ctx.Err() != nil {
-			return
-		}
-		l.opts.Logger.Warn("revoke: lost the notification connection; reconnecting", "err", err, "in", backoff.String())
-		sleep(ctx, backoff)
-		backoff = min(backoff*2, 5*time.Second)
-	}
 }
 
 func (l *List) reload(ctx context.Context) {
 	tick := time.NewTicker(l.opts.Reload)
 	defer tick.Stop()
-	backoff := 100 * time.Millisecond
+	var backoff lifecycle.Backoff
 	var lastPrune time.Time
 	for ctx.Err() == nil {
 		if err := l.Load(ctx); err != nil {
 			if ctx.Err() != nil {
 				return
 			}
-			l.opts.Logger.Warn("revoke: loading the revocation list failed; retrying", "err", err, "in", backoff.String())
-			sleep(ctx, backoff)
-			backoff = min(backoff*2, 5*time.Second)
+			wait := backoff.Next()
+			l.opts.Logger.Warn("revoke: loading the revocation list failed; retrying", "err", err, "in", wait.String())
+			lifecycle.Sleep(ctx, wait)
 			continue
 		}
-		backoff = 100 * time.Millisecond
+		backoff.Reset()
 		if l.opts.Keep > 0 && l.opts.Now().Sub(lastPrune) > 10*time.Minute {
 			lastPrune = l.opts.Now()
 			l.prune(ctx)
@@ -177,14 +173,5 @@ func (l *List) prune(ctx context.Context) {
 		l.opts.Logger.Warn("revoke: pruning expired revocations failed", "err", err)
 	case n > 0:
 		l.opts.Logger.Info("revoke: pruned revocations of expired tokens", "rows", n)
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/registryd/registryd/internal/apitest"
 	"github.com/registryd/registryd/internal/pgtest"
 	"github.com/registryd/registryd/internal/registry"
 	"github.com/registryd/registryd/internal/revoke"
@@ -17,16 +18,6 @@ import (
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
 var admin = registry.Actor{Principal: registry.Principal{Sub: "root", Role: registry.RoleAdmin}}
-
-func open(t *testing.T, url string) *store.Store {
-	t.Helper()
-	st, err := store.Open(context.Background(), url, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
-	return st
-}
 
 // counting counts the loads that reach the database.
 type counting struct {
@@ -68,18 +59,6 @@ func start(t *testing.T, l *revoke.List) {
 	}
 }
 
-// eventually waits, at most limit, for cond.
-func eventually(t *testing.T, limit time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %s: %s", limit, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func revoked(t *testing.T, l *revoke.List, sub, jti string, iat *time.Time) bool {
 	t.Helper()
 	r, err := l.Revoked(sub, jti, iat)
@@ -93,7 +72,7 @@ func revoked(t *testing.T, l *revoke.List, sub, jti string, iat *time.Time) bool
 // unchecked.
 func TestFailsClosedUntilLoaded(t *testing.T) {
 	t.Parallel()
-	l := revoke.New(open(t, pgtest.New(t)), revoke.Options{Channel: store.RevocationsChannel})
+	l := revoke.New(pgtest.Open(t, pgtest.New(t), store.Options{}), revoke.Options{Channel: store.RevocationsChannel})
 	if _, err := l.Revoked("anyone", "", nil); !errors.Is(err, registry.ErrUnavailable) {
 		t.Fatalf("before loading: %v", err)
 	}
@@ -111,10 +90,10 @@ func TestFailsClosedUntilLoaded(t *testing.T) {
 func TestNotificationReachesEveryReplica(t *testing.T) {
 	t.Parallel()
 	url := pgtest.New(t)
-	writer := open(t, url)
+	writer := pgtest.Open(t, url, store.Options{})
 	lists := []*revoke.List{
-		revoke.New(open(t, url), revoke.Options{Channel: store.RevocationsChannel, Reload: time.Hour}),
-		revoke.New(open(t, url), revoke.Options{Channel: store.RevocationsChannel, Reload: time.Hour}),
+		revoke.New(pgtest.Open(t, url, store.Options{}), revoke.Options{Channel: store.RevocationsChannel, Reload: time.Hour}),
+		revoke.New(pgtest.Open(t, url, store.Options{}), revoke.Options{Channel: store.RevocationsChannel, Reload: time.Hour}),
 	}
 	for _, l := range lists {
 		start(t, l)
@@ -127,7 +106,7 @@ func TestNotificationReachesEveryReplica(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, l := range lists {
-		eventually(t, 5*time.Second, "replica sees the revocations", func() bool {
+		apitest.Eventually(t, 5*time.Second, "replica sees the revocations", func() bool {
 			return revoked(t, l, "leaked", "", &before) && revoked(t, l, "x", "tok-1", nil)
 		})
 		if revoked(t, l, "other", "tok-2", &before) {
@@ -141,14 +120,14 @@ func TestNotificationReachesEveryReplica(t *testing.T) {
 func TestReloadsAfterReconnect(t *testing.T) {
 	t.Parallel()
 	url := pgtest.New(t)
-	st := open(t, url)
-	l := revoke.New(open(t, url), revoke.Options{Channel: store.RevocationsChannel, Reload: time.Hour})
+	st := pgtest.Open(t, url, store.Options{})
+	l := revoke.New(pgtest.Open(t, url, store.Options{}), revoke.Options{Channel: store.RevocationsChannel, Reload: time.Hour})
 	start(t, l)
 	loads := l.Loads()
 	// End the listening session from the server side, once it listens:
 	// the first load can come before the session has sent its LISTEN.
 	var n int
-	eventually(t, 5*time.Second, "the listening session is up and terminated", func() bool {
+	apitest.Eventually(t, 5*time.Second, "the listening session is up and terminated", func() bool {
 		if err := st.Pool().QueryRow(context.Background(), `
 			SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
 			WHERE datname = current_database() AND query LIKE 'LISTEN%' AND pid <> pg_backend_pid()`).Scan(&n); err != nil {
@@ -162,7 +141,7 @@ func TestReloadsAfterReconnect(t *testing.T) {
 	if _, err := st.RevokeTokens(context.Background(), admin, registry.Revocation{Sub: "leaked"}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "the list reloads after reconnecting", func() bool {
+	apitest.Eventually(t, 5*time.Second, "the list reloads after reconnecting", func() bool {
 		return revoked(t, l, "leaked", "", nil)
 	})
 	if l.Loads() == loads {
@@ -175,13 +154,13 @@ func TestReloadsAfterReconnect(t *testing.T) {
 func TestPeriodicReload(t *testing.T) {
 	t.Parallel()
 	url := pgtest.New(t)
-	st := open(t, url)
-	l := revoke.New(open(t, url), revoke.Options{Channel: "nobody_notifies_this", Reload: 100 * time.Millisecond})
+	st := pgtest.Open(t, url, store.Options{})
+	l := revoke.New(pgtest.Open(t, url, store.Options{}), revoke.Options{Channel: "nobody_notifies_this", Reload: 100 * time.Millisecond})
 	start(t, l)
 	if _, err := st.Pool().Exec(context.Background(), `INSERT INTO token_revocations (jti) VALUES ('by-hand')`); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "the periodic reload sees the row", func() bool {
+	apitest.Eventually(t, 5*time.Second, "the periodic reload sees the row", func() bool {
 		return revoked(t, l, "x", "by-hand", nil)
 	})
 }
@@ -191,7 +170,7 @@ func TestPeriodicReload(t *testing.T) {
 func TestChecksCostNoQuery(t *testing.T) {
 	t.Parallel()
 	url := pgtest.New(t)
-	st := &counting{Store: open(t, url)}
+	st := &counting{Store: pgtest.Open(t, url, store.Options{})}
 	if _, err := st.RevokeTokens(context.Background(), admin, registry.Revocation{Sub: "leaked"}); err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +178,7 @@ func TestChecksCostNoQuery(t *testing.T) {
 	start(t, l)
 	// Connecting the LISTEN session asks for one more load (whatever was
 	// stored while it was down); let that settle before counting.
-	eventually(t, 5*time.Second, "the LISTEN session is up and its reload done", func() bool {
+	apitest.Eventually(t, 5*time.Second, "the LISTEN session is up and its reload done", func() bool {
 		return st.listening.Load() && st.loads.Load() >= 2
 	})
 	loads := st.loads.Load()
@@ -221,7 +200,7 @@ func TestChecksCostNoQuery(t *testing.T) {
 // Run stops with its context and leaves no goroutine behind.
 func TestRunStops(t *testing.T) {
 	url := pgtest.New(t)
-	st := open(t, url)
+	st := pgtest.Open(t, url, store.Options{})
 	base := runtime.NumGoroutine()
 	l := revoke.New(st, revoke.Options{Channel: store.RevocationsChannel, Reload: 10 * time.Millisecond})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -234,7 +213,7 @@ func TestRunStops(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Run did not return within 5s")
 	}
-	eventually(t, 5*time.Second, "goroutines back to where they were", func() bool {
+	apitest.Eventually(t, 5*time.Second, "goroutines back to where they were", func() bool {
 		return runtime.NumGoroutine() <= base
 	})
 }
@@ -243,7 +222,7 @@ func TestRunStops(t *testing.T) {
 // unknown expiry after the longest lifetime; subject revocations stay.
 func TestPrune(t *testing.T) {
 	t.Parallel()
-	st := open(t, pgtest.New(t))
+	st := pgtest.Open(t, pgtest.New(t), store.Options{})
 	ctx := context.Background()
 	// A revocation's until may not lie in the past; "expired" is one whose
 	// token expires in a second, pruned as if that second had passed.

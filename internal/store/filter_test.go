@@ -10,6 +10,7 @@ import (
 
 	"github.com/registryd/registryd/internal/pgtest"
 	"github.com/registryd/registryd/internal/registry"
+	"github.com/registryd/registryd/internal/store"
 )
 
 func ptr[T any](v T) *T { return &v }
@@ -19,7 +20,7 @@ func ptr[T any](v T) *T { return &v }
 func TestListAgreesWithMatch(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	st := open(t, pgtest.New(t))
+	st := pgtest.Open(t, pgtest.New(t), store.Options{})
 	h1, err := st.CreateHardware(ctx, sys, registry.HardwareSpec{Name: "H100"})
 	if err != nil {
 		t.Fatal(err)
@@ -156,7 +157,7 @@ func describe(f registry.NodeFilter) string {
 func TestListRefusesInvalidFilters(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	st := open(t, pgtest.New(t))
+	st := pgtest.Open(t, pgtest.New(t), store.Options{})
 	if _, err := st.ListNodes(ctx, registry.NodeFilter{CurrentJob: ptr[int64](-1)}); !errors.Is(err, registry.ErrInvalid) {
 		t.Errorf("ListNodes with current_job -1: %v", err)
 	}

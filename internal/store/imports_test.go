@@ -80,7 +80,7 @@ func countAudit(t *testing.T, st *store.Store, principal string) int {
 func TestApplyImportLifecycle(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	st := open(t, pgtest.New(t))
+	st := pgtest.Open(t, pgtest.New(t), store.Options{})
 	apply := func(nodes ...[]registry.ImportedNode) registry.ImportResult {
 		t.Helper()
 		var all []registry.ImportedNode
@@ -186,7 +186,7 @@ func firstPK(t *testing.T, st *store.Store, ip string) int64 {
 func TestApplyImportMergesAcrossSources(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	st := open(t, pgtest.New(t))
+	st := pgtest.Open(t, pgtest.New(t), store.Options{})
 	agent := registry.Actor{Principal: registry.Principal{Sub: "agent-1", Role: registry.RoleAgent}}
 
 	// An agent registered a GPU first; the provider then reports its host.
@@ -243,7 +243,7 @@ func TestApplyImportMergesAcrossSources(t *testing.T) {
 func TestApplyImportDecidesOnLockedRows(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	st := open(t, pgtest.New(t))
+	st := pgtest.Open(t, pgtest.New(t), store.Options{})
 	apply := func(nodes ...[]registry.ImportedNode) {
 		t.Helper()
 		var all []registry.ImportedNode

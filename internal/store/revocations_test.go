@@ -9,6 +9,7 @@ import (
 
 	"github.com/registryd/registryd/internal/pgtest"
 	"github.com/registryd/registryd/internal/registry"
+	"github.com/registryd/registryd/internal/store"
 )
 
 // A revocation and its audit entry are written in one transaction (equal
@@ -17,7 +18,7 @@ import (
 func TestRevokeTokens(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	st := open(t, pgtest.New(t))
+	st := pgtest.Open(t, pgtest.New(t), store.Options{})
 
 	r1, err := st.RevokeTokens(ctx, sys, registry.Revocation{Sub: "leaked"})
 	if err != nil {

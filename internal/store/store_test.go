@@ -19,20 +19,10 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // sys is the actor of the store tests' writes.
 var sys = registry.Actor{Principal: registry.Principal{Sub: "store-test", Role: registry.RoleAdmin}}
 
-func open(t *testing.T, url string) *store.Store {
-	t.Helper()
-	st, err := store.Open(context.Background(), url, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
-	return st
-}
-
 func TestSchemaLifecycle(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	st := open(t, pgtest.NewEmpty(t))
+	st := pgtest.Open(t, pgtest.NewEmpty(t), store.Options{})
 	state, err := st.CheckSchema(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -77,7 +67,7 @@ func TestSchemaLifecycle(t *testing.T) {
 func TestUpdateNodeSerializes(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	st := open(t, pgtest.New(t))
+	st := pgtest.Open(t, pgtest.New(t), store.Options{})
 	n, _, err := st.CreateNode(ctx, sys, registry.NodeSpec{IP: "10.0.0.1", DriverVersion: "d"})
 	if err != nil {
 		t.Fatal(err)
@@ -109,7 +99,7 @@ func TestUpdateNodeSerializes(t *testing.T) {
 func TestUpdateNodeCallbackErrorChangesNothing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	st := open(t, pgtest.New(t))
+	st := pgtest.Open(t, pgtest.New(t), store.Options{})
 	n, _, err := st.CreateNode(ctx, sys, registry.NodeSpec{IP: "10.0.0.1", DriverVersion: "d"})
 	if err != nil {
 		t.Fatal(err)
@@ -139,7 +129,7 @@ func TestUpdateNodeCallbackErrorChangesNothing(t *testing.T) {
 func TestStoreErrorsAreTyped(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	st := open(t, pgtest.New(t))
+	st := pgtest.Open(t, pgtest.New(t), store.Options{})
 	hw, err := st.CreateHardware(ctx, sys, registry.HardwareSpec{Name: "H100"})
 	if err != nil {
 		t.Fatal(err)
@@ -174,7 +164,7 @@ func TestStoreErrorsAreTyped(t *testing.T) {
 
 func TestUnavailable(t *testing.T) {
 	t.Parallel()
-	st := open(t, "postgres://postgres@127.0.0.1:1/x?connect_timeout=2")
+	st := pgtest.Open(t, "postgres://postgres@127.0.0.1:1/x?connect_timeout=2", store.Options{})
 	_, err := st.GetNode(context.Background(), 1)
 	if !errors.Is(err, registry.ErrUnavailable) {
 		t.Errorf("unreachable database: %v, want ErrUnavailable", err)
@@ -191,7 +181,7 @@ func TestEventsNeverAppearBehindTheReader(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	url := pgtest.New(t)
-	st := open(t, url)
+	st := pgtest.Open(t, url, store.Options{})
 	const writers, perWriter = 8, 25
 	var wg sync.WaitGroup
 	for w := range writers {

@@ -29,14 +29,7 @@ func BenchmarkImport10kHosts(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	open := func() *store.Store {
-		st, err := store.Open(context.Background(), pgtest.New(b), store.Options{})
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(st.Close)
-		return st
-	}
+	open := func() *store.Store { return pgtest.Open(b, pgtest.New(b), store.Options{}) }
 	b.Run("first pass", func(b *testing.B) {
 		for b.Loop() {
 			b.StopTimer()

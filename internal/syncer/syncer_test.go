@@ -57,11 +57,7 @@ func newSyncer(t testing.TB, st *store.Store, srcs ...syncer.Source) *syncer.Syn
 func setup(t *testing.T) *bundle {
 	t.Helper()
 	t.Parallel()
-	st, err := store.Open(context.Background(), pgtest.New(t), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
+	st := pgtest.Open(t, pgtest.New(t), store.Options{})
 	b := &bundle{t: t, store: st, scp: scptest.New(t), e2e: e2etest.New(t)}
 	sc, err := scp.New(scp.Config{Endpoint: b.scp.URL, AccessKey: scptest.AccessKey, SecretKey: scptest.SecretKey,
 		AccountID: scptest.AccountID, PageSize: 20, Retry: fastRetry})

@@ -22,6 +22,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/registryd/registryd/internal/lifecycle"
 	"github.com/registryd/registryd/internal/registry"
 )
 
@@ -167,36 +168,21 @@ func (h *Hub) Run(ctx context.Context) {
 }
 
 func (h *Hub) listen(ctx context.Context) {
-	backoff := 100 * time.Millisecond
-	for ctx.Err() == nil {
-		err := h.store.Listen(ctx, []string{h.opts.Channels.Changes, h.opts.Channels.Events}, func(ch, _ string) {
-			backoff = 100 * time.Millisecond
-			switch ch {
-			case h.opts.Channels.Changes:
-				signal(h.kick)
-			case h.opts.Channels.Events:
-				signal(h.events)
-			default: // (re)connected: catch up on anything missed
-				signal(h.kick)
-				signal(h.events)
-			}
+	lifecycle.Retry(ctx, lifecycle.Backoff{}, h.opts.Logger, "watch: lost the notification connection; reconnecting",
+		func(ctx context.Context, alive func()) error {
+			return h.store.Listen(ctx, []string{h.opts.Channels.Changes, h.opts.Channels.Events}, func(ch, _ string) {
+				alive()
+				switch ch {
+				case h.opts.Channels.Changes:
+					signal(h.kick)
+				case h.opts.Channels.Events:
+					signal(h.events)
+				default: // (re)connected: catch up on anything missed
+					signal(h.kick)
+					signal(h.events)
+				}
+			})
 		})
-		if ctx.Err() != nil {
-			return
-		}
-		h.opts.Logger.Warn("watch: lost the notification connection; reconnecting", "err", err, "in", backoff.String())
-		sleep(ctx, backoff)
-		backoff = min(backoff*2, 5*time.Second)
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
 }
 
 // sequence stamps new changes, at most once per few milliseconds however
@@ -227,7 +213,7 @@ func (h *Hub) sequence(ctx context.Context) {
 				h.opts.Logger.Info("watch: pruned old events", "events", n)
 			}
 		}
-		sleep(ctx, 5*time.Millisecond) // coalesce bursts of commits into one pass
+		lifecycle.Sleep(ctx, 5*time.Millisecond) // coalesce bursts of commits into one pass
 	}
 }
 
@@ -243,7 +229,7 @@ func (h *Hub) fanOut(ctx context.Context) {
 			break
 		}
 		h.opts.Logger.Warn("watch: cannot read the event horizon; retrying", "err", err)
-		sleep(ctx, time.Second)
+		lifecycle.Sleep(ctx, time.Second)
 	}
 	tick := time.NewTicker(h.opts.Poll)
 	defer tick.Stop()

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/registryd/registryd/internal/lifecycle"
 	"github.com/registryd/registryd/internal/registry"
 )
 
@@ -94,10 +95,7 @@ func (enc *encoder) encode(e registry.NodeEvent) ([]byte, error) {
 // run starts h until the test ends.
 func run(t *testing.T, h *Hub) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { h.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(lifecycle.Go(context.Background(), h.Run))
 }
 
 func subscribe(t *testing.T, h *Hub, principal string) Stream {

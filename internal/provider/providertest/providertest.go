@@ -8,6 +8,20 @@ import (
 	"github.com/registryd/registryd/internal/provider"
 )
 
+// CheckFetch fails t unless a pass's result is all or nothing: a failed
+// pass returns no hosts at all (the sync worker must not act on half an
+// inventory), a successful one a sound inventory (CheckInventory).
+func CheckFetch(t testing.TB, inv provider.Inventory, err error) {
+	t.Helper()
+	if err != nil {
+		if len(inv.Hosts)+len(inv.Skipped) != 0 {
+			t.Fatalf("a failed pass returned a partial inventory: %+v", inv)
+		}
+		return
+	}
+	CheckInventory(t, inv)
+}
+
 // CheckInventory fails t when inv breaks what provider.Host promises the
 // sync worker: every host has an id, unique within the inventory, and an
 // address; GPU hosts name their model. (Whether the numbers are believable
