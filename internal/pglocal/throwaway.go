@@ -68,9 +68,9 @@ func removeWhenGone(dir string) error {
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start watchdog: %w", err)
 	}
-	// Reap it if it ends before we do (it only ends after us, or if killed).
-	go cmd.Wait() //nolint:errcheck
-	return nil
+	// It ends only after we do (or if someone kills it, leaving a zombie
+	// until we exit), so nothing here waits for it.
+	return cmd.Process.Release()
 }
 
 // SweepThrowaway removes the directories MkdirThrowaway made with prefix
