@@ -39,6 +39,8 @@ type Error struct {
 	RequestID, ClientRequestID string
 	// RetryAfter is what Retry-After asked for (503, 429), 0 without it.
 	RetryAfter time.Duration
+	// retryLater says the answer carried Retry-After (0 included).
+	retryLater bool
 }
 
 // Error is one line: the request, the status, the detail and the fields.
@@ -112,9 +114,7 @@ func problemOf(resp *http.Response) *Error {
 	e := &Error{Method: resp.Request.Method, Path: resp.Request.URL.Path, Status: resp.StatusCode,
 		Title: http.StatusText(resp.StatusCode), RequestID: resp.Header.Get("X-Request-Id"),
 		ClientRequestID: resp.Header.Get("X-Client-Request-Id")}
-	if d, ok := retryAfter(resp.Header, time.Now()); ok {
-		e.RetryAfter = d
-	}
+	e.RetryAfter, e.retryLater = retryAfter(resp.Header, time.Now())
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxProblemBytes))
 	ct, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
 	var p problem

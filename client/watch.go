@@ -90,7 +90,7 @@ func (c *Client) Watch(ctx context.Context, w WatchOptions, fn func(Event) error
 		switch {
 		case errors.As(err, &se):
 			switch {
-			case se.Status == http.StatusTooManyRequests || se.Status == http.StatusServiceUnavailable && se.RetryAfter > 0:
+			case se.Status == http.StatusTooManyRequests || se.Status == http.StatusServiceUnavailable && se.retryLater:
 				wait = se.RetryAfter
 			case se.Status >= 500 && se.Status != http.StatusServiceUnavailable:
 			default:
