@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 
 	"github.com/registryd/registryd/client/internal/oapi"
@@ -234,4 +235,33 @@ func checkPK(what string, pk int64) error {
 		return fmt.Errorf("client: %s pk %d: pks are positive", what, pk)
 	}
 	return nil
+}
+
+// maxTokenFileBytes bounds a token file (a JWT is at most 16 KiB here).
+const maxTokenFileBytes = 64 << 10
+
+// TokenFile is a TokenSource reading the token from path on every request
+// (surrounding whitespace trimmed), so a token rotated on disk is used
+// from the next request on. An empty or unreadable file is an error, and
+// the request is not sent.
+func TokenFile(path string) TokenSource {
+	return func(context.Context) (string, error) {
+		f, err := os.Open(path)
+		if err != nil {
+			return "", err
+		}
+		defer f.Close()
+		b, err := io.ReadAll(io.LimitReader(f, maxTokenFileBytes+1))
+		switch {
+		case err != nil:
+			return "", err
+		case len(b) > maxTokenFileBytes:
+			return "", fmt.Errorf("%s: larger than %d bytes, not a token", path, maxTokenFileBytes)
+		}
+		tok := strings.TrimSpace(string(b))
+		if tok == "" {
+			return "", fmt.Errorf("%s is empty", path)
+		}
+		return tok, nil
+	}
 }

@@ -7,6 +7,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -329,5 +331,37 @@ func TestCallHeaders(t *testing.T) {
 	}
 	if _, err := client.New("registry:8080"); err == nil {
 		t.Error("a server without a scheme was accepted")
+	}
+}
+
+// TokenFile reads the token again for every request: a token rotated on
+// disk is used from the next call on; an empty file sends nothing.
+func TestTokenFile(t *testing.T) {
+	t.Parallel()
+	s, ts := newScript(t, answer(200, pingBody))
+	path := filepath.Join(t.TempDir(), "token")
+	write := func(v string) {
+		if err := os.WriteFile(path, []byte(v), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("first\n")
+	c, err := client.New(ts.URL, client.WithTokenSource(client.TokenFile(path)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Ping(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	write("  second  \n")
+	if _, err := c.Ping(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	write("\n")
+	if _, err := c.Ping(t.Context()); err == nil || !strings.Contains(err.Error(), "empty") {
+		t.Errorf("empty token file: %v", err)
+	}
+	if got := []string{s.headers[0].Get("Authorization"), s.headers[1].Get("Authorization")}; got[0] != "Bearer first" || got[1] != "Bearer second" || len(s.headers) != 2 {
+		t.Errorf("tokens sent %q (%d requests)", got, len(s.headers))
 	}
 }
