@@ -306,16 +306,16 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 	defer lifecycle.Go(ctx, hub.Run)()
 
 	handler := api.New(api.Config{
-		Store:       db.store,
-		Logger:      logger,
-		OpenAPI:     registryd.OpenAPI,
-		Docs:        docs.FS(),
-		CORSOrigins: cfg.CORSOrigins,
-		Auth:        verifier,
-		Heartbeats:  beats,
-		Events:      hub,
-		Health:      embeddedHealth(db.cluster, cfg.embedded.healthGrace),
-		Ready:       schemaReady(db.store),
+		Store:      db.store,
+		Logger:     logger,
+		OpenAPI:    registryd.OpenAPI,
+		Docs:       docs.FS(),
+		CORS:       cfg.CORSOrigins,
+		Auth:       verifier,
+		Heartbeats: beats,
+		Events:     hub,
+		Health:     embeddedHealth(db.cluster, cfg.embedded.healthGrace),
+		Ready:      schemaReady(db.store),
 	})
 	srv := newHTTPServer(ctx, handler, logger)
 	// Idle keep-alive connections make room for new clients once the

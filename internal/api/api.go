@@ -63,9 +63,9 @@ type Config struct {
 	// every other file is served at /docs/NAME (see routeDocs). Without
 	// it /docs answers 404.
 	Docs fs.FS
-	// CORSOrigins are the origins (as ParseCORSOrigins returns them)
-	// whose browser pages may call the API; none: CORS is off.
-	CORSOrigins []string
+	// CORS lists the origins (as ParseCORSOrigins returns them) whose
+	// browser pages may call the API; none: CORS is off.
+	CORS []string
 	// ListBatch is how many nodes list reads per query while streaming;
 	// default 500.
 	ListBatch int
@@ -155,8 +155,8 @@ func New(cfg Config) *Server {
 	s.docs = docs
 	r := chi.NewRouter()
 	r.Use(s.closeUnreadBody, s.requestID, s.accessLog, s.recoverer)
-	if len(cfg.CORSOrigins) > 0 {
-		r.Use(newCORS(cfg.CORSOrigins, s).handler)
+	if len(cfg.CORS) > 0 {
+		r.Use(newCORS(cfg.CORS, s).handler)
 	}
 	r.NotFound(s.problemHandler(http.StatusNotFound, "no such endpoint"))
 	r.MethodNotAllowed(s.methodNotAllowed)

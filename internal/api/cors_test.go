@@ -104,7 +104,7 @@ func TestCORSOffByDefault(t *testing.T) {
 // a single CORS header. A preflight is no authenticated request: it runs
 // no handler and a token on it (browsers send none) changes nothing.
 func TestCORSPreflight(t *testing.T) {
-	b := setup(t, func(c *api.Config) { c.CORSOrigins = []string{allowedOrigin, "http://localhost:3000"} })
+	b := setup(t, func(c *api.Config) { c.CORS = []string{allowedOrigin, "http://localhost:3000"} })
 	pk := b.createNode(nil)
 	before := len(b.auditEntries())
 	for _, p := range []struct{ path, method string }{
@@ -181,7 +181,7 @@ func TestCORSPreflight(t *testing.T) {
 // token's, as ever. Another origin's requests are served (CORS guards
 // what a browser lets a page read, not the API) but carry no CORS header.
 func TestCORSResponses(t *testing.T) {
-	b := setup(t, func(c *api.Config) { c.CORSOrigins = []string{allowedOrigin} })
+	b := setup(t, func(c *api.Config) { c.CORS = []string{allowedOrigin} })
 	checkAllowed := func(what string, r response) {
 		t.Helper()
 		h := r.header
@@ -229,7 +229,7 @@ func TestCORSResponses(t *testing.T) {
 
 // "*" allows every origin, without credentials.
 func TestCORSAnyOrigin(t *testing.T) {
-	b := setup(t, func(c *api.Config) { c.CORSOrigins = []string{api.CORSAnyOrigin} })
+	b := setup(t, func(c *api.Config) { c.CORS = []string{api.CORSAnyOrigin} })
 	for _, origin := range []string{allowedOrigin, otherOrigin, "http://127.0.0.1:5173"} {
 		r := b.preflight("/v1/nodes/list", origin, "POST")
 		if r.status != http.StatusNoContent || r.header.Get("Access-Control-Allow-Origin") != "*" {
