@@ -3,7 +3,18 @@ GO       ?= go
 BIN      := bin/registryd
 PKGS     := ./...
 
-.PHONY: run build test vet fmt-check generate check-generated bench clean
+# Swagger UI, served at /docs: the npm package swagger-ui-dist, pinned by
+# version and by the integrity npm publishes for it (npm view
+# swagger-ui-dist@VERSION dist.integrity). Its files are committed under
+# SWAGGER_UI_DIR, so builds and tests never need the network; `make
+# swagger-ui` is only for upgrading (change both pins, run it, commit).
+SWAGGER_UI_VERSION   := 5.35.0
+SWAGGER_UI_INTEGRITY := sha512-U06rpMtW9V3XPGOBeamTUSr0Z09jMX4IJuANpE/EZbAhw0G8CgwrzU4YmXkn/h0wCDNsXdGarTNNHC3sU8yVUQ==
+SWAGGER_UI_DIR       := internal/docs/ui/swagger-ui
+SWAGGER_UI_FILES     := swagger-ui.css swagger-ui-bundle.js swagger-ui-bundle.js.LICENSE.txt \
+                        favicon-16x16.png favicon-32x32.png LICENSE NOTICE
+
+.PHONY: run build test vet fmt-check generate check-generated bench clean swagger-ui
 
 ## run: build and start registryd; with no REGISTRY_DATABASE_URL it runs its own PostgreSQL in ./.data
 run: build
@@ -43,3 +54,18 @@ bench:
 
 clean:
 	rm -rf bin
+
+## swagger-ui: fetch the pinned swagger-ui-dist with npm (tarball only: no install, no scripts), check its integrity, copy the files /docs serves into SWAGGER_UI_DIR
+swagger-ui:
+	@set -eu; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	(cd "$$tmp" && npm pack --silent swagger-ui-dist@$(SWAGGER_UI_VERSION) >/dev/null); \
+	tgz="$$tmp/swagger-ui-dist-$(SWAGGER_UI_VERSION).tgz"; \
+	got=$$(node -e 'process.stdout.write("sha512-" + require("crypto").createHash("sha512").update(require("fs").readFileSync(process.argv[1])).digest("base64"))' "$$tgz"); \
+	if [ "$$got" != "$(SWAGGER_UI_INTEGRITY)" ]; then \
+		echo "swagger-ui-dist@$(SWAGGER_UI_VERSION): integrity $$got, want $(SWAGGER_UI_INTEGRITY)" >&2; exit 1; fi; \
+	tar -xzf "$$tgz" -C "$$tmp"; \
+	rm -rf $(SWAGGER_UI_DIR); mkdir -p $(SWAGGER_UI_DIR); \
+	for f in $(SWAGGER_UI_FILES); do cp "$$tmp/package/$$f" $(SWAGGER_UI_DIR)/; done; \
+	echo $(SWAGGER_UI_VERSION) > $(SWAGGER_UI_DIR)/VERSION; \
+	(cd $(SWAGGER_UI_DIR) && sha256sum $(SWAGGER_UI_FILES) > SHA256SUMS); \
+	echo "swagger-ui-dist $(SWAGGER_UI_VERSION) is in $(SWAGGER_UI_DIR); commit it"

@@ -35,6 +35,7 @@ var layers = map[string][]string{
 	"internal/jsonscan":              nil,
 	"internal/lifecycle":             nil,
 	"internal/connlimit":             nil,
+	"internal/docs":                  nil, // the API browser's files; internal/api serves them
 	"internal/heartbeat":             nil,
 	"internal/pglocal":               nil,
 	"internal/provider":              nil,
@@ -55,7 +56,7 @@ var layers = map[string][]string{
 
 // stdlibOnly are the packages that import nothing but the standard
 // library, so that anything may use them.
-var stdlibOnly = []string{"internal/registry", "internal/jsonscan", "internal/lifecycle"}
+var stdlibOnly = []string{"internal/registry", "internal/jsonscan", "internal/lifecycle", "internal/docs"}
 
 // owners says which packages alone may use a third-party library: only
 // the store speaks SQL (pglocal and pgtest run PostgreSQL itself), only

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/registryd/registryd/internal/api"
 	"github.com/registryd/registryd/internal/auth"
 	"github.com/registryd/registryd/internal/provider"
 	"github.com/registryd/registryd/internal/watch"
@@ -39,6 +40,8 @@ type config struct {
 	AgentRequireIP bool           // REGISTRY_AGENT_REQUIRE_IP: agent tokens must carry "ips"
 
 	WatchRetention time.Duration // REGISTRY_WATCH_RETENTION: how long watch events stay resumable
+
+	CORSOrigins []string // REGISTRY_CORS_ORIGINS: origins whose browser pages may call the API; none: CORS off
 
 	limits // connections and watch streams
 
@@ -156,6 +159,13 @@ func loadConfig(getenv func(string) string) (config, error) {
 			errs = append(errs, fmt.Sprintf("REGISTRY_WATCH_RETENTION=%q: want a duration of at least 1m, such as 24h", v))
 		}
 		c.WatchRetention = d
+	}
+	if v := getenv("REGISTRY_CORS_ORIGINS"); v != "" {
+		origins, err := api.ParseCORSOrigins(v)
+		if err != nil {
+			errs = append(errs, fmt.Sprintf("REGISTRY_CORS_ORIGINS=%q: %v", v, err))
+		}
+		c.CORSOrigins = origins
 	}
 	c.limits = loadLimits(getenv, &errs)
 	c.SyncInterval, c.SyncTimeout = 5*time.Minute, 10*time.Minute

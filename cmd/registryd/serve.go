@@ -21,6 +21,7 @@ import (
 	"github.com/registryd/registryd/internal/api"
 	"github.com/registryd/registryd/internal/auth"
 	"github.com/registryd/registryd/internal/connlimit"
+	"github.com/registryd/registryd/internal/docs"
 	"github.com/registryd/registryd/internal/heartbeat"
 	"github.com/registryd/registryd/internal/lifecycle"
 	"github.com/registryd/registryd/internal/pglocal"
@@ -308,6 +309,8 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 		Store:      db.store,
 		Logger:     logger,
 		OpenAPI:    registryd.OpenAPI,
+		Docs:       docs.FS(),
+		CORS:       cfg.CORSOrigins,
 		Auth:       verifier,
 		Heartbeats: beats,
 		Events:     hub,

@@ -39,14 +39,21 @@ func TestStatementTimeoutConfig(t *testing.T) {
 // or a partition that resets nothing would leave them): a request on a
 // connection the pool already holds is answered within the statement
 // bound, not held until its client gives up.
+//
+// The pool has two connections, not one: the watch hub prunes old events
+// soon after the start, without a statement bound (pruning is exempt), so
+// a freeze that catches the prune holds its connection for as long as the
+// freeze lasts. With a pool of one the request then waited the acquire
+// timeout (10 s) for it instead of meeting the frozen connection: the
+// test failed about every other run of the whole package, on a loaded
+// machine more often.
 func TestServeFrozenDatabase(t *testing.T) {
 	t.Parallel()
 	dbURL := pgtest.New(t)
 	env := map[string]string{"REGISTRY_DATABASE_URL": dbURL, "REGISTRY_JWT_SECRET": testSecret,
-		"REGISTRY_DB_MAX_CONNS": "1", "REGISTRY_DB_STATEMENT_TIMEOUT": "300ms",
-		// The one pooled connection may be busy with a background pass
-		// (some, like pruning, are exempt from the statement bound) when
-		// the backends freeze; the request's wait for it is bounded too.
+		"REGISTRY_DB_MAX_CONNS": "2", "REGISTRY_DB_STATEMENT_TIMEOUT": "300ms",
+		// Should both connections be caught busy, the request's wait for
+		// one is bounded too (the statement bound is what a free one needs).
 		"REGISTRY_DB_ACQUIRE_TIMEOUT": "300ms"}
 	srv := startServer(t, env)
 	tok := adminToken(t, env)

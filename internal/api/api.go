@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net/http"
 	"regexp"
@@ -57,6 +58,13 @@ type Config struct {
 	Health func(ctx context.Context) error
 	// OpenAPI is the spec served at /openapi.yaml.
 	OpenAPI []byte
+	// Docs is the API browser served at /docs: index.html is the page,
+	// every other file is served at /docs/NAME (see routeDocs). Without
+	// it /docs answers 404.
+	Docs fs.FS
+	// CORS lists the origins (as ParseCORSOrigins returns them) whose
+	// browser pages may call the API; none: CORS is off.
+	CORS []string
 	// ListBatch is how many nodes list reads per query while streaming;
 	// default 500.
 	ListBatch int
@@ -92,6 +100,7 @@ type Server struct {
 	ready      func(ctx context.Context) error
 	health     func(ctx context.Context) error
 	openapi    []byte
+	docs       map[string]docsFile
 	listBatch  int
 	auth       Authenticator
 	heartbeats Heartbeats
@@ -138,8 +147,16 @@ func New(cfg Config) *Server {
 	if s.ready == nil {
 		s.ready = func(context.Context) error { return nil }
 	}
+	docs, err := loadDocs(cfg.Docs)
+	if err != nil {
+		s.logger.Error("the API browser (/docs) cannot be served", "err", err)
+	}
+	s.docs = docs
 	r := chi.NewRouter()
 	r.Use(s.closeUnreadBody, s.requestID, s.accessLog, s.recoverer)
+	if len(cfg.CORS) > 0 {
+		r.Use(newCORS(cfg.CORS, s).handler)
+	}
 	r.NotFound(s.problemHandler(http.StatusNotFound, "no such endpoint"))
 	r.MethodNotAllowed(s.methodNotAllowed)
 
@@ -147,6 +164,7 @@ func New(cfg Config) *Server {
 	getAndHead(r, "/healthz", s.handle(s.healthz))
 	getAndHead(r, "/readyz", s.handle(s.readyz))
 	getAndHead(r, "/openapi.yaml", s.serveOpenAPI)
+	s.routeDocs(r) // the contract in a browser
 
 	// The API proper: a bearer token on every request, then Node-Id, then
 	// the role's permission for the route, before any body is read.

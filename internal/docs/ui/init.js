@@ -1,0 +1,56 @@
+// registryd's Swagger UI setup, at /docs. A file of its own rather than an
+// inline script, so that the page's Content-Security-Policy can refuse
+// every inline script.
+"use strict";
+(function () {
+	// This page is /docs of a registryd; the contract and the API are its
+	// siblings. Relative, so a proxy's path prefix is kept.
+	var root = new URL(".", window.location.href);
+	var api = root.href.replace(/\/$/, "");
+
+	// openapi.yaml names the default listen address as its server. The UI
+	// talks to the registryd that serves it instead (the only origin the
+	// page's CSP lets it connect to): the spec it shows names this server,
+	// so "Try it out" and the curl lines it prints use it.
+	function sameServer() {
+		return {
+			statePlugins: {
+				spec: {
+					wrapActions: {
+						updateJsonSpec: function (ori) {
+							return function (json) {
+								if (json && typeof json === "object" && !Array.isArray(json)) {
+									json = Object.assign({}, json, {
+										servers: [{ url: api, description: "this registryd (the server of this page)" }],
+									});
+								}
+								return ori(json);
+							};
+						},
+					},
+				},
+			},
+		};
+	}
+
+	window.ui = SwaggerUIBundle({
+		url: new URL("openapi.yaml", root).href,
+		dom_id: "#swagger-ui",
+		presets: [SwaggerUIBundle.presets.apis],
+		plugins: [sameServer],
+		layout: "BaseLayout",
+		deepLinking: true,
+		displayRequestDuration: true,
+		// No third-party validator badge (it would send the spec's URL
+		// elsewhere), no configuration from the query string.
+		validatorUrl: null,
+		queryConfigEnabled: false,
+		// A token entered under "Authorize" lives in this tab's memory
+		// only: never in localStorage, where any script of this origin
+		// could read it later.
+		persistAuthorization: false,
+		// "Try it out" sends real requests, writes included: an explicit
+		// click per operation.
+		tryItOutEnabled: false,
+	});
+})();
