@@ -248,13 +248,13 @@ func (a *Agent) RunOnce(ctx context.Context) (rep Report) {
 		rep.Err, rep.ServerDown = err, down
 		return rep
 	}
-	for _, k := range slices.SortedFunc(maps.Keys(want), compareKeys) {
+	for _, k := range slices.SortedFunc(maps.Keys(want), CompareKeys) {
 		if err := a.reconcile(pctx, k, want[k]); err != nil {
 			rep.Err, rep.ServerDown = err, true
 			return rep
 		}
 	}
-	for _, k := range slices.SortedFunc(maps.Keys(a.nodes), compareKeys) {
+	for _, k := range slices.SortedFunc(maps.Keys(a.nodes), CompareKeys) {
 		if _, ok := want[k]; ok {
 			continue
 		}

@@ -24,7 +24,8 @@ type Key struct {
 
 func (k Key) String() string { return fmt.Sprintf("%s/%d", k.IP, k.Index) }
 
-func compareKeys(a, b Key) int {
+// CompareKeys orders keys by address, then index.
+func CompareKeys(a, b Key) int {
 	return cmp.Or(cmp.Compare(a.IP, b.IP), cmp.Compare(a.Index, b.Index))
 }
 
@@ -103,7 +104,7 @@ func saveState(path string, nodes map[Key]int64) (err error) {
 	for k, pk := range nodes {
 		st.Nodes = append(st.Nodes, stateEntry{Key: k, PK: pk})
 	}
-	slices.SortFunc(st.Nodes, func(a, b stateEntry) int { return compareKeys(a.Key, b.Key) })
+	slices.SortFunc(st.Nodes, func(a, b stateEntry) int { return CompareKeys(a.Key, b.Key) })
 	b, err := json.MarshalIndent(st, "", "  ")
 	if err != nil {
 		return err
