@@ -297,7 +297,7 @@ func (a *Agent) logOutcome(ctx context.Context, rep Report) {
 // discover returns the nodes this host should have, by (ip, index). down
 // says the error was about reaching the server (its address, a hardware
 // lookup), so the pass backs off.
-func (a *Agent) discover(ctx context.Context) (want map[Key]registry.NodeSpec, down bool, err error) {
+func (a *Agent) discover(ctx context.Context) (want map[Key]desired, down bool, err error) {
 	ip := a.cfg.IP
 	if ip == "" {
 		if ip, err = RouteIP(ctx, a.cfg.Server); err != nil {
@@ -315,9 +315,9 @@ func (a *Agent) discover(ctx context.Context) (want map[Key]registry.NodeSpec, d
 	case err != nil:
 		return nil, false, fmt.Errorf("discover GPUs: %w", err)
 	}
-	want = map[Key]registry.NodeSpec{}
+	want = map[Key]desired{}
 	if len(gpus) == 0 {
-		want[Key{IP: ip, Index: 0}] = registry.NodeSpec{IP: ip, Index: 0, CPUMem: mem}
+		want[Key{IP: ip, Index: 0}] = desired{NodeSpec: registry.NodeSpec{IP: ip, Index: 0, CPUMem: mem}}
 		return want, false, nil
 	}
 	for _, g := range gpus {
@@ -331,8 +331,8 @@ func (a *Agent) discover(ctx context.Context) (want map[Key]registry.NodeSpec, d
 		if g.DriverVersion == "" {
 			a.warnOnce(fmt.Sprintf("nvidia-smi reports no driver version for GPU %d", g.Index))
 		}
-		want[Key{IP: ip, Index: g.Index}] = registry.NodeSpec{IP: ip, Index: g.Index, CPUMem: mem,
-			DriverVersion: g.DriverVersion, HardwareGeneration: hw, GPUMem: g.Memory}
+		want[Key{IP: ip, Index: g.Index}] = desired{NodeSpec: registry.NodeSpec{IP: ip, Index: g.Index, CPUMem: mem,
+			DriverVersion: g.DriverVersion, HardwareGeneration: hw, GPUMem: g.Memory}, hardwareUnknown: hw == nil}
 	}
 	return want, false, nil
 }
@@ -372,6 +372,15 @@ func (a *Agent) hardware(ctx context.Context, product string) (*int64, error) {
 	return nil, nil
 }
 
+// desired is what a node should be.
+type desired struct {
+	registry.NodeSpec
+	// hardwareUnknown says the GPU's model names no hardware generation
+	// the server knows: HardwareGeneration is nil for want of knowing,
+	// not because there is none (as on a CPU-only host).
+	hardwareUnknown bool
+}
+
 // gone reports whether the server says the agent no longer acts as a
 // node: it does not exist (404) or is not the agent's to act as (403, the
 // answer an agent gets for a node that does not exist).
@@ -390,7 +399,7 @@ func refused(err error) bool {
 // reconcile brings the node at k to want and heartbeats it. It returns
 // only errors that mean the server cannot be used; what the server
 // refuses for this node alone is logged as the node's problem.
-func (a *Agent) reconcile(ctx context.Context, k Key, want registry.NodeSpec) error {
+func (a *Agent) reconcile(ctx context.Context, k Key, want desired) error {
 	// A node deleted under the agent (an admin) is registered again at
 	// once; once only, so a pass stays bounded.
 	for attempt := 0; ; attempt++ {
@@ -403,7 +412,7 @@ func (a *Agent) reconcile(ctx context.Context, k Key, want registry.NodeSpec) er
 
 // converge is one try of reconcile. lost says the server no longer lets
 // the agent act as the node it had for k, which it has now forgotten.
-func (a *Agent) converge(ctx context.Context, k Key, want registry.NodeSpec) (lost bool, err error) {
+func (a *Agent) converge(ctx context.Context, k Key, want desired) (lost bool, err error) {
 	t := a.nodes[k]
 	beat := false // whether this pass has heartbeated the node already
 	if t != nil && t.node == nil {
@@ -482,8 +491,8 @@ func (a *Agent) verify(ctx context.Context, k Key, t *tracked) (*tracked, error)
 // there if the agent may act as it. It returns the node now tracked and
 // whether that was a heartbeat, or nil and what keeps it from
 // registering.
-func (a *Agent) register(ctx context.Context, k Key, want registry.NodeSpec) (t *tracked, beat bool, problem string, err error) {
-	n, adopted, err := a.cfg.API.CreateNode(ctx, want)
+func (a *Agent) register(ctx context.Context, k Key, want desired) (t *tracked, beat bool, problem string, err error) {
+	n, adopted, err := a.cfg.API.CreateNode(ctx, want.NodeSpec)
 	if err == nil {
 		t = a.track(k, n)
 		if adopted {
@@ -552,9 +561,9 @@ func (a *Agent) retire(ctx context.Context, k Key) error {
 // to report. Memory and hardware generation are too, for a node the agent
 // registered; for an imported node they are its provider's, and the agent
 // leaves them alone (the import would only set them back). A GPU model
-// that names no generation leaves the node's generation as it is: an
-// admin may have set one by hand.
-func patchFor(n registry.Node, want registry.NodeSpec) (p registry.NodePatch, fields []string) {
+// that names no generation leaves the node's generation as it is (an
+// admin may have set one by hand); a CPU-only host has none.
+func patchFor(n registry.Node, want desired) (p registry.NodePatch, fields []string) {
 	if n.DriverVersion != want.DriverVersion {
 		p.DriverVersion = registry.Optional[string]{Set: true, Value: want.DriverVersion}
 		fields = append(fields, "driver_version")
@@ -570,7 +579,7 @@ func patchFor(n registry.Node, want registry.NodeSpec) (p registry.NodePatch, fi
 		p.GPUMem = optional(want.GPUMem)
 		fields = append(fields, "gpu_mem")
 	}
-	if want.HardwareGeneration != nil && !equalPtr(n.HardwareGeneration, want.HardwareGeneration) {
+	if !want.hardwareUnknown && !equalPtr(n.HardwareGeneration, want.HardwareGeneration) {
 		p.HardwareGeneration = optional(want.HardwareGeneration)
 		fields = append(fields, "hardware_generation")
 	}

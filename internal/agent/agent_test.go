@@ -666,3 +666,42 @@ func TestNewChecksConfig(t *testing.T) {
 		}
 	}
 }
+
+// A host whose GPUs are all gone becomes CPU-only: node 0 stays (same
+// pk), without GPU memory or hardware generation; the others go.
+func TestGPUsGoneHostBecomesCPUOnly(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.api.addHardware("H100")
+	b.smi.GPUs(h100a, h100b)
+	b.passOK(t)
+	b.smi.Answer("No devices were found\n", "", 6)
+	rep, _ := b.passOK(t)
+	if diff := cmp.Diff(map[Key]int64{key(0): 1}, rep.Nodes); diff != "" {
+		t.Errorf("nodes (-want +got):\n%s", diff)
+	}
+	n, _ := b.api.get(1)
+	if diff := cmp.Diff(registry.NodeSpec{IP: hostIP, Index: 0, CPUMem: hostMem}, n.Spec()); diff != "" {
+		t.Errorf("node 0 (-want +got):\n%s", diff)
+	}
+}
+
+// A GPU model the server knows no generation for leaves a generation an
+// admin set by hand alone.
+func TestUnknownModelKeepsAdminsGeneration(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.smi.GPUs(h100a)
+	b.passOK(t)
+	hw := b.api.addHardware("Hopper")
+	b.api.mu.Lock()
+	b.api.nodes[1].HardwareGeneration = &hw
+	b.api.mu.Unlock()
+	b.restart(t) // reads the node afresh
+	if _, calls := b.passOK(t); slices.ContainsFunc(calls, func(c string) bool { return strings.HasPrefix(c, "patch") }) {
+		t.Errorf("patched: %v", calls)
+	}
+	if n, _ := b.api.get(1); n.HardwareGeneration == nil || *n.HardwareGeneration != hw {
+		t.Errorf("the admin's generation was cleared: %+v", n)
+	}
+}
