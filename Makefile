@@ -3,7 +3,7 @@ GO       ?= go
 BIN      := bin/registryd
 PKGS     := ./...
 
-.PHONY: run build test vet fmt-check bench clean
+.PHONY: run build test vet fmt-check generate check-generated bench clean
 
 ## run: build and start registryd; with no REGISTRY_DATABASE_URL it runs its own PostgreSQL in ./.data
 run: build
@@ -12,8 +12,8 @@ run: build
 build:
 	$(GO) build -o $(BIN) ./cmd/registryd
 
-## test: vet, format check and every test with the race detector, against a real PostgreSQL
-test: vet fmt-check
+## test: vet, format check, generated client current, and every test with the race detector, against a real PostgreSQL
+test: vet fmt-check check-generated
 	$(GO) test -race -count=1 $(PKGS)
 
 vet:
@@ -22,6 +22,20 @@ vet:
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+
+## generate: regenerate the Go client's code from openapi.yaml (oapi-codegen, pinned in client/internal/oapi/generate.go)
+generate:
+	$(GO) generate ./client/internal/oapi/
+
+## check-generated: regenerate the client and fail if that changed it, so openapi.yaml and the client cannot drift
+GENERATED := client/internal/oapi/oapi.gen.go
+check-generated:
+	@before=$$(mktemp) && cp $(GENERATED) $$before && \
+	if ! $(GO) generate ./client/internal/oapi/; then rm -f $$before; exit 1; fi; \
+	if ! cmp -s $$before $(GENERATED); then \
+		diff -u $$before $(GENERATED) | head -40; rm -f $$before; \
+		echo "$(GENERATED) did not match openapi.yaml: it is regenerated now; review and commit it"; exit 1; \
+	fi; rm -f $$before
 
 ## bench: Go benchmarks (never part of `make test`)
 bench:

@@ -100,3 +100,24 @@ func TestLayering(t *testing.T) {
 		}
 	}
 }
+
+// clientDeps is everything the public Go client may pull into its users'
+// builds: the generated code's runtime (parameter encoding, which needs
+// uuid and jsonmerge) and YAML for the openapi.yaml answer. Nothing of
+// the server.
+var clientDeps = []string{
+	module + "/client", module + "/client/internal/oapi",
+	"github.com/oapi-codegen/runtime", "github.com/apapsch/go-jsonmerge/v2", "github.com/google/uuid",
+	"go.yaml.in/yaml/v3",
+}
+
+// The client is a package other modules import: it stands alone.
+func TestClientStandsAlone(t *testing.T) {
+	t.Parallel()
+	for path, std := range deps(t, module+"/client") {
+		ok := std || slices.ContainsFunc(clientDeps, func(d string) bool { return path == d || strings.HasPrefix(path, d+"/") })
+		if !ok {
+			t.Errorf("the client imports %s; it may use only the standard library and %v", path, clientDeps)
+		}
+	}
+}

@@ -16,7 +16,6 @@ import (
 	"net/http"
 	"regexp"
 	"runtime/debug"
-	"strings"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -155,7 +154,7 @@ func New(cfg Config) *Server {
 	r.Route("/v1", func(r chi.Router) {
 		r.Use(s.authenticate, s.nodeID)
 		r.Route("/nodes", func(r chi.Router) {
-			r.NotFound(s.problemHandler(http.StatusNotFound, "no such endpoint; a node is addressed as /v1/nodes/{pk} with an integer pk"))
+			r.NotFound(s.problemHandler(http.StatusNotFound, "no such endpoint; a node is addressed as /v1/nodes/{pk}"))
 			write := s.require(registry.PermWriteNode)
 			r.With(read).Post("/list", s.handle(s.listNodes))
 			r.With(s.require(registry.PermCreateNode)).Post("/create", s.handle(s.createNode))
@@ -164,40 +163,28 @@ func New(cfg Config) *Server {
 			getAndHead(r.With(read), "/ping", s.handle(s.ping))
 			r.With(read).Get("/watch", s.handle(s.watchNodes))
 			r.With(read).Head("/watch", s.handle(s.headWatch))
-			getAndHead(r.With(read), "/{pk:-?[0-9]+}", s.handle(s.getNode))
-			r.With(write).Put("/{pk:-?[0-9]+}", s.handle(s.updateNode))
-			r.With(write).Patch("/{pk:-?[0-9]+}", s.handle(s.patchNode))
-			r.With(write).Delete("/{pk:-?[0-9]+}", s.handle(s.deleteNode))
+			// {pk} matches any segment: a malformed pk is a 400 (pathPK),
+			// an action's path with another method a 405 (notAction).
+			getAndHead(r.With(s.notAction, read), "/{pk}", s.handle(s.getNode))
+			r.With(s.notAction, write).Put("/{pk}", s.handle(s.updateNode))
+			r.With(s.notAction, write).Patch("/{pk}", s.handle(s.patchNode))
+			r.With(s.notAction, write).Delete("/{pk}", s.handle(s.deleteNode))
 		})
 		r.Route("/hardware", func(r chi.Router) {
-			r.NotFound(s.problemHandler(http.StatusNotFound, "no such endpoint; a hardware generation is addressed as /v1/hardware/{pk} with an integer pk"))
+			r.NotFound(s.problemHandler(http.StatusNotFound, "no such endpoint; a hardware generation is addressed as /v1/hardware/{pk}"))
 			write := s.require(registry.PermWriteHardware)
 			r.With(read).Post("/list", s.handle(s.listHardware))
 			r.With(write).Post("/create", s.handle(s.createHardware))
-			getAndHead(r.With(read), "/{pk:-?[0-9]+}", s.handle(s.getHardware))
-			r.With(write).Put("/{pk:-?[0-9]+}", s.handle(s.updateHardware))
-			r.With(write).Patch("/{pk:-?[0-9]+}", s.handle(s.patchHardware))
-			r.With(write).Delete("/{pk:-?[0-9]+}", s.handle(s.deleteHardware))
+			getAndHead(r.With(s.notAction, read), "/{pk}", s.handle(s.getHardware))
+			r.With(s.notAction, write).Put("/{pk}", s.handle(s.updateHardware))
+			r.With(s.notAction, write).Patch("/{pk}", s.handle(s.patchHardware))
+			r.With(s.notAction, write).Delete("/{pk}", s.handle(s.deleteHardware))
 		})
 		r.With(s.require(registry.PermReadAudit)).Post("/audit/list", s.handle(s.listAudit))
 		r.With(s.require(registry.PermRevokeTokens)).Post("/tokens/revoke", s.handle(s.revokeTokens))
 	})
 	s.router = r
 	return s
-}
-
-// methodNotAllowed answers 405 with the Allow header RFC 9110 asks for;
-// chi leaves it out when the handler is custom.
-func (s *Server) methodNotAllowed(w http.ResponseWriter, r *http.Request) {
-	var allowed []string
-	for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
-		if s.router.Match(chi.NewRouteContext(), m, r.URL.Path) {
-			allowed = append(allowed, m)
-		}
-	}
-	w.Header().Set("Allow", strings.Join(allowed, ", "))
-	s.writeError(w, r, &httpError{status: http.StatusMethodNotAllowed,
-		detail: "this endpoint does not support " + r.Method + "; it allows " + strings.Join(allowed, ", ")})
 }
 
 // ServeHTTP makes Server an http.Handler.

@@ -140,8 +140,8 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 
 // parseNodeID reads the Node-Id header values: absent (or one empty value)
 // is no node, ok false. Present, it must be one header holding a node pk
-// in plain decimal: digits only, no sign, no leading zero, at most int64.
-// Two headers are refused rather than letting the first win.
+// as parsePK reads it (and as a path spells it). Two headers are refused
+// rather than letting the first win.
 func parseNodeID(values []string) (pk int64, ok bool, err error) {
 	switch {
 	case len(values) == 0 || len(values) == 1 && values[0] == "":
@@ -149,19 +149,9 @@ func parseNodeID(values []string) (pk int64, ok bool, err error) {
 	case len(values) > 1:
 		return 0, false, badRequest("send one Node-Id header, not " + strconv.Itoa(len(values)))
 	}
-	raw := values[0]
-	bad := badRequest("the Node-Id header must be a node pk (a positive integer in plain decimal)")
-	if len(raw) > 19 || raw[0] < '1' || raw[0] > '9' {
-		return 0, false, bad
-	}
-	for i := 1; i < len(raw); i++ {
-		if raw[i] < '0' || raw[i] > '9' {
-			return 0, false, bad
-		}
-	}
-	pk, err = strconv.ParseInt(raw, 10, 64)
-	if err != nil {
-		return 0, false, bad
+	pk, ok = parsePK(values[0])
+	if !ok {
+		return 0, false, badRequest("the Node-Id header must be a node pk: " + pkSyntax)
 	}
 	return pk, true, nil
 }

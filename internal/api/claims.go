@@ -7,8 +7,8 @@ import (
 )
 
 type claimJSON struct {
-	Job   int64      `json:"job"`
-	Nodes []nodeJSON `json:"nodes"`
+	Job   int64           `json:"job"`
+	Nodes []registry.Node `json:"nodes"`
 }
 
 type notReleasedJSON struct {
@@ -18,16 +18,16 @@ type notReleasedJSON struct {
 
 type releaseJSON struct {
 	Job         int64             `json:"job"`
-	Released    []nodeJSON        `json:"released"`
+	Released    []registry.Node   `json:"released"`
 	NotReleased []notReleasedJSON `json:"not_released"`
 }
 
-func nodesJSON(nodes []registry.Node) []nodeJSON {
-	out := make([]nodeJSON, len(nodes))
-	for i, n := range nodes {
-		out[i] = toNodeJSON(n)
+// nodesJSON is a list of nodes as JSON: never null, even when empty.
+func nodesJSON(nodes []registry.Node) []registry.Node {
+	if nodes == nil {
+		return []registry.Node{}
 	}
-	return out
+	return nodes
 }
 
 // claimNodes is POST /v1/nodes/claim: {"job": J, "count": N, "same_host":

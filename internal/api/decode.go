@@ -286,16 +286,37 @@ func (f *fields) bool(name string) registry.Optional[bool] {
 
 // time reads an RFC 3339 timestamp member (nullable).
 func (f *fields) time(name string) registry.Optional[time.Time] {
+	o := f.stamp(name)
+	return registry.Optional[time.Time]{Set: o.Set, Null: o.Null, Value: o.Value.Time}
+}
+
+// stamp reads an RFC 3339 timestamp member (nullable) with the precision
+// it was written in, for echoes of read-only times.
+func (f *fields) stamp(name string) registry.Optional[registry.Stamp] {
 	s := f.string(name, true)
 	if !s.Set || s.Null {
-		return registry.Optional[time.Time]{Set: s.Set, Null: s.Null}
+		return registry.Optional[registry.Stamp]{Set: s.Set, Null: s.Null}
 	}
 	t, err := time.Parse(time.RFC3339Nano, s.Value)
 	if err != nil {
 		f.errs.Add(name, "must be an RFC 3339 timestamp")
-		return registry.Optional[time.Time]{}
+		return registry.Optional[registry.Stamp]{}
 	}
-	return registry.Optional[time.Time]{Set: true, Value: t}
+	return registry.Optional[registry.Stamp]{Set: true, Value: registry.Stamp{Time: t, Precision: precision(s.Value)}}
+}
+
+// precision is the unit of the last digit of an RFC 3339 timestamp that
+// parsed: a second without a fraction, down to a nanosecond with nine
+// digits or more. The seconds end at byte 19 ("2006-01-02T15:04:05").
+func precision(s string) time.Duration {
+	if len(s) <= 20 || (s[19] != '.' && s[19] != ',') {
+		return time.Second
+	}
+	p := time.Second
+	for i := 20; i < len(s) && s[i] >= '0' && s[i] <= '9' && p > time.Nanosecond; i++ {
+		p /= 10
+	}
+	return p
 }
 
 // require records an error for each named member that is absent.

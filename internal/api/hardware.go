@@ -24,8 +24,8 @@ func toHardwareJSON(h registry.Hardware) hardwareJSON {
 func readHardwareEcho(f *fields) registry.HardwareEcho {
 	return registry.HardwareEcho{
 		PK:        f.int64("pk", true),
-		CreatedAt: f.time("created_at"),
-		UpdatedAt: f.time("updated_at"),
+		CreatedAt: f.stamp("created_at"),
+		UpdatedAt: f.stamp("updated_at"),
 		Nodes:     f.int64("nodes", true),
 	}
 }

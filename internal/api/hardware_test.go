@@ -72,7 +72,7 @@ func TestHardwareInvalid(t *testing.T) {
 		{"PATCH", path, map[string]any{"name": nil}, 400, "name"},
 		{"PATCH", path, map[string]any{"created_at": "2000-01-01T00:00:00Z"}, 400, "created_at"},
 		{"POST", "/v1/hardware/list", map[string]any{"model": "A100"}, 400, "model"},
-		{"GET", "/v1/hardware/abc", nil, 404, ""},
+		{"GET", "/v1/hardware/abc", nil, 400, ""},
 		{"GET", "/v1/hardware/99999999999999999999", nil, 400, ""},
 	} {
 		r := b.must(tc.status, b.do(tc.method, tc.path, tc.body))

@@ -8,55 +8,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/go-chi/chi/v5"
-
 	"github.com/registryd/registryd/internal/registry"
 )
-
-// nodeJSON is a node on the wire. Field names are the Nodes API's.
-type nodeJSON struct {
-	PK                 int64      `json:"pk"`
-	IP                 string     `json:"ip"`
-	Index              int        `json:"index"`
-	CPUMem             int64      `json:"cpu_mem"`
-	DriverVersion      string     `json:"driver_version"`
-	HardwareGeneration *int64     `json:"hardware_generation"`
-	GPUMem             *int64     `json:"gpu_mem"`
-	LastSeen           *time.Time `json:"last_seen"`
-	CurrentJob         *int64     `json:"current_job"`
-	Owner              *string    `json:"owner"`
-	Source             string     `json:"source"`
-	Schedulable        bool       `json:"schedulable"`
-	ExternalID         *string    `json:"external_id"`
-	ProviderState      *string    `json:"provider_state"`
-	CreatedAt          time.Time  `json:"created_at"`
-	UpdatedAt          time.Time  `json:"updated_at"`
-}
-
-func toNodeJSON(n registry.Node) nodeJSON {
-	j := nodeJSON{
-		PK:                 n.PK,
-		IP:                 n.IP,
-		Index:              n.Index,
-		CPUMem:             n.CPUMem,
-		DriverVersion:      n.DriverVersion,
-		HardwareGeneration: n.HardwareGeneration,
-		GPUMem:             n.GPUMem,
-		CurrentJob:         n.CurrentJob,
-		Owner:              n.Owner,
-		Source:             n.Source,
-		Schedulable:        n.Schedulable,
-		ExternalID:         n.ExternalID,
-		ProviderState:      n.ProviderState,
-		CreatedAt:          n.CreatedAt.UTC(),
-		UpdatedAt:          n.UpdatedAt.UTC(),
-	}
-	if n.LastSeen != nil {
-		t := n.LastSeen.UTC()
-		j.LastSeen = &t
-	}
-	return j
-}
 
 // Writable and read-only node fields, as the wire names them.
 var (
@@ -86,21 +39,9 @@ func readNodeEcho(f *fields) registry.NodeEcho {
 		Schedulable:   f.bool("schedulable"),
 		ExternalID:    f.string("external_id", true),
 		ProviderState: f.string("provider_state", true),
-		CreatedAt:     f.time("created_at"),
-		UpdatedAt:     f.time("updated_at"),
+		CreatedAt:     f.stamp("created_at"),
+		UpdatedAt:     f.stamp("updated_at"),
 	}
-}
-
-func pathPK(r *http.Request, what string) (int64, error) {
-	raw := chi.URLParam(r, "pk")
-	pk, err := strconv.ParseInt(raw, 10, 64)
-	if err != nil {
-		return 0, badRequest(what + " pk must be an integer between 1 and 9223372036854775807, not " + strconv.Quote(raw))
-	}
-	if pk <= 0 {
-		return 0, registry.NotFoundf("%s %d does not exist", what, pk)
-	}
-	return pk, nil
 }
 
 func (s *Server) createNode(w http.ResponseWriter, r *http.Request) error {
@@ -128,9 +69,9 @@ func (s *Server) createNode(w http.ResponseWriter, r *http.Request) error {
 	w.Header().Set("ETag", etag(n.Version))
 	if adopted {
 		// The node existed (imported by the sync worker); the agent now owns it.
-		return writeJSON(w, http.StatusOK, toNodeJSON(n))
+		return writeJSON(w, http.StatusOK, n)
 	}
-	return writeJSON(w, http.StatusCreated, toNodeJSON(n))
+	return writeJSON(w, http.StatusCreated, n)
 }
 
 func (s *Server) getNode(w http.ResponseWriter, r *http.Request) error {
@@ -145,7 +86,7 @@ func (s *Server) getNode(w http.ResponseWriter, r *http.Request) error {
 	if notModified(w, r, etag(n.Version)) {
 		return nil
 	}
-	return writeJSON(w, http.StatusOK, toNodeJSON(n))
+	return writeJSON(w, http.StatusOK, n)
 }
 
 // updateNode is PUT: every writable field must be present (the nullable ones
@@ -206,7 +147,7 @@ func (s *Server) writeNode(w http.ResponseWriter, r *http.Request, full bool) er
 		return err
 	}
 	w.Header().Set("ETag", etag(n.Version))
-	return writeJSON(w, http.StatusOK, toNodeJSON(n))
+	return writeJSON(w, http.StatusOK, n)
 }
 
 func (s *Server) deleteNode(w http.ResponseWriter, r *http.Request) error {
@@ -364,7 +305,7 @@ func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) error {
 				bw.WriteByte(',')
 			}
 			first = false
-			b, err := json.Marshal(toNodeJSON(n))
+			b, err := json.Marshal(n) // registry.Node is the node's document
 			if err != nil {
 				return s.abortStream(r, err)
 			}

@@ -222,10 +222,10 @@ func TestRetrieveNode(t *testing.T) {
 		status int
 	}{
 		{fmt.Sprintf("/v1/nodes/%d", pk+1000), 404},
-		{"/v1/nodes/0", 404},
-		{"/v1/nodes/-3", 404},
-		{"/v1/nodes/abc", 404},
-		{"/v1/nodes/1.5", 404},
+		{"/v1/nodes/0", 400},
+		{"/v1/nodes/-3", 400},
+		{"/v1/nodes/abc", 400},
+		{"/v1/nodes/1.5", 400},
 		{"/v1/nodes/99999999999999999999", 400},
 		{"/v1/nodes/9223372036854775807", 404},
 	} {
@@ -262,7 +262,7 @@ func TestUpdateNode(t *testing.T) {
 		t.Errorf("fields (-want +got):\n%s", diff)
 	}
 	b.must(http.StatusNotFound, b.do("PUT", "/v1/nodes/987654", validNode()))
-	b.must(http.StatusNotFound, b.do("PUT", "/v1/nodes/x", validNode()))
+	b.must(http.StatusBadRequest, b.do("PUT", "/v1/nodes/x", validNode()))
 }
 
 func TestUpdateNodeReadOnlyFields(t *testing.T) {
@@ -377,7 +377,7 @@ func TestDeleteNode(t *testing.T) {
 	}
 	b.must(http.StatusNotFound, b.do("DELETE", path, nil))
 	b.must(http.StatusNotFound, b.do("GET", path, nil))
-	b.must(http.StatusNotFound, b.do("DELETE", "/v1/nodes/nope", nil))
+	b.must(http.StatusBadRequest, b.do("DELETE", "/v1/nodes/nope", nil))
 }
 
 func TestDeleteNodeHoldingJob(t *testing.T) {

@@ -134,6 +134,22 @@ func TestUnknownRoutes(t *testing.T) {
 		t.Errorf("Allow = %q", got)
 	}
 	b.must(http.StatusMethodNotAllowed, b.do("POST", "/v1/nodes/ping", nil))
+	// The {pk} routes take any segment (a malformed pk is a 400), but an
+	// action's path is never a pk: another method there is still a 405.
+	for _, tc := range []struct{ method, path, allow string }{
+		{"GET", "/v1/nodes/list", "POST"},
+		{"PUT", "/v1/nodes/claim", "POST"},
+		{"DELETE", "/v1/nodes/ping", "GET, HEAD"},
+		{"PATCH", "/v1/nodes/watch", "GET, HEAD"},
+		{"HEAD", "/v1/hardware/create", "POST"},
+		{"GET", "/v1/hardware/list", "POST"},
+		{"POST", "/v1/nodes/abc", "GET, HEAD, PUT, PATCH, DELETE"},
+	} {
+		r := b.must(http.StatusMethodNotAllowed, b.do(tc.method, tc.path, nil))
+		if got := r.header.Get("Allow"); got != tc.allow {
+			t.Errorf("%s %s: Allow = %q, want %q", tc.method, tc.path, got, tc.allow)
+		}
+	}
 }
 
 // chiPattern matches a chi route parameter with a regexp, {pk:[0-9]+}.

@@ -123,16 +123,16 @@ func resumeFrom(r *http.Request) (int64, error) {
 }
 
 type eventJSON struct {
-	Kind string    `json:"kind"`
-	At   time.Time `json:"at"`
-	Node nodeJSON  `json:"node"`
+	Kind string        `json:"kind"`
+	At   time.Time     `json:"at"`
+	Node registry.Node `json:"node"`
 }
 
 // EncodeEvent is an event as a watch stream sends it: one Server-Sent
 // Event with its id, type and NodeEvent document. The watch hub encodes
 // each event once with it and shares the bytes among every watcher.
 func EncodeEvent(e registry.NodeEvent) ([]byte, error) {
-	data, err := json.Marshal(eventJSON{Kind: e.Kind, At: e.At.UTC(), Node: toNodeJSON(e.Node)})
+	data, err := json.Marshal(eventJSON{Kind: e.Kind, At: e.At.UTC(), Node: e.Node})
 	if err != nil {
 		return nil, fmt.Errorf("api: encode event %d: %w", e.ID, err)
 	}

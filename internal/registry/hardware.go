@@ -60,21 +60,22 @@ func (p HardwarePatch) Apply(s HardwareSpec) HardwareSpec {
 // HardwareEcho holds read-only fields sent back with a hardware update.
 type HardwareEcho struct {
 	PK        Optional[int64]
-	CreatedAt Optional[time.Time]
-	UpdatedAt Optional[time.Time]
+	CreatedAt Optional[Stamp]
+	UpdatedAt Optional[Stamp]
 	Nodes     Optional[int64]
 }
 
-// Check names every echoed read-only field whose value differs from cur.
+// Check names every echoed read-only field whose value differs from cur;
+// times are compared at the precision the client wrote them in (Stamp).
 func (e HardwareEcho) Check(cur Hardware) error {
 	var fe FieldErrors
 	if e.PK.Set && (e.PK.Null || e.PK.Value != cur.PK) {
 		fe.Add("pk", "is read-only; it is %d for this hardware generation", cur.PK)
 	}
-	if e.CreatedAt.Set && (e.CreatedAt.Null || !e.CreatedAt.Value.Equal(cur.CreatedAt)) {
-		fe.Add("created_at", "is read-only")
+	if e.CreatedAt.Set && !sameStamp(e.CreatedAt, cur.CreatedAt) {
+		fe.Add("created_at", "is read-only; send back the value you read or leave it out")
 	}
-	if e.UpdatedAt.Set && (e.UpdatedAt.Null || !e.UpdatedAt.Value.Equal(cur.UpdatedAt)) {
+	if e.UpdatedAt.Set && !sameStamp(e.UpdatedAt, cur.UpdatedAt) {
 		fe.Add("updated_at", "is read-only; the hardware generation changed since you read it, or the value was edited")
 	}
 	if e.Nodes.Set && (e.Nodes.Null || e.Nodes.Value != cur.Nodes) {

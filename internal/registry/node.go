@@ -19,32 +19,50 @@ const (
 
 // Node is one schedulable unit of the fleet: a GPU of a host, or a CPU-only
 // host. Field meanings follow the Nodes API.
+//
+// Its JSON encoding is the node's one document: API responses, the watch
+// stream, the audit log and the change log all carry it (the logs add
+// "version"), so a new field is one edit here (and one column in the
+// store, one property in openapi.yaml; a test holds the three together).
+// Times are in UTC as the store hands nodes out (see UTC).
 type Node struct {
-	PK                 int64
-	IP                 string // canonical text form
-	Index              int
-	CPUMem             int64
-	DriverVersion      string
-	HardwareGeneration *int64
-	GPUMem             *int64
-	LastSeen           *time.Time // server-managed
-	CurrentJob         *int64     // server-managed
+	PK                 int64      `json:"pk"`
+	IP                 string     `json:"ip"` // canonical text form
+	Index              int        `json:"index"`
+	CPUMem             int64      `json:"cpu_mem"`
+	DriverVersion      string     `json:"driver_version"`
+	HardwareGeneration *int64     `json:"hardware_generation"`
+	GPUMem             *int64     `json:"gpu_mem"`
+	LastSeen           *time.Time `json:"last_seen"`   // server-managed
+	CurrentJob         *int64     `json:"current_job"` // server-managed
 	// Owner is the principal of the agent that registered the node; nil for
 	// nodes an admin created. Server-managed.
-	Owner *string
+	Owner *string `json:"owner"`
 	// Source is where the node came from: api, scp or e2e. Server-managed.
-	Source string
+	Source string `json:"source"`
 	// Schedulable is false while the node's provider reports it stopped
 	// or gone; such nodes are never claimed. Server-managed.
-	Schedulable bool
+	Schedulable bool `json:"schedulable"`
 	// ExternalID and ProviderState are what the sync worker knows of an
 	// imported node's host; nil for nodes registered through the API.
-	ExternalID    *string
-	ProviderState *string
-	CreatedAt     time.Time // server-managed
-	UpdatedAt     time.Time // server-managed
+	ExternalID    *string   `json:"external_id"`
+	ProviderState *string   `json:"provider_state"`
+	CreatedAt     time.Time `json:"created_at"` // server-managed
+	UpdatedAt     time.Time `json:"updated_at"` // server-managed
 	// Version changes on every write except heartbeats; it backs ETags.
-	Version int64
+	// Clients see it only in the ETag, so the document leaves it out.
+	Version int64 `json:"-"`
+}
+
+// UTC returns the node with every time in UTC, as documents show them.
+func (n Node) UTC() Node {
+	if n.LastSeen != nil {
+		t := n.LastSeen.UTC()
+		n.LastSeen = &t
+	}
+	n.CreatedAt = n.CreatedAt.UTC()
+	n.UpdatedAt = n.UpdatedAt.UTC()
+	return n
 }
 
 // Spec returns the node's six writable fields.
@@ -203,9 +221,34 @@ type NodeEcho struct {
 	Schedulable   Optional[bool]
 	ExternalID    Optional[string]
 	ProviderState Optional[string]
-	CreatedAt     Optional[time.Time]
-	UpdatedAt     Optional[time.Time]
+	CreatedAt     Optional[Stamp]
+	UpdatedAt     Optional[Stamp]
 }
+
+// Stamp is a timestamp a client sent back, with the precision it was
+// written in. Many clients write RFC 3339 with whole seconds (or
+// milliseconds) whatever they read, so an echo counts as unchanged when it
+// is the stored instant cut to that precision.
+type Stamp struct {
+	Time time.Time
+	// Precision is the unit of the last digit sent: time.Second for
+	// "…:05Z", time.Millisecond for "…:05.123Z", time.Nanosecond for nine
+	// fractional digits or more.
+	Precision time.Duration
+}
+
+// Matches reports whether the stamp is t written at the stamp's precision
+// (digits cut, not rounded, as clients format them).
+func (s Stamp) Matches(t time.Time) bool {
+	p := s.Precision
+	if p <= 0 {
+		p = time.Nanosecond
+	}
+	return t.Truncate(p).Equal(s.Time)
+}
+
+// sameStamp reports whether a non-null echo matches t.
+func sameStamp(o Optional[Stamp], t time.Time) bool { return !o.Null && o.Value.Matches(t) }
 
 // Check compares the echoed read-only fields with the stored node and names
 // every field whose value differs.
@@ -214,6 +257,10 @@ type NodeEcho struct {
 // version, so a client that read the node a moment ago holds an older value.
 // An echo is accepted when it is a value the node has had: not null while the
 // node has been seen, and not later than the stored time.
+//
+// created_at and updated_at are compared at the precision the client wrote
+// them in (see Stamp): a client that keeps whole seconds still round-trips
+// them. updated_at is thus no guard against a write in the same second; If-Match is.
 func (e NodeEcho) Check(cur Node) error {
 	var fe FieldErrors
 	if e.PK.Set && (e.PK.Null || e.PK.Value != cur.PK) {
@@ -249,10 +296,10 @@ func (e NodeEcho) Check(cur Node) error {
 	if e.ProviderState.Set && !sameString(e.ProviderState, cur.ProviderState) {
 		fe.Add("provider_state", "is read-only; the provider's state may have changed since you read the node")
 	}
-	if e.CreatedAt.Set && (e.CreatedAt.Null || !e.CreatedAt.Value.Equal(cur.CreatedAt)) {
-		fe.Add("created_at", "is read-only")
+	if e.CreatedAt.Set && !sameStamp(e.CreatedAt, cur.CreatedAt) {
+		fe.Add("created_at", "is read-only; send back the value you read or leave it out")
 	}
-	if e.UpdatedAt.Set && (e.UpdatedAt.Null || !e.UpdatedAt.Value.Equal(cur.UpdatedAt)) {
+	if e.UpdatedAt.Set && !sameStamp(e.UpdatedAt, cur.UpdatedAt) {
 		fe.Add("updated_at", "is read-only; the node changed since you read it, or the value was edited")
 	}
 	return fe.Err()

@@ -1,10 +1,17 @@
 package registry
 
 import (
+	"encoding/json"
 	"errors"
+	"reflect"
+	"strings"
 	"testing"
 	"time"
 )
+
+func stamp(t time.Time, p time.Duration) Optional[Stamp] {
+	return Optional[Stamp]{Set: true, Value: Stamp{Time: t, Precision: p}}
+}
 
 func TestCanonicalIP(t *testing.T) {
 	for _, tc := range []struct{ in, want string }{
@@ -57,7 +64,12 @@ func TestNodeEchoCheck(t *testing.T) {
 		{LastSeen: Optional[time.Time]{Set: true, Value: seen.Add(-time.Minute)}}, // read before a heartbeat
 		{LastSeen: Optional[time.Time]{Set: true, Null: true}},                    // read before the first one
 		{CurrentJob: Optional[int64]{Set: true, Value: 9}},
-		{CreatedAt: Optional[time.Time]{Set: true, Value: seen.In(time.FixedZone("x", 3600))}},
+		{CreatedAt: stamp(seen.In(time.FixedZone("x", 3600)), time.Nanosecond)},
+		{CreatedAt: stamp(seen, time.Microsecond), UpdatedAt: stamp(seen, time.Microsecond)},
+		// Clients that write whole seconds (or milliseconds) echo the
+		// stored instant cut to what they write.
+		{CreatedAt: stamp(seen.Truncate(time.Second), time.Second), UpdatedAt: stamp(seen.Truncate(time.Second), time.Second)},
+		{UpdatedAt: stamp(seen.Truncate(time.Millisecond), time.Millisecond)},
 	}
 	for i, e := range ok {
 		if err := e.Check(cur); err != nil {
@@ -68,14 +80,24 @@ func TestNodeEchoCheck(t *testing.T) {
 		"pk":          {PK: Optional[int64]{Set: true, Value: 6}},
 		"last_seen":   {LastSeen: Optional[time.Time]{Set: true, Value: seen.Add(time.Second)}},
 		"current_job": {CurrentJob: Optional[int64]{Set: true, Null: true}},
-		"created_at":  {CreatedAt: Optional[time.Time]{Set: true, Value: seen.Add(time.Microsecond)}},
-		"updated_at":  {UpdatedAt: Optional[time.Time]{Set: true, Null: true}},
+		"created_at":  {CreatedAt: stamp(seen.Add(time.Microsecond), time.Microsecond)},
+		"updated_at":  {UpdatedAt: Optional[Stamp]{Set: true, Null: true}},
+		// At second precision the second itself must match...
+		"created_at ": {CreatedAt: stamp(seen.Truncate(time.Second).Add(time.Second), time.Second)},
+		// Full precision sent, so the full value counts.
+		"updated_at  ": {UpdatedAt: stamp(seen.Truncate(time.Second), time.Nanosecond)},
 	}
 	for field, e := range bad {
+		field = strings.TrimSpace(field)
 		f := FieldsOf(e.Check(cur))
 		if len(f) != 1 || f[0].Field != field {
 			t.Errorf("echo changing %s: fields %v", field, f)
 		}
+	}
+	// Clients cut digits; a value rounded up is another instant.
+	late := time.Date(2026, 1, 2, 3, 4, 5, 999_000_000, time.UTC)
+	if err := (NodeEcho{UpdatedAt: stamp(late.Round(time.Second), time.Second)}).Check(Node{UpdatedAt: late}); err == nil {
+		t.Error("updated_at rounded up to the next second was accepted")
 	}
 	// A node never seen cannot have been seen at some time.
 	if err := (NodeEcho{LastSeen: Optional[time.Time]{Set: true, Value: seen}}).Check(Node{}); err == nil {
@@ -93,5 +115,67 @@ func TestNodePatchApply(t *testing.T) {
 	got = NodePatch{GPUMem: Optional[int64]{Set: true, Null: true}, CPUMem: Optional[int64]{Set: true, Value: 9}}.Apply(base)
 	if got.GPUMem != nil || got.CPUMem != 9 || got.HardwareGeneration != &hw {
 		t.Errorf("patched: %+v", got)
+	}
+}
+
+// The node's document is pinned byte for byte: API responses, the watch
+// stream and the logs all carry it, and clients parse it.
+func TestNodeDocument(t *testing.T) {
+	at := time.Date(2026, 11, 29, 16, 4, 8, 228713000, time.UTC)
+	hw, gpu, job := int64(1), int64(85899345920), int64(7)
+	owner, ext, state := "agent-gpu-1", "host-1", "RUNNING"
+	n := Node{PK: 1, IP: "2001:db8::7", Index: 0, CPUMem: 2199023255552, DriverVersion: "550.54.15",
+		HardwareGeneration: &hw, GPUMem: &gpu, LastSeen: &at, CurrentJob: &job, Owner: &owner, Source: "scp",
+		Schedulable: true, ExternalID: &ext, ProviderState: &state, CreatedAt: at, UpdatedAt: at, Version: 3}
+	b, err := json.Marshal(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"pk":1,"ip":"2001:db8::7","index":0,"cpu_mem":2199023255552,"driver_version":"550.54.15",` +
+		`"hardware_generation":1,"gpu_mem":85899345920,"last_seen":"2026-11-29T16:04:08.228713Z","current_job":7,` +
+		`"owner":"agent-gpu-1","source":"scp","schedulable":true,"external_id":"host-1","provider_state":"RUNNING",` +
+		`"created_at":"2026-11-29T16:04:08.228713Z","updated_at":"2026-11-29T16:04:08.228713Z"}`
+	if string(b) != want {
+		t.Errorf("document\n got %s\nwant %s", b, want)
+	}
+	b, _ = json.Marshal(Node{})
+	if want := `{"pk":0,"ip":"","index":0,"cpu_mem":0,"driver_version":"","hardware_generation":null,"gpu_mem":null,` +
+		`"last_seen":null,"current_job":null,"owner":null,"source":"","schedulable":false,"external_id":null,` +
+		`"provider_state":null,"created_at":"0001-01-01T00:00:00Z","updated_at":"0001-01-01T00:00:00Z"}`; string(b) != want {
+		t.Errorf("empty document\n got %s\nwant %s", b, want)
+	}
+}
+
+// UTC converts every time of a node, including a field added later: the
+// test walks the struct, so a new time field UTC forgets fails here.
+func TestNodeUTC(t *testing.T) {
+	zone := time.FixedZone("x", 5*3600)
+	at := time.Date(2026, 1, 2, 3, 4, 5, 0, zone)
+	var n Node
+	v := reflect.ValueOf(&n).Elem()
+	for i := range v.NumField() {
+		switch f := v.Field(i); f.Interface().(type) {
+		case time.Time:
+			f.Set(reflect.ValueOf(at))
+		case *time.Time:
+			f.Set(reflect.ValueOf(&at))
+		}
+	}
+	u := reflect.ValueOf(n.UTC())
+	for i := range u.NumField() {
+		name := u.Type().Field(i).Name
+		switch f := u.Field(i).Interface().(type) {
+		case time.Time:
+			if f.Location() != time.UTC || !f.Equal(at) {
+				t.Errorf("%s = %v, want %v in UTC", name, f, at)
+			}
+		case *time.Time:
+			if f == &at || f.Location() != time.UTC || !f.Equal(at) {
+				t.Errorf("%s = %v, want a new %v in UTC", name, f, at)
+			}
+		}
+	}
+	if at.Location() != zone {
+		t.Error("UTC changed the caller's time")
 	}
 }

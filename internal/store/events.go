@@ -23,43 +23,21 @@ const (
 // a time, whichever replica runs it.
 const sequencerLockID = 0x7265676973747200
 
-// nodeDoc is a whole node as the change log and the audit log keep it,
-// under the API's field names so an auditor reads what a client saw.
+// nodeDoc is a whole node as the change log and the audit log keep it:
+// the node's one document (registry.Node's JSON, what clients see) and its
+// version.
 type nodeDoc struct {
-	PK                 int64      `json:"pk"`
-	IP                 string     `json:"ip"`
-	Index              int        `json:"index"`
-	CPUMem             int64      `json:"cpu_mem"`
-	DriverVersion      string     `json:"driver_version"`
-	HardwareGeneration *int64     `json:"hardware_generation"`
-	GPUMem             *int64     `json:"gpu_mem"`
-	LastSeen           *time.Time `json:"last_seen"`
-	CurrentJob         *int64     `json:"current_job"`
-	Owner              *string    `json:"owner"`
-	Source             string     `json:"source"`
-	Schedulable        bool       `json:"schedulable"`
-	ExternalID         *string    `json:"external_id"`
-	ProviderState      *string    `json:"provider_state"`
-	CreatedAt          time.Time  `json:"created_at"`
-	UpdatedAt          time.Time  `json:"updated_at"`
-	Version            int64      `json:"version"`
+	registry.Node
+	Version int64 `json:"version"`
 }
 
 func (d nodeDoc) node() registry.Node {
-	return registry.Node{PK: d.PK, IP: d.IP, Index: d.Index, CPUMem: d.CPUMem, DriverVersion: d.DriverVersion,
-		HardwareGeneration: d.HardwareGeneration, GPUMem: d.GPUMem, LastSeen: d.LastSeen, CurrentJob: d.CurrentJob,
-		Owner: d.Owner, Source: d.Source, Schedulable: d.Schedulable, ExternalID: d.ExternalID, ProviderState: d.ProviderState,
-		CreatedAt: d.CreatedAt, UpdatedAt: d.UpdatedAt,
-		Version: d.Version}
+	n := d.Node
+	n.Version = d.Version
+	return n.UTC()
 }
 
-func docOfNode(n registry.Node) nodeDoc {
-	return nodeDoc{PK: n.PK, IP: n.IP, Index: n.Index, CPUMem: n.CPUMem, DriverVersion: n.DriverVersion,
-		HardwareGeneration: n.HardwareGeneration, GPUMem: n.GPUMem, LastSeen: n.LastSeen, CurrentJob: n.CurrentJob,
-		Owner: n.Owner, Source: n.Source, Schedulable: n.Schedulable, ExternalID: n.ExternalID, ProviderState: n.ProviderState,
-		CreatedAt: n.CreatedAt, UpdatedAt: n.UpdatedAt,
-		Version: n.Version}
-}
+func docOfNode(n registry.Node) nodeDoc { return nodeDoc{Node: n.UTC(), Version: n.Version} }
 
 // recordChanges appends change rows for nodes in the current transaction
 // and asks for a notification at commit.

@@ -30,22 +30,51 @@ func qualified(alias string) string {
 // l: bulk reads, where a join beats a subquery per row.
 func withLiveness(alias string) string { return columns(alias, "l.last_seen") }
 
-func columns(alias, lastSeen string) string {
-	c := func(col string) string { return alias + "." + col }
-	return strings.Join([]string{
-		c("pk"), "host(" + c("ip") + ")", c("gpu_index"), c("cpu_mem"), c("driver_version"), c("hardware_generation"),
-		c("gpu_mem"), lastSeen,
-		c("current_job"), c("owner"), c("source"), c("schedulable"), c("external_id"), c("provider_state"),
-		c("created_at"), c("updated_at"), c("version"),
-	}, ", ")
+// nodeFields is a node as the store reads it: each select-list
+// expression ({t} is the node table's alias, {last_seen} where last_seen
+// comes from), in order, with the field scanNode reads it into. One list,
+// so a new column is one line.
+var nodeFields = [...]struct {
+	expr string
+	dest func(n *registry.Node) any
+}{
+	{"{t}.pk", func(n *registry.Node) any { return &n.PK }},
+	{"host({t}.ip)", func(n *registry.Node) any { return &n.IP }},
+	{"{t}.gpu_index", func(n *registry.Node) any { return &n.Index }},
+	{"{t}.cpu_mem", func(n *registry.Node) any { return &n.CPUMem }},
+	{"{t}.driver_version", func(n *registry.Node) any { return &n.DriverVersion }},
+	{"{t}.hardware_generation", func(n *registry.Node) any { return &n.HardwareGeneration }},
+	{"{t}.gpu_mem", func(n *registry.Node) any { return &n.GPUMem }},
+	{"{last_seen}", func(n *registry.Node) any { return &n.LastSeen }},
+	{"{t}.current_job", func(n *registry.Node) any { return &n.CurrentJob }},
+	{"{t}.owner", func(n *registry.Node) any { return &n.Owner }},
+	{"{t}.source", func(n *registry.Node) any { return &n.Source }},
+	{"{t}.schedulable", func(n *registry.Node) any { return &n.Schedulable }},
+	{"{t}.external_id", func(n *registry.Node) any { return &n.ExternalID }},
+	{"{t}.provider_state", func(n *registry.Node) any { return &n.ProviderState }},
+	{"{t}.created_at", func(n *registry.Node) any { return &n.CreatedAt }},
+	{"{t}.updated_at", func(n *registry.Node) any { return &n.UpdatedAt }},
+	{"{t}.version", func(n *registry.Node) any { return &n.Version }},
 }
 
+func columns(alias, lastSeen string) string {
+	r := strings.NewReplacer("{t}", alias, "{last_seen}", lastSeen)
+	exprs := make([]string, len(nodeFields))
+	for i, f := range nodeFields {
+		exprs[i] = r.Replace(f.expr)
+	}
+	return strings.Join(exprs, ", ")
+}
+
+// scanNode reads a row of nodeFields, times in UTC.
 func scanNode(row pgx.CollectableRow) (registry.Node, error) {
 	var n registry.Node
-	err := row.Scan(&n.PK, &n.IP, &n.Index, &n.CPUMem, &n.DriverVersion, &n.HardwareGeneration,
-		&n.GPUMem, &n.LastSeen, &n.CurrentJob, &n.Owner, &n.Source, &n.Schedulable, &n.ExternalID, &n.ProviderState,
-		&n.CreatedAt, &n.UpdatedAt, &n.Version)
-	return n, err
+	var dests [len(nodeFields)]any
+	for i, f := range nodeFields {
+		dests[i] = f.dest(&n)
+	}
+	err := row.Scan(dests[:]...)
+	return n.UTC(), err
 }
 
 // CreateNode stores a new node and audits it. An agent that creates a node

@@ -1,0 +1,89 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"log"
+	"net/http"
+
+	"github.com/registryd/registryd/client"
+)
+
+// An agent registers its GPUs and heartbeats as each node (these examples
+// are the README's; they compile, they are not run).
+func Example_agent() {
+	ctx := context.Background()
+	c, err := client.New("http://registry:8080", client.WithTokenSource(client.TokenFile("/etc/registryd-agent/token")))
+	if err != nil {
+		log.Fatal(err)
+	}
+	node, adopted, err := c.CreateNode(ctx, client.NodeCreate{IP: "10.0.0.7", Index: 0,
+		CPUMem: 512 << 30, DriverVersion: "550.54.15", GPUMem: client.Ptr(int64(80 << 30))})
+	if err != nil {
+		log.Fatal(err)
+	}
+	log.Printf("node %d (adopted: %v)", node.PK, adopted)
+	if _, err := c.Ping(ctx, client.AsNode(node.PK)); err != nil { // every interval: the heartbeat
+		log.Print(err)
+	}
+	if _, err := c.PatchNode(ctx, node.PK, client.NodePatch{DriverVersion: client.Ptr("560.28.03")}, client.AsNode(node.PK)); err != nil {
+		log.Print(err)
+	}
+}
+
+// A scheduler finds free nodes, claims a host's GPUs and watches the fleet.
+func Example_scheduler() {
+	ctx := context.Background()
+	c, err := client.New("http://registry:8080", client.WithToken("…"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	free, err := c.ListNodes(ctx, client.NodeFilter{Free: client.Ptr(true), HardwareGeneration: client.Ptr(int64(1)),
+		MinGPUMem: client.Ptr(int64(80 << 30)), SeenWithin: client.Ptr(int64(60))})
+	if err != nil {
+		log.Fatal(err)
+	}
+	log.Printf("%d free", len(free))
+	got, err := c.ClaimNodes(ctx, client.NodeClaim{Job: 7001, Count: client.Ptr(8), SameHost: client.Ptr(true)})
+	if errors.Is(err, client.ErrConflict) {
+		log.Print("not enough free nodes; nothing held")
+	}
+	log.Printf("claimed %d", len(got.Nodes))
+	if _, err := c.ReleaseNodes(ctx, client.NodeRelease{Job: 7001}); err != nil {
+		log.Print(err)
+	}
+	err = c.Watch(ctx, client.WatchOptions{HardwareGeneration: client.Ptr(int64(1))}, func(ev client.Event) error {
+		if ev.Reset != nil {
+			return nil // re-list
+		}
+		log.Printf("%d %s node %d job %v", ev.ID, ev.Type, ev.Node.Node.PK, ev.Node.Node.CurrentJob)
+		return nil
+	})
+	log.Print(err)
+}
+
+// An admin fixes the registry, conditionally.
+func Example_admin() {
+	ctx := context.Background()
+	c, err := client.New("http://registry:8080", client.WithToken("…"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	var r client.Response
+	if _, err := c.GetNode(ctx, 42, client.Into(&r)); err != nil { // r.ETag is the node's version
+		log.Fatal(err)
+	}
+	_, err = c.PatchNode(ctx, 42, client.NodePatch{GPUMem: client.Null[int64]()}, client.IfMatch(r.ETag))
+	var e *client.Error
+	if errors.As(err, &e) && e.Status == http.StatusPreconditionFailed {
+		log.Print("changed meanwhile: read again")
+	}
+	if err := c.ForceDeleteNode(ctx, 42); err != nil { // even while it holds a job
+		log.Print(err)
+	}
+	entries, err := c.ListAudit(ctx, client.AuditFilter{TargetType: client.Ptr(client.AuditNode), TargetPK: client.Ptr(int64(42))})
+	log.Print(len(entries), err)
+	if _, err := c.RevokeTokens(ctx, client.RevokeRequest{Sub: client.Ptr("agent-gpu-17")}); err != nil {
+		log.Print(err)
+	}
+}

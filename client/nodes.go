@@ -1,0 +1,161 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+
+	"github.com/registryd/registryd/client/internal/oapi"
+)
+
+// Ping answers with the server's time. With AsNode it is the node's
+// heartbeat: what an agent sends every interval.
+func (c *Client) Ping(ctx context.Context, opts ...CallOption) (Ping, error) {
+	cl := newCall(opts)
+	var out Ping
+	resp, err := c.raw.PingNodes(cl.ctx(ctx), &oapi.PingNodesParams{NodeID: cl.nodeID}, cl.editors()...)
+	_, err = cl.finish(resp, err, &out, http.StatusOK)
+	return out, err
+}
+
+// HeadPing is Ping without the body (HEAD /v1/nodes/ping); with AsNode
+// it is a heartbeat too.
+func (c *Client) HeadPing(ctx context.Context, opts ...CallOption) error {
+	cl := newCall(opts)
+	resp, err := c.raw.HeadPingNodes(cl.ctx(ctx), &oapi.HeadPingNodesParams{NodeID: cl.nodeID}, cl.editors()...)
+	_, err = cl.finish(resp, err, nil, http.StatusOK)
+	return err
+}
+
+// ListNodes returns the nodes that match every filter of f, by pk. With
+// no Limit it returns every matching node; page with Limit and After (the
+// last pk received).
+func (c *Client) ListNodes(ctx context.Context, f NodeFilter, opts ...CallOption) ([]Node, error) {
+	cl := newCall(opts)
+	var out []Node
+	resp, err := c.raw.ListNodes(cl.ctx(ctx), &oapi.ListNodesParams{NodeID: cl.nodeID}, f, cl.editors()...)
+	_, err = cl.finish(resp, err, &out, http.StatusOK)
+	return out, err
+}
+
+// CreateNode registers a node. An agent registering the (ip, index) of a
+// node the sync worker imported with no owner adopts it instead: the
+// answer is that node and adopted is true. A pair another node holds is
+// an *Error with status 409 and ExistingPK naming it.
+func (c *Client) CreateNode(ctx context.Context, n NodeCreate, opts ...CallOption) (node Node, adopted bool, err error) {
+	cl := newCall(opts)
+	resp, err := c.raw.CreateNode(cl.ctx(ctx), &oapi.CreateNodeParams{NodeID: cl.nodeID}, n, cl.editors()...)
+	status, err := cl.finish(resp, err, &node, http.StatusCreated, http.StatusOK)
+	return node, status == http.StatusOK, err
+}
+
+// GetNode returns the node pk. With IfNoneMatch it returns ErrNotModified
+// while the node's ETag is unchanged.
+func (c *Client) GetNode(ctx context.Context, pk int64, opts ...CallOption) (Node, error) {
+	var out Node
+	if err := checkPK("node", pk); err != nil {
+		return out, err
+	}
+	cl := newCall(opts)
+	resp, err := c.raw.GetNode(cl.ctx(ctx), pk, &oapi.GetNodeParams{NodeID: cl.nodeID, IfNoneMatch: cl.ifNoneMatch}, cl.editors()...)
+	status, err := cl.finish(resp, err, &out, http.StatusOK, http.StatusNotModified)
+	if err == nil && status == http.StatusNotModified {
+		return out, ErrNotModified
+	}
+	return out, err
+}
+
+// HeadNode returns the ETag of node pk without its body (ErrNotModified
+// with a matching IfNoneMatch).
+func (c *Client) HeadNode(ctx context.Context, pk int64, opts ...CallOption) (etag string, err error) {
+	if err := checkPK("node", pk); err != nil {
+		return "", err
+	}
+	cl := newCall(opts)
+	resp, err := c.raw.HeadNode(cl.ctx(ctx), pk, &oapi.HeadNodeParams{NodeID: cl.nodeID, IfNoneMatch: cl.ifNoneMatch}, cl.editors()...)
+	if resp != nil {
+		etag = resp.Header.Get("ETag")
+	}
+	status, err := cl.finish(resp, err, nil, http.StatusOK, http.StatusNotModified)
+	if err == nil && status == http.StatusNotModified {
+		return etag, ErrNotModified
+	}
+	return etag, err
+}
+
+// UpdateNode replaces the six writable fields of node pk (PUT). An agent
+// acts as its node: AsNode(pk).
+func (c *Client) UpdateNode(ctx context.Context, pk int64, n NodeUpdate, opts ...CallOption) (Node, error) {
+	var out Node
+	if err := checkPK("node", pk); err != nil {
+		return out, err
+	}
+	cl := newCall(opts)
+	resp, err := c.raw.UpdateNode(cl.ctx(ctx), pk, &oapi.UpdateNodeParams{NodeID: cl.nodeID, IfMatch: cl.ifMatch}, n, cl.editors()...)
+	_, err = cl.finish(resp, err, &out, http.StatusOK)
+	return out, err
+}
+
+// PatchNode changes the members p sets (a JSON merge patch). An agent
+// acts as its node: AsNode(pk).
+func (c *Client) PatchNode(ctx context.Context, pk int64, p NodePatch, opts ...CallOption) (Node, error) {
+	var out Node
+	if err := checkPK("node", pk); err != nil {
+		return out, err
+	}
+	body, err := json.Marshal(p)
+	if err != nil {
+		return out, err
+	}
+	cl := newCall(opts)
+	resp, err := c.raw.PatchNodeWithBody(cl.ctx(ctx), pk, &oapi.PatchNodeParams{NodeID: cl.nodeID, IfMatch: cl.ifMatch},
+		"application/merge-patch+json", bytes.NewReader(body), cl.editors()...)
+	_, err = cl.finish(resp, err, &out, http.StatusOK)
+	return out, err
+}
+
+// DeleteNode deletes node pk. A node holding a job is kept (409): release
+// it first, or ForceDeleteNode as an admin.
+func (c *Client) DeleteNode(ctx context.Context, pk int64, opts ...CallOption) error {
+	return c.deleteNode(ctx, pk, false, opts)
+}
+
+// ForceDeleteNode deletes node pk even while it holds a job (admins only).
+func (c *Client) ForceDeleteNode(ctx context.Context, pk int64, opts ...CallOption) error {
+	return c.deleteNode(ctx, pk, true, opts)
+}
+
+func (c *Client) deleteNode(ctx context.Context, pk int64, force bool, opts []CallOption) error {
+	if err := checkPK("node", pk); err != nil {
+		return err
+	}
+	cl := newCall(opts)
+	params := &oapi.DeleteNodeParams{NodeID: cl.nodeID, IfMatch: cl.ifMatch}
+	if force {
+		params.Force = Ptr("true")
+	}
+	resp, err := c.raw.DeleteNode(cl.ctx(ctx), pk, params, cl.editors()...)
+	_, err = cl.finish(resp, err, nil, http.StatusNoContent)
+	return err
+}
+
+// ClaimNodes gives Count free nodes matching the claim's filters to its
+// Job, all or none: too few is an *Error with status 409 (ErrConflict),
+// and nothing is held. Never retried: claims for one job add up.
+func (c *Client) ClaimNodes(ctx context.Context, claim NodeClaim, opts ...CallOption) (ClaimResult, error) {
+	cl := newCall(opts)
+	var out ClaimResult
+	resp, err := c.raw.ClaimNodes(cl.ctx(ctx), &oapi.ClaimNodesParams{NodeID: cl.nodeID}, claim, cl.editors()...)
+	_, err = cl.finish(resp, err, &out, http.StatusOK)
+	return out, err
+}
+
+// ReleaseNodes gives back the nodes of r.Job (r.Nodes, or all of them).
+func (c *Client) ReleaseNodes(ctx context.Context, r NodeRelease, opts ...CallOption) (ReleaseResult, error) {
+	cl := newCall(opts)
+	var out ReleaseResult
+	resp, err := c.raw.ReleaseNodes(cl.ctx(ctx), &oapi.ReleaseNodesParams{NodeID: cl.nodeID}, r, cl.editors()...)
+	_, err = cl.finish(resp, err, &out, http.StatusOK)
+	return out, err
+}

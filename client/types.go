@@ -1,0 +1,147 @@
+package client
+
+import (
+	"bytes"
+	"encoding/json"
+
+	"github.com/registryd/registryd/client/internal/oapi"
+)
+
+// The API's documents, as openapi.yaml describes them (generated). A
+// nullable field is a pointer: nil is null.
+type (
+	// Node is a worker node as every response carries it.
+	Node = oapi.Node
+	// NodeCreate is the six writable fields of a new node, all required
+	// (HardwareGeneration and GPUMem may be nil: null).
+	NodeCreate = oapi.NodeCreate
+	// NodeUpdate is a full update (PUT): the six writable fields. The
+	// read-only fields are best left nil (they may echo what was read).
+	NodeUpdate = oapi.NodeUpdate
+	// NodeFilter selects nodes for ListNodes; nil members do not filter.
+	NodeFilter = oapi.NodeFilter
+	// NodeClaim asks for Count free nodes for Job.
+	NodeClaim = oapi.NodeClaim
+	// ClaimResult is what a claim took.
+	ClaimResult = oapi.ClaimResult
+	// NodeRelease gives a job's nodes back (all of them when Nodes is nil).
+	NodeRelease = oapi.NodeRelease
+	// ReleaseResult is what a release gave back, and what it could not.
+	ReleaseResult = oapi.ReleaseResult
+	// NotReleased is a node a release named that the job does not hold.
+	NotReleased = oapi.NotReleased
+	// NodeEvent is the data of a node event on the watch stream.
+	NodeEvent = oapi.NodeEvent
+	// NodeEventKind says what happened to the node of a NodeEvent.
+	NodeEventKind = oapi.NodeEventKind
+	// WatchReset is the data of a reset event: re-list the nodes.
+	WatchReset = oapi.WatchReset
+	// Source is where a node came from.
+	Source = oapi.Source
+
+	// Hardware is a hardware generation.
+	Hardware = oapi.Hardware
+	// HardwareCreate names a new hardware generation.
+	HardwareCreate = oapi.HardwareCreate
+	// HardwareUpdate renames a hardware generation (PUT).
+	HardwareUpdate = oapi.HardwareUpdate
+	// HardwarePatch is a merge patch of a hardware generation.
+	HardwarePatch = oapi.HardwarePatch
+	// HardwareFilter selects hardware generations by name.
+	HardwareFilter = oapi.HardwareFilter
+
+	// AuditFilter selects audit log entries.
+	AuditFilter = oapi.AuditFilter
+	// AuditTargetType is the kind of row an audit entry is about.
+	AuditTargetType = oapi.AuditFilterTargetType
+	// AuditEntry is one write, as the audit log recorded it.
+	AuditEntry = oapi.AuditEntry
+	// RevokeRequest names what to revoke: Sub or JTI.
+	RevokeRequest = oapi.RevokeRequest
+	// Revocation is a stored revocation.
+	Revocation = oapi.Revocation
+
+	// Ping is the answer of Ping: the server's time.
+	Ping = oapi.Ping
+	// Health is the answer of Healthz.
+	Health = oapi.Health
+	// Ready is the answer of Readyz.
+	Ready = oapi.Ready
+	// FieldError names a bad field of a refused request.
+	FieldError = oapi.FieldError
+)
+
+// Values of the API's enumerations.
+const (
+	SourceAPI = oapi.SourceAPI
+	SourceSCP = oapi.SourceScp
+	SourceE2E = oapi.SourceE2E
+
+	EventCreated  = oapi.NodeEventKindCreated
+	EventUpdated  = oapi.NodeEventKindUpdated
+	EventDeleted  = oapi.NodeEventKindDeleted
+	EventClaimed  = oapi.NodeEventKindClaimed
+	EventReleased = oapi.NodeEventKindReleased
+
+	AuditNode     = oapi.AuditFilterTargetTypeNode
+	AuditHardware = oapi.AuditFilterTargetTypeHardware
+	AuditToken    = oapi.AuditFilterTargetTypeToken
+)
+
+// Ptr returns a pointer to v, for the optional members of filters and
+// requests: client.NodeFilter{Free: client.Ptr(true)}.
+func Ptr[T any](v T) *T { return &v }
+
+// NodePatch is a JSON merge patch of a node (PATCH): nil members stay as
+// they are. HardwareGeneration and GPUMem may also be cleared (Null).
+type NodePatch struct {
+	IP                 *string
+	Index              *int32
+	CPUMem             *int64
+	DriverVersion      *string
+	HardwareGeneration Nullable[int64]
+	GPUMem             Nullable[int64]
+}
+
+// Nullable is a member of a merge patch that may be set to null: the zero
+// value leaves it out, Null clears it, Value sets it.
+type Nullable[T any] struct {
+	set, null bool
+	v         T
+}
+
+// Null is a Nullable that clears the member.
+func Null[T any]() Nullable[T] { return Nullable[T]{set: true, null: true} }
+
+// Value is a Nullable that sets the member to v.
+func Value[T any](v T) Nullable[T] { return Nullable[T]{set: true, v: v} }
+
+// MarshalJSON writes the patch with only the members it changes.
+func (p NodePatch) MarshalJSON() ([]byte, error) {
+	m := map[string]any{}
+	put := func(name string, set bool, v any) {
+		if set {
+			m[name] = v
+		}
+	}
+	put("ip", p.IP != nil, p.IP)
+	put("index", p.Index != nil, p.Index)
+	put("cpu_mem", p.CPUMem != nil, p.CPUMem)
+	put("driver_version", p.DriverVersion != nil, p.DriverVersion)
+	put("hardware_generation", p.HardwareGeneration.set, p.HardwareGeneration.json())
+	put("gpu_mem", p.GPUMem.set, p.GPUMem.json())
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(m); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
+}
+
+func (n Nullable[T]) json() any {
+	if n.null {
+		return nil
+	}
+	return n.v
+}

@@ -1,0 +1,99 @@
+package api_test
+
+import (
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// cut rewrites an RFC 3339 time as a client that keeps only layout's
+// precision would send it back (Go's time.RFC3339 is what ogen writes,
+// JavaScript's Date keeps milliseconds).
+func cut(t *testing.T, v any, layout string) string {
+	t.Helper()
+	at, err := time.Parse(time.RFC3339Nano, v.(string))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return at.Format(layout)
+}
+
+// GET → edit → PUT works for clients that write times with fewer digits
+// than the server sent: an echo is the stored instant cut to the
+// precision sent. And read-only fields are best left out: that works too.
+func TestEchoPrecision(t *testing.T) {
+	b := setup(t)
+	pk := b.createNode(nil)
+	hw := b.createHardware("H100")
+	stamp := "2026-01-02 03:04:05.678901+00"
+	b.exec(`UPDATE nodes SET created_at = $1, updated_at = $1 WHERE pk = $2`, stamp, pk)
+	b.exec(`UPDATE hardware_generations SET created_at = $1, updated_at = $1 WHERE pk = $2`, stamp, hw)
+
+	tables := map[string]string{"nodes": "nodes", "hardware": "hardware_generations"}
+	for _, res := range []struct {
+		kind, path, field string
+		pk                int64
+	}{
+		{"nodes", fmt.Sprintf("/v1/nodes/%d", pk), "driver_version", pk},
+		{"hardware", fmt.Sprintf("/v1/hardware/%d", hw), "name", hw},
+	} {
+		reset := func(at string) {
+			b.exec(`UPDATE `+tables[res.kind]+` SET created_at = $1, updated_at = $1 WHERE pk = $2`, at, res.pk)
+		}
+		for i, layout := range []string{time.RFC3339, "2006-01-02T15:04:05.000Z07:00", "2006-01-02T15:04:05.0Z07:00", time.RFC3339Nano} {
+			for _, method := range []string{"PUT", "PATCH"} {
+				reset(stamp)
+				read := b.must(http.StatusOK, b.do("GET", res.path, nil)).object(t)
+				edited := map[string]any{}
+				for k, v := range read {
+					edited[k] = v
+				}
+				edited["created_at"] = cut(t, read["created_at"], layout)
+				edited["updated_at"] = cut(t, read["updated_at"], layout)
+				edited[res.field] = fmt.Sprint("v", i, method)
+				got := b.must(http.StatusOK, b.do(method, res.path, edited)).object(t)
+				if got[res.field] != edited[res.field] {
+					t.Errorf("%s %s with %s times: %s = %v", method, res.path, layout, res.field, got[res.field])
+				}
+				// Another write a second later: the same echo is stale now.
+				reset("2026-01-02 03:04:06.678901+00")
+				edited[res.field] = fmt.Sprint("w", i, method)
+				r := b.must(http.StatusBadRequest, b.do(method, res.path, edited))
+				if diff := cmp.Diff([]string{"created_at", "updated_at"}, r.problemFields(t)); diff != "" {
+					t.Errorf("%s %s with a stale %s echo: fields (-want +got):\n%s", method, res.path, layout, diff)
+				}
+			}
+		}
+	}
+
+	// At second precision the second itself must still match; digits are
+	// cut, not rounded, as clients format them.
+	node := b.must(http.StatusOK, b.do("GET", fmt.Sprintf("/v1/nodes/%d", pk), nil)).object(t)
+	b.exec(`UPDATE nodes SET created_at = $1 WHERE pk = $2`, stamp, pk)
+	for _, v := range []string{"2026-01-02T03:04:06Z", "2026-01-02T03:04:04Z", "2026-01-02T03:04:05.7Z", "2026-01-02T03:04:05.679Z"} {
+		node["created_at"] = v
+		r := b.must(http.StatusBadRequest, b.do("PUT", fmt.Sprintf("/v1/nodes/%d", pk), node))
+		if diff := cmp.Diff([]string{"created_at"}, r.problemFields(t)); diff != "" {
+			t.Errorf("created_at %s: fields (-want +got):\n%s", v, diff)
+		}
+	}
+	for _, v := range []string{"2026-01-02T03:04:05Z", "2026-01-02T05:04:05+02:00", "2026-01-02T03:04:05.6Z", "2026-01-02T03:04:05.678901000Z"} {
+		node["created_at"] = v
+		b.must(http.StatusOK, b.do("PUT", fmt.Sprintf("/v1/nodes/%d", pk), node))
+	}
+
+	// Read-only fields left out: the simplest GET → edit → PUT.
+	put := map[string]any{}
+	for _, k := range []string{"ip", "index", "cpu_mem", "driver_version", "hardware_generation", "gpu_mem"} {
+		put[k] = node[k]
+	}
+	put["driver_version"] = "left-out"
+	got := b.must(http.StatusOK, b.do("PUT", fmt.Sprintf("/v1/nodes/%d", pk), put)).object(t)
+	if got["driver_version"] != "left-out" {
+		t.Errorf("PUT without read-only fields: %v", got)
+	}
+	b.must(http.StatusOK, b.do("PUT", fmt.Sprintf("/v1/hardware/%d", hw), map[string]any{"name": "B200"}))
+}
