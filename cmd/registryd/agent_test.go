@@ -375,6 +375,9 @@ func TestAgentAdoptsAndReportsConflicts(t *testing.T) {
 		ns[0].CPUMem != 1099511627776 || *ns[0].GPUMem != 85899345920 || ns[0].DriverVersion != "550.54.15" {
 		t.Errorf("adopted node: %+v", ns[0])
 	}
+	if !strings.Contains(ra.logs.String(), "adopted the imported node") {
+		t.Errorf("the adoption (200) is not told from a creation:\n%s", ra.logs.String())
+	}
 	// The admin removes the holder: the agent registers GPU 1.
 	if code, body := call(t, "DELETE", fmt.Sprintf("http://%s/v1/nodes/%d", r.addr, held.PK), "", r.admin); code != 204 {
 		t.Fatalf("delete: %d %s", code, body)
