@@ -548,4 +548,17 @@ func TestAgentOnce(t *testing.T) {
 	if err == nil || !strings.Contains(out, "problem: 127.0.0.1/2 is held by node") {
 		t.Errorf("--once with a pair held by another: %v\n%s", err, out)
 	}
+	// A token bound to another address than the agent's: the server's
+	// refusal is reported, nothing is registered.
+	env["REGISTRY_AGENT_IP"] = "10.0.0.7"
+	r.smi.GPUs(gpu0)
+	out, _, err = runCmd(t, env, "agent", "--once")
+	if err == nil || !strings.Contains(out, "problem: registering 10.0.0.7/0 was refused") || !strings.Contains(out, "bound to 127.0.0.1") {
+		t.Errorf("--once at an address the token is not bound to: %v\n%s", err, out)
+	}
+	for _, n := range r.nodes() {
+		if n.IP == "10.0.0.7" {
+			t.Errorf("registered at an address the token is not bound to: %+v", n)
+		}
+	}
 }
