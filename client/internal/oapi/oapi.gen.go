@@ -1114,7 +1114,7 @@ type WatchNodesParams struct {
 	// Source Only events whose node has exactly this `source`. Anything else is a 400.
 	Source *WatchSource `form:"source,omitempty" json:"source,omitempty"`
 
-	// IP Only events whose node has this `ip`, an IPv4 or IPv6 address (such as 10.0.0.7) compared in canonical form (`2001:DB8::1` matches `2001:db8::1`). An invalid address is a 400. Declared as a string because the server itself answers malformed values.
+	// IP Only events whose node has this `ip`, an IPv4 or IPv6 address (such as 10.0.0.7) compared in canonical form (`2001:DB8::1` matches `2001:db8::1`). An invalid address is a 400.
 	IP *WatchIP `form:"ip,omitempty" json:"ip,omitempty"`
 
 	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
@@ -1141,7 +1141,7 @@ type HeadWatchNodesParams struct {
 	// Source Only events whose node has exactly this `source`. Anything else is a 400.
 	Source *WatchSource `form:"source,omitempty" json:"source,omitempty"`
 
-	// IP Only events whose node has this `ip`, an IPv4 or IPv6 address (such as 10.0.0.7) compared in canonical form (`2001:DB8::1` matches `2001:db8::1`). An invalid address is a 400. Declared as a string because the server itself answers malformed values.
+	// IP Only events whose node has this `ip`, an IPv4 or IPv6 address (such as 10.0.0.7) compared in canonical form (`2001:DB8::1` matches `2001:db8::1`). An invalid address is a 400.
 	IP *WatchIP `form:"ip,omitempty" json:"ip,omitempty"`
 
 	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
