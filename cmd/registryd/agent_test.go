@@ -9,10 +9,12 @@ import (
 	"maps"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -559,6 +561,59 @@ func TestAgentOnce(t *testing.T) {
 	for _, n := range r.nodes() {
 		if n.IP == "10.0.0.7" {
 			t.Errorf("registered at an address the token is not bound to: %+v", n)
+		}
+	}
+}
+
+// runMainEnv makes the test binary run registryd's main (see TestMain).
+const runMainEnv = "REGISTRYD_TEST_RUN_MAIN"
+
+// A real process: SIGTERM and SIGINT stop `registryd agent` with exit
+// status 0, promptly, even while it backs off from a registry that does
+// not answer.
+func TestAgentExitsZeroOnSignal(t *testing.T) {
+	t.Parallel()
+	smi := agenttest.NewNvidiaSMI(t)
+	smi.GPUs(gpu0)
+	// An address nothing listens on: the agent backs off.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	for _, sig := range []os.Signal{syscall.SIGTERM, syscall.SIGINT} {
+		cmd := exec.Command(os.Args[0], "agent")
+		cmd.Env = []string{runMainEnv + "=1", "PATH=" + smi.Dir, "REGISTRY_SERVER=http://" + addr, "REGISTRY_TOKEN=a.b.c",
+			"REGISTRY_AGENT_STATE=" + filepath.Join(t.TempDir(), "state.json"), "REGISTRY_LOG_FORMAT=text"}
+		logs := &apitest.Buffer{}
+		cmd.Stdout, cmd.Stderr = io.Discard, logs
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		// Once it has found the registry down it is in its backoff.
+		deadline := time.Now().Add(30 * time.Second)
+		for !strings.Contains(logs.String(), "the registry cannot be used") {
+			if time.Now().After(deadline) {
+				cmd.Process.Kill()
+				t.Fatalf("%v: the agent did not try the registry within 30s:\n%s", sig, logs.String())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		cmd.Process.Signal(sig)
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("%v: exit %v, want status 0\n%s", sig, err, logs.String())
+			}
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			t.Fatalf("%v: the agent did not exit within 10s", sig)
+		}
+		if !strings.Contains(logs.String(), "agent stopped") {
+			t.Errorf("%v: no clean stop in the log:\n%s", sig, logs.String())
 		}
 	}
 }
