@@ -18,6 +18,8 @@
 //     can resolve it;
 //   - updates what changed (a driver upgrade: driver_version), acting as the
 //     node, and heartbeats every node (GET /v1/nodes/ping with Node-Id);
+//     every Refresh it reads each node back instead, to set right what
+//     someone else changed;
 //   - deletes the node of a GPU that is gone. A node that holds a job
 //     cannot be deleted by an agent (409): it gets no more heartbeats, so
 //     it goes stale, and the agent deletes it once the job released it;
@@ -111,7 +113,11 @@ type Config struct {
 	// HardwareRecheck is how long a GPU model that names no hardware
 	// generation is not looked up again; 5m when zero.
 	HardwareRecheck time.Duration
-	Logger          *slog.Logger
+	// Refresh is how often the agent reads its nodes again (acting as
+	// them, in place of that pass's ping) to set right what someone else
+	// changed; 5m when zero.
+	Refresh time.Duration
+	Logger  *slog.Logger
 	// AfterPass, if set, is called with the report of every pass (tests).
 	AfterPass func(Report)
 }
@@ -155,6 +161,8 @@ type tracked struct {
 	// node is the server's last answer about it; nil until the agent has
 	// read it (a pk from the state file is checked before it is trusted).
 	node *registry.Node
+	// read is when node was last answered.
+	read time.Time
 }
 
 type hwEntry struct {
@@ -187,6 +195,7 @@ func New(cfg Config) (*Agent, error) {
 	cfg.BackoffMin = cmp.Or(cfg.BackoffMin, time.Second)
 	cfg.BackoffMax = cmp.Or(cfg.BackoffMax, max(cfg.Interval, time.Minute))
 	cfg.HardwareRecheck = cmp.Or(cfg.HardwareRecheck, 5*time.Minute)
+	cfg.Refresh = cmp.Or(cfg.Refresh, 5*time.Minute)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -415,9 +424,11 @@ func (a *Agent) reconcile(ctx context.Context, k Key, want desired) error {
 func (a *Agent) converge(ctx context.Context, k Key, want desired) (lost bool, err error) {
 	t := a.nodes[k]
 	beat := false // whether this pass has heartbeated the node already
-	if t != nil && t.node == nil {
+	if t != nil && (t.node == nil || time.Since(t.read) >= a.cfg.Refresh) {
 		// A pk from the state file: trusted once the server says the
-		// agent acts as it, and that it is still the node at k.
+		// agent acts as it, and that it is still the node at k. A node
+		// the agent has is read again now and then, so that what someone
+		// else changed (an admin's PATCH of driver_version) is set right.
 		if t, err = a.verify(ctx, k, t); err != nil {
 			return false, err
 		}
@@ -448,7 +459,7 @@ func (a *Agent) converge(ctx context.Context, k Key, want desired) (lost bool, e
 		default:
 			a.log.Info("updated node", "pk", t.pk, "ip", k.IP, "index", k.Index, "fields", strings.Join(fields, ", "),
 				"driver_version", n.DriverVersion)
-			t.node, beat = &n, true
+			t.node, t.read, beat = &n, time.Now(), true
 		}
 	}
 	if !beat {
@@ -483,7 +494,7 @@ func (a *Agent) verify(ctx context.Context, k Key, t *tracked) (*tracked, error)
 		a.forget(k)
 		return nil, nil
 	}
-	t.node = &n
+	t.node, t.read = &n, time.Now()
 	return t, nil
 }
 
@@ -605,7 +616,7 @@ func (a *Agent) refusedInput(err error) {
 }
 
 func (a *Agent) track(k Key, n registry.Node) *tracked {
-	t := &tracked{pk: n.PK, node: &n}
+	t := &tracked{pk: n.PK, node: &n, read: time.Now()}
 	a.nodes[k] = t
 	a.dirty = true
 	return t

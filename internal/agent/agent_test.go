@@ -705,3 +705,26 @@ func TestUnknownModelKeepsAdminsGeneration(t *testing.T) {
 		t.Errorf("the admin's generation was cleared: %+v", n)
 	}
 }
+
+// What someone else changed in a node the agent reports (an admin's
+// PATCH of driver_version) is set right when the agent reads its nodes
+// again, which replaces that pass's ping.
+func TestRefreshSetsRightOthersChanges(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *Config) { c.Refresh = time.Hour })
+	b.smi.GPUs(h100a)
+	b.passOK(t)
+	b.api.mu.Lock()
+	b.api.nodes[1].DriverVersion = "edited"
+	b.api.mu.Unlock()
+	if _, calls := b.passOK(t); !slices.Equal(calls, []string{"ping 1"}) {
+		t.Errorf("before a refresh is due: %v", calls)
+	}
+	b.agent.cfg.Refresh = time.Nanosecond
+	if _, calls := b.passOK(t); !slices.Equal(calls, []string{"get 1", "patch 1"}) {
+		t.Errorf("refresh: %v", calls)
+	}
+	if n, _ := b.api.get(1); n.DriverVersion != "550.54.15" {
+		t.Errorf("driver %q", n.DriverVersion)
+	}
+}
