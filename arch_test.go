@@ -47,6 +47,8 @@ var layers = map[string][]string{
 	"internal/watch":                 {"internal/registry", "internal/lifecycle"},
 	"internal/syncer":                {"internal/registry", "internal/provider"},
 	"internal/store":                 {"internal/registry", "migrations"},
+	"internal/agent":                 {"internal/registry", "internal/lifecycle"},
+	"internal/agent/agenttest":       {""},
 	"internal/apitest":               {""}, // test helpers: anything
 	"internal/pgtest":                {""},
 	"internal/provider/providertest": {""},

@@ -103,7 +103,6 @@ func loadConfig(getenv func(string) string) (config, error) {
 		Listen:          or(getenv("REGISTRY_LISTEN"), "127.0.0.1:8080"),
 		DataDir:         or(getenv("REGISTRY_DATA_DIR"), "./.data"),
 		DataDirSet:      getenv("REGISTRY_DATA_DIR") != "",
-		LogFormat:       or(getenv("REGISTRY_LOG_FORMAT"), "json"),
 		ShutdownTimeout: 15 * time.Second,
 		AcquireTimeout:  10 * time.Second,
 		WatchRetention:  24 * time.Hour,
@@ -117,14 +116,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		}
 		c.Migrate = b
 	}
-	if v := getenv("REGISTRY_LOG_LEVEL"); v != "" {
-		if err := c.LogLevel.UnmarshalText([]byte(v)); err != nil {
-			errs = append(errs, fmt.Sprintf("REGISTRY_LOG_LEVEL=%q: want debug, info, warn or error", v))
-		}
-	}
-	if c.LogFormat != "json" && c.LogFormat != "text" {
-		errs = append(errs, fmt.Sprintf("REGISTRY_LOG_FORMAT=%q: want json or text", c.LogFormat))
-	}
+	c.LogLevel, c.LogFormat = loadLogging(getenv, &errs)
 	if v := getenv("REGISTRY_DB_MAX_CONNS"); v != "" {
 		n, err := strconv.ParseInt(v, 10, 32)
 		if err != nil || n < 1 {
@@ -252,6 +244,21 @@ func loadConfig(getenv func(string) string) (config, error) {
 		return c, fmt.Errorf("configuration: %s", strings.Join(errs, "; "))
 	}
 	return c, nil
+}
+
+// loadLogging reads REGISTRY_LOG_LEVEL and REGISTRY_LOG_FORMAT, which the
+// server's commands and the agent share.
+func loadLogging(getenv func(string) string, errs *[]string) (level slog.Level, format string) {
+	if v := getenv("REGISTRY_LOG_LEVEL"); v != "" {
+		if err := level.UnmarshalText([]byte(v)); err != nil {
+			*errs = append(*errs, fmt.Sprintf("REGISTRY_LOG_LEVEL=%q: want debug, info, warn or error", v))
+		}
+	}
+	format = or(getenv("REGISTRY_LOG_FORMAT"), "json")
+	if format != "json" && format != "text" {
+		*errs = append(*errs, fmt.Sprintf("REGISTRY_LOG_FORMAT=%q: want json or text", format))
+	}
+	return level, format
 }
 
 // maxTokenTTL bounds the token lifetime caps: a year is already more than

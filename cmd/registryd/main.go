@@ -5,6 +5,7 @@
 //	registryd token --sub S --role R   a signed bearer token
 //	registryd token revoke --sub S     stop tokens before they expire
 //	registryd sync --once              one import pass of every provider
+//	registryd agent                    the GPU host agent
 //
 // Configuration comes from REGISTRY_* environment variables; see README.md.
 package main
@@ -44,6 +45,8 @@ commands:
   token revoke --sub NAME | --jti ID
                            revoke a principal's tokens, or one token
   sync --once              import the inventory of every configured cloud once
+  agent [--once]           the GPU host agent: discover, register, heartbeat
+                           (REGISTRY_SERVER, REGISTRY_TOKEN; registryd agent --help)
 
 Without REGISTRY_DATABASE_URL, registryd runs its own PostgreSQL in
 REGISTRY_DATA_DIR (default ./.data). See README.md for every setting.
@@ -55,6 +58,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
 		return errUsage
+	}
+	if args[0] == "agent" {
+		// The agent has settings of its own and runs on GPU hosts, where
+		// the server's settings (database, token keys) are neither set
+		// nor to be checked.
+		return agentCmd(ctx, args[1:], getenv, stdout, stderr)
 	}
 	cfg, err := loadConfig(getenv)
 	if err != nil {

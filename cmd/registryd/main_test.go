@@ -24,7 +24,15 @@ import (
 	"github.com/registryd/registryd/internal/pgtest"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) {
+	// The test binary doubles as registryd for tests that need a process
+	// of its own (signals, exit status): see runAsRegistryd.
+	if os.Getenv(runMainEnv) == "1" {
+		main()
+		os.Exit(0)
+	}
+	pgtest.Main(m)
+}
 
 func envFunc(env map[string]string) func(string) string {
 	return func(k string) string { return env[k] }

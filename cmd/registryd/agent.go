@@ -1,0 +1,265 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"net/netip"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/registryd/registryd/client"
+	"github.com/registryd/registryd/internal/agent"
+	"github.com/registryd/registryd/internal/registry"
+)
+
+// defaultAgentState is where the agent remembers its nodes' pks; the
+// systemd unit's StateDirectory= makes the folder.
+const defaultAgentState = "/var/lib/registryd-agent/state.json"
+
+// agentConfig is every setting of `registryd agent`, loaded once from the
+// environment and validated. It is the agent's own: the agent runs on GPU
+// hosts, far from the database and the token keys, so none of the
+// server's settings are read or required.
+type agentConfig struct {
+	Server    *url.URL      // REGISTRY_SERVER: the registry's base URL
+	Token     string        // REGISTRY_TOKEN
+	TokenFile string        // REGISTRY_TOKEN_FILE: read for every request
+	IP        string        // REGISTRY_AGENT_IP; empty: the route to the server's
+	Interval  time.Duration // REGISTRY_AGENT_INTERVAL
+	StatePath string        // REGISTRY_AGENT_STATE
+	Path      string        // PATH, where nvidia-smi is looked up
+	LogLevel  slog.Level    // REGISTRY_LOG_LEVEL
+	LogFormat string        // REGISTRY_LOG_FORMAT
+
+	// Tests only; not from the environment.
+	memInfo                string
+	backoffMin, backoffMax time.Duration
+	afterPass              func(agent.Report)
+}
+
+// agentSettings are the environment variables `registryd agent` reads,
+// and all of them; the deploy files are checked against this list.
+var agentSettings = []string{"REGISTRY_SERVER", "REGISTRY_TOKEN", "REGISTRY_TOKEN_FILE", "REGISTRY_AGENT_IP",
+	"REGISTRY_AGENT_INTERVAL", "REGISTRY_AGENT_STATE", "REGISTRY_LOG_LEVEL", "REGISTRY_LOG_FORMAT", "PATH"}
+
+const (
+	minAgentInterval = time.Second
+	maxAgentInterval = time.Hour
+)
+
+func loadAgentConfig(getenv func(string) string) (agentConfig, error) {
+	c := agentConfig{
+		Interval:  10 * time.Second,
+		StatePath: or(getenv("REGISTRY_AGENT_STATE"), defaultAgentState),
+		Path:      getenv("PATH"),
+		TokenFile: getenv("REGISTRY_TOKEN_FILE"),
+	}
+	var errs []string
+	c.LogLevel, c.LogFormat = loadLogging(getenv, &errs)
+
+	switch raw := getenv("REGISTRY_SERVER"); {
+	case raw == "":
+		errs = append(errs, "REGISTRY_SERVER is not set: the registry's base URL, such as https://registry.example.com")
+	default:
+		u, err := parseServerURL(raw)
+		if err != nil {
+			errs = append(errs, fmt.Sprintf("REGISTRY_SERVER=%q: %v", raw, err))
+		}
+		c.Server = u
+	}
+
+	tok := getenv("REGISTRY_TOKEN")
+	switch {
+	case tok != "" && c.TokenFile != "":
+		errs = append(errs, "set REGISTRY_TOKEN or REGISTRY_TOKEN_FILE, not both")
+	case tok == "" && c.TokenFile == "":
+		errs = append(errs, "set REGISTRY_TOKEN or REGISTRY_TOKEN_FILE to an agent token (registryd token --sub NAME --role agent --ip ADDR)")
+	case tok != "":
+		c.Token = strings.TrimSpace(tok)
+		if c.Token == "" || strings.ContainsAny(c.Token, " \t\r\n") {
+			errs = append(errs, "REGISTRY_TOKEN must be the token alone")
+		}
+	default:
+		// Read once now, so a wrong path stops the start; the agent reads
+		// it again for every request (a rotated token needs no restart).
+		if _, err := client.TokenFile(c.TokenFile)(context.Background()); err != nil {
+			errs = append(errs, "REGISTRY_TOKEN_FILE: "+err.Error())
+		}
+	}
+
+	if v := getenv("REGISTRY_AGENT_IP"); v != "" {
+		ip, err := registry.CanonicalIP(v)
+		if err != nil {
+			errs = append(errs, fmt.Sprintf("REGISTRY_AGENT_IP=%q: %v", v, err))
+		} else if a := netip.MustParseAddr(ip); a.IsUnspecified() || a.IsMulticast() {
+			errs = append(errs, fmt.Sprintf("REGISTRY_AGENT_IP=%q: must be this host's address, not an unspecified or multicast one", v))
+		}
+		c.IP = ip
+	}
+	if v := getenv("REGISTRY_AGENT_INTERVAL"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < minAgentInterval || d > maxAgentInterval {
+			errs = append(errs, fmt.Sprintf("REGISTRY_AGENT_INTERVAL=%q: want a duration between %s and %s, such as 10s", v, minAgentInterval, maxAgentInterval))
+		}
+		c.Interval = d
+	}
+	if fi, err := os.Stat(c.StatePath); err == nil && fi.IsDir() {
+		errs = append(errs, fmt.Sprintf("REGISTRY_AGENT_STATE=%q is a directory; name a file in it, such as %s", c.StatePath, filepath.Join(c.StatePath, "state.json")))
+	}
+	if len(errs) > 0 {
+		return c, fmt.Errorf("configuration: %s", strings.Join(errs, "; "))
+	}
+	return c, nil
+}
+
+// parseServerURL reads REGISTRY_SERVER: an http or https URL of the
+// registry, possibly under a path prefix (a reverse proxy's), without
+// credentials, query or fragment.
+func parseServerURL(raw string) (*url.URL, error) {
+	u, err := url.Parse(raw)
+	switch {
+	case err != nil:
+		return nil, errors.New("not a URL")
+	case u.Scheme != "http" && u.Scheme != "https":
+		return nil, errors.New("want an http:// or https:// URL")
+	case u.Host == "" || u.Hostname() == "":
+		return nil, errors.New("names no host")
+	case u.User != nil:
+		return nil, errors.New("must not carry credentials; the token goes in REGISTRY_TOKEN or REGISTRY_TOKEN_FILE")
+	case u.RawQuery != "" || u.Fragment != "" || u.ForceQuery:
+		return nil, errors.New("must not have a query or fragment")
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return nil, errors.New("port must be between 1 and 65535")
+		}
+	}
+	u.Path = strings.TrimRight(u.Path, "/")
+	u.RawPath = ""
+	return u, nil
+}
+
+const agentUsage = `usage: registryd agent [--once]
+
+Runs on a GPU host: finds its GPUs (nvidia-smi on PATH; without it, or
+with no device, the host is CPU-only: one node), registers one node per
+GPU, heartbeats them every interval, updates a changed driver version,
+deletes the node of a GPU that is gone, registers again a node an admin
+deleted, and backs off while the registry is down. SIGTERM stops it
+(exit 0); its nodes stay registered and the next start takes them up.
+
+settings (environment variables):
+  REGISTRY_SERVER          the registry's base URL (required), e.g. https://registry.example.com
+  REGISTRY_TOKEN           an agent token: registryd token --sub NAME --role agent --ip ADDR
+  REGISTRY_TOKEN_FILE      or a file holding it, read for every request (not both)
+  REGISTRY_AGENT_IP        this host's address in the registry
+                           (default: the local address of the route to the server)
+  REGISTRY_AGENT_INTERVAL  time between passes, 1s..1h (default 10s)
+  REGISTRY_AGENT_STATE     the file that remembers the nodes' pks
+                           (default ` + defaultAgentState + `)
+  REGISTRY_LOG_LEVEL, REGISTRY_LOG_FORMAT   as for serve
+
+flags:
+  --once   run one pass, print the nodes and problems, and exit (status 1
+           if the pass failed or a node could not be registered or deleted)
+`
+
+// agentCmd is `registryd agent`.
+func agentCmd(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	if slices.ContainsFunc(args, func(a string) bool { return a == "-h" || a == "-help" || a == "--help" }) {
+		fmt.Fprint(stdout, agentUsage)
+		return nil
+	}
+	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	once := fs.Bool("once", false, "")
+	if err := fs.Parse(args); err != nil || fs.NArg() > 0 {
+		if err == nil {
+			err = fmt.Errorf("unexpected argument %q", fs.Arg(0))
+		}
+		fmt.Fprintf(stderr, "registryd agent: %v\n\n%s", err, agentUsage)
+		return errUsage
+	}
+	cfg, err := loadAgentConfig(getenv)
+	if err != nil {
+		return err
+	}
+	return runAgent(ctx, cfg, *once, stdout, stderr)
+}
+
+// runAgent runs the agent until ctx ends (a signal), which is a clean exit,
+// or for one pass with once.
+func runAgent(ctx context.Context, cfg agentConfig, once bool, stdout, stderr io.Writer) error {
+	logger := newLogger(config{LogLevel: cfg.LogLevel, LogFormat: cfg.LogFormat}, stderr)
+	// The state's folder is made now, owner-only, so a place the agent
+	// cannot write stops the start rather than every pass.
+	if err := os.MkdirAll(filepath.Dir(cfg.StatePath), 0o700); err != nil {
+		return fmt.Errorf("REGISTRY_AGENT_STATE: %w", err)
+	}
+	if cfg.Server.Scheme == "http" && !isLoopback(cfg.Server.Hostname()) {
+		logger.Warn("REGISTRY_SERVER is plain http to another host: the token crosses the network readable; use https", "server", cfg.Server.Redacted())
+	}
+	api, err := newAgentAPI(cfg, logger)
+	if err != nil {
+		return err
+	}
+	a, err := agent.New(agent.Config{
+		API:        api,
+		Server:     cfg.Server,
+		IP:         cfg.IP,
+		Interval:   cfg.Interval,
+		StatePath:  cfg.StatePath,
+		Path:       cfg.Path,
+		MemInfo:    cfg.memInfo,
+		BackoffMin: cfg.backoffMin,
+		BackoffMax: cfg.backoffMax,
+		Logger:     logger,
+		AfterPass:  cfg.afterPass,
+	})
+	if err != nil {
+		return err
+	}
+	if !once {
+		return a.Run(ctx)
+	}
+	rep := a.RunOnce(ctx)
+	for _, k := range slices.SortedFunc(maps.Keys(rep.Nodes), agent.CompareKeys) {
+		fmt.Fprintf(stdout, "node %d: %s index %d\n", rep.Nodes[k], k.IP, k.Index)
+	}
+	for _, k := range slices.Sorted(maps.Keys(problemsByName(rep.Problems))) {
+		fmt.Fprintf(stdout, "problem: %s\n", k)
+	}
+	switch {
+	case rep.Err != nil:
+		return fmt.Errorf("agent pass: %w", rep.Err)
+	case len(rep.Problems) > 0:
+		return fmt.Errorf("agent pass: %d node(s) could not be registered or deleted", len(rep.Problems))
+	}
+	return nil
+}
+
+func problemsByName(p map[agent.Key]string) map[string]bool {
+	out := map[string]bool{}
+	for _, v := range p {
+		out[v] = true
+	}
+	return out
+}
+
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	a, err := netip.ParseAddr(host)
+	return err == nil && a.IsLoopback()
+}

@@ -1,0 +1,168 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/registryd/registryd/client"
+	"github.com/registryd/registryd/internal/agent"
+	"github.com/registryd/registryd/internal/registry"
+)
+
+// agentRequestTimeout bounds one request of the agent: a server that
+// accepts a connection and never answers costs a pass no more.
+const agentRequestTimeout = 30 * time.Second
+
+// agentAPI is what the agent needs of the registry (agent.API), through
+// the project's Go client. It translates the client's problem errors into
+// the registry's sentinels, which the agent decides on.
+type agentAPI struct {
+	c *client.Client
+}
+
+// newAgentAPI is the client of REGISTRY_SERVER with the agent's token:
+// REGISTRY_TOKEN, or REGISTRY_TOKEN_FILE read for every request, so a
+// token rotated on disk is used from the next request on.
+func newAgentAPI(cfg agentConfig, logger *slog.Logger) (agent.API, error) {
+	tokens := client.WithToken(cfg.Token)
+	if cfg.TokenFile != "" {
+		tokens = client.WithTokenSource(client.TokenFile(cfg.TokenFile))
+	}
+	c, err := client.New(cfg.Server.String(), tokens,
+		client.WithUserAgent("registryd-agent"),
+		client.WithHTTPClient(&http.Client{Timeout: agentRequestTimeout}),
+		// One retry for a blip (a 503 with Retry-After, a reset
+		// connection); a longer outage is the agent's loop's to back off
+		// from, so that it can log it and keep its pace.
+		client.WithRetry(client.Retry{Attempts: 2}))
+	if err != nil {
+		return nil, fmt.Errorf("REGISTRY_SERVER: %w", err)
+	}
+	return agentAPI{c: c}, nil
+}
+
+// domainError maps the server's refusals to the registry's sentinels, as
+// agent.API documents; every other error (no answer, 401, 429, 5xx) stays
+// as it is, and means to the agent that the server cannot be used now.
+func domainError(err error) error {
+	var e *client.Error
+	if err == nil || !errors.As(err, &e) {
+		return err
+	}
+	kind, ok := map[int]error{
+		http.StatusBadRequest:         registry.ErrInvalid,
+		http.StatusForbidden:          registry.ErrForbidden,
+		http.StatusNotFound:           registry.ErrNotFound,
+		http.StatusConflict:           registry.ErrConflict,
+		http.StatusPreconditionFailed: registry.ErrPrecondition,
+	}[e.Status]
+	if !ok {
+		if e.Status == http.StatusUnauthorized {
+			return fmt.Errorf("the registry refused the token (expired, revoked, or not an agent token?): %w", err)
+		}
+		return err
+	}
+	re := &registry.Error{Kind: kind, Message: e.Error(), ExistingPK: e.ExistingPK}
+	for _, f := range e.Fields {
+		re.Fields = append(re.Fields, registry.FieldError{Field: f.Field, Message: f.Message})
+	}
+	return re
+}
+
+func nodeOf(n client.Node) registry.Node {
+	return registry.Node{
+		PK:                 n.PK,
+		IP:                 n.IP,
+		Index:              int(n.Index),
+		CPUMem:             n.CPUMem,
+		DriverVersion:      n.DriverVersion,
+		HardwareGeneration: n.HardwareGeneration,
+		GPUMem:             n.GPUMem,
+		LastSeen:           n.LastSeen,
+		CurrentJob:         n.CurrentJob,
+		Owner:              n.Owner,
+		Source:             string(n.Source),
+		Schedulable:        n.Schedulable,
+		ExternalID:         n.ExternalID,
+		ProviderState:      n.ProviderState,
+		CreatedAt:          n.CreatedAt,
+		UpdatedAt:          n.UpdatedAt,
+	}
+}
+
+func (a agentAPI) CreateNode(ctx context.Context, s registry.NodeSpec) (registry.Node, bool, error) {
+	n, adopted, err := a.c.CreateNode(ctx, client.NodeCreate{IP: s.IP, Index: int32(s.Index), CPUMem: s.CPUMem,
+		DriverVersion: s.DriverVersion, HardwareGeneration: s.HardwareGeneration, GPUMem: s.GPUMem})
+	if err != nil {
+		return registry.Node{}, false, domainError(err)
+	}
+	return nodeOf(n), adopted, nil
+}
+
+func (a agentAPI) GetNodeAs(ctx context.Context, pk int64) (registry.Node, error) {
+	n, err := a.c.GetNode(ctx, pk, client.AsNode(pk))
+	if err != nil {
+		return registry.Node{}, domainError(err)
+	}
+	return nodeOf(n), nil
+}
+
+func (a agentAPI) PatchNodeAs(ctx context.Context, pk int64, p registry.NodePatch) (registry.Node, error) {
+	var cp client.NodePatch
+	if p.IP.Set {
+		cp.IP = &p.IP.Value
+	}
+	if p.Index.Set {
+		cp.Index = client.Ptr(int32(p.Index.Value))
+	}
+	if p.CPUMem.Set {
+		cp.CPUMem = &p.CPUMem.Value
+	}
+	if p.DriverVersion.Set {
+		cp.DriverVersion = &p.DriverVersion.Value
+	}
+	cp.HardwareGeneration = nullable(p.HardwareGeneration)
+	cp.GPUMem = nullable(p.GPUMem)
+	n, err := a.c.PatchNode(ctx, pk, cp, client.AsNode(pk))
+	if err != nil {
+		return registry.Node{}, domainError(err)
+	}
+	return nodeOf(n), nil
+}
+
+func nullable(o registry.Optional[int64]) client.Nullable[int64] {
+	switch {
+	case !o.Set:
+		return client.Nullable[int64]{}
+	case o.Null:
+		return client.Null[int64]()
+	default:
+		return client.Value(o.Value)
+	}
+}
+
+func (a agentAPI) DeleteNodeAs(ctx context.Context, pk int64) error {
+	return domainError(a.c.DeleteNode(ctx, pk, client.AsNode(pk)))
+}
+
+func (a agentAPI) Ping(ctx context.Context, pk int64) error {
+	_, err := a.c.Ping(ctx, client.AsNode(pk))
+	return domainError(err)
+}
+
+func (a agentAPI) HardwareByName(ctx context.Context, name string) (int64, bool, error) {
+	hs, err := a.c.ListHardware(ctx, client.HardwareFilter{Name: &name})
+	if err != nil {
+		return 0, false, domainError(err)
+	}
+	for _, h := range hs {
+		if h.Name == name {
+			return h.PK, true, nil
+		}
+	}
+	return 0, false, nil
+}

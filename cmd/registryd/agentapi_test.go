@@ -1,0 +1,41 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/registryd/registryd/client"
+	"github.com/registryd/registryd/internal/registry"
+)
+
+// The client's problem errors become the registry's sentinels the agent
+// decides on; the rest stays as it was (the server cannot be used now).
+func TestAgentAPIErrors(t *testing.T) {
+	t.Parallel()
+	for status, want := range map[int]error{400: registry.ErrInvalid, 403: registry.ErrForbidden, 404: registry.ErrNotFound,
+		409: registry.ErrConflict, 412: registry.ErrPrecondition} {
+		err := domainError(fmt.Errorf("wrapped: %w", &client.Error{Status: status, ExistingPK: 7,
+			Fields: []client.FieldError{{Field: "gpu_mem", Message: "must not be negative"}}}))
+		var re *registry.Error
+		if !errors.Is(err, want) || !errors.As(err, &re) || re.ExistingPK != 7 || len(re.Fields) != 1 {
+			t.Errorf("%d: %#v", status, err)
+		}
+	}
+	for _, status := range []int{401, 429, 500, 503} {
+		err := domainError(&client.Error{Status: status})
+		for _, s := range []error{registry.ErrInvalid, registry.ErrForbidden, registry.ErrNotFound, registry.ErrConflict} {
+			if errors.Is(err, s) {
+				t.Errorf("%d maps to %v", status, s)
+			}
+		}
+		if status == 401 && !strings.Contains(err.Error(), "refused the token") {
+			t.Errorf("401: %v", err)
+		}
+	}
+	plain := errors.New("connection refused")
+	if domainError(plain) != plain || domainError(nil) != nil {
+		t.Error("a transport error or nil was changed")
+	}
+}
