@@ -263,8 +263,22 @@ func (a *Agent) RunOnce(ctx context.Context) (rep Report) {
 			return rep
 		}
 	}
+	// Nodes at another address (REGISTRY_AGENT_IP changed, or the route
+	// did) are retired only once every node at this address is
+	// registered: a mistyped address, or one the token is not bound to,
+	// must not cost the host the nodes it has.
+	settled := true
+	for k := range want {
+		if a.nodes[k] == nil || a.problems[k] != "" {
+			settled = false
+		}
+	}
 	for _, k := range slices.SortedFunc(maps.Keys(a.nodes), CompareKeys) {
 		if _, ok := want[k]; ok {
+			continue
+		}
+		if !settled && !sameIP(k, want) {
+			a.warnOnce(fmt.Sprintf("keeping the nodes at %s until this host's nodes at its new address are registered", k.IP))
 			continue
 		}
 		if err := a.retire(pctx, k); err != nil {
@@ -280,6 +294,14 @@ func (a *Agent) RunOnce(ctx context.Context) (rep Report) {
 	}
 	maps.Copy(rep.Problems, a.problems)
 	return rep
+}
+
+// sameIP reports whether k is at the address of the wanted nodes.
+func sameIP(k Key, want map[Key]desired) bool {
+	for w := range want {
+		return w.IP == k.IP
+	}
+	return false
 }
 
 // logOutcome logs a failed pass, or the first good one after failures. A

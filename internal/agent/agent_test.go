@@ -603,6 +603,44 @@ func TestAddressChange(t *testing.T) {
 	}
 }
 
+// A new address the server refuses (a mistyped REGISTRY_AGENT_IP, or one
+// the token is not bound to) does not cost the host its nodes: those at
+// the old address are retired only once the new ones are registered.
+func TestAddressChangeRefusedKeepsOldNodes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.smi.GPUs(h100a, h100b)
+	b.passOK(t)
+	b.api.mu.Lock()
+	b.api.refuseIP = map[string]bool{"10.0.0.99": true}
+	b.api.mu.Unlock()
+	b.cfg.IP = "10.0.0.99"
+	b.restart(t)
+	rep := b.pass(t)
+	if len(rep.Problems) != 2 {
+		t.Fatalf("problems %v, want the two refused registrations", rep.Problems)
+	}
+	for _, pk := range []int64{1, 2} {
+		if _, ok := b.api.get(pk); !ok {
+			t.Errorf("node %d at the old address was deleted although the new address was refused", pk)
+		}
+	}
+	// Once the address is accepted, the old nodes go.
+	b.api.mu.Lock()
+	b.api.refuseIP = nil
+	b.api.mu.Unlock()
+	b.pass(t)
+	rep, _ = b.passOK(t)
+	if len(rep.Nodes) != 2 {
+		t.Errorf("nodes %v", rep.Nodes)
+	}
+	for _, pk := range []int64{1, 2} {
+		if _, ok := b.api.get(pk); ok {
+			t.Errorf("node %d at the old address is left after the new ones registered", pk)
+		}
+	}
+}
+
 // Run ends with nil when its context does (SIGTERM), promptly, even in
 // the middle of a backoff.
 func TestRunStopsOnCancel(t *testing.T) {

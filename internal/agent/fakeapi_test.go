@@ -24,6 +24,7 @@ type fakeAPI struct {
 	nextPK   int64
 	hardware map[string]int64
 	down     bool
+	refuseIP map[string]bool // addresses the token is not bound to: creates there are 403
 	calls    []string
 }
 
@@ -143,6 +144,9 @@ func (f *fakeAPI) CreateNode(_ context.Context, spec registry.NodeSpec) (registr
 	}
 	if err := spec.Normalize(); err != nil {
 		return registry.Node{}, false, err
+	}
+	if f.refuseIP[spec.IP] {
+		return registry.Node{}, false, registry.Errorf(registry.ErrForbidden, "this token may not register nodes at %s", spec.IP)
 	}
 	if err := f.checkHardware(spec.HardwareGeneration); err != nil {
 		return registry.Node{}, false, err
