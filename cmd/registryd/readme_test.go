@@ -63,8 +63,7 @@ func parseMarkdown(text string) ([]mdBlock, error) {
 	var blocks []mdBlock
 	for i := 0; i < len(lines); i++ {
 		line := lines[i]
-		if anyMarkRE.MatchString(line) && !skipMarkRE.MatchString(line) && !schemaMarkRE.MatchString(line) &&
-			!strings.HasPrefix(strings.TrimSpace(line), "//") {
+		if strings.HasPrefix(line, "<!--") && anyMarkRE.MatchString(line) && !skipMarkRE.MatchString(line) && !schemaMarkRE.MatchString(line) {
 			return nil, fmt.Errorf("README.md:%d: a readme-check mark must be <!-- readme-check: skip, REASON --> or <!-- readme-check: schema NAME -->: %q", i+1, line)
 		}
 		if skipMarkRE.MatchString(line) || schemaMarkRE.MatchString(line) {
@@ -241,6 +240,12 @@ func TestREADMELintCatches(t *testing.T) {
 	}
 	if _, err := parseMarkdown("<!-- readme-check: skip, why -->\n\n```sh\nls\n```\n"); err == nil {
 		t.Error("a skip mark away from its block was accepted")
+	}
+	if _, err := parseMarkdown("<!-- readme-check: skipped, why -->\n```sh\nls\n```\n"); err == nil {
+		t.Error("a misspelt mark was accepted")
+	}
+	if _, err := parseMarkdown("Mark it `<!-- readme-check: skip, REASON -->` in prose.\n"); err != nil {
+		t.Errorf("prose about the mark: %v", err)
 	}
 }
 
