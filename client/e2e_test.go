@@ -413,6 +413,17 @@ func TestAdminFlow(t *testing.T) {
 	if a := entries[1].After; a == nil || (*a)["driver_version"] != "560" || entries[0].Before != nil || entries[3].After != nil {
 		t.Errorf("documents: %+v", entries)
 	}
+	// Filtered by action and role: the one forced delete, by an admin.
+	dels, err := admin.ListAudit(ctx, client.AuditFilter{Action: client.Ptr(client.ActionNodeDelete), Role: client.Ptr(client.RoleAdmin),
+		TargetPK: &n.PK})
+	if err != nil || len(dels) != 1 || dels[0].Action != "node.delete" || dels[0].Role != "admin" {
+		t.Errorf("audit by action and role: %+v, %v", dels, err)
+	}
+	var ce *client.Error
+	if _, err := admin.ListAudit(ctx, client.AuditFilter{Role: client.Ptr(client.AuditRole("root"))}); !errors.As(err, &ce) ||
+		ce.Status != http.StatusBadRequest || len(ce.Fields) != 1 || ce.Fields[0].Field != "role" {
+		t.Errorf("audit by an unknown role: %v", err)
+	}
 
 	// Revoking an agent's tokens stops it (every replica within seconds).
 	agent := s.client(s.token("agent-leaked", registry.RoleAgent))

@@ -54,6 +54,10 @@ type (
 	AuditFilter = oapi.AuditFilter
 	// AuditTargetType is the kind of row an audit entry is about.
 	AuditTargetType = oapi.AuditFilterTargetType
+	// AuditAction is what an audit entry records was done (AuditFilter.Action).
+	AuditAction = oapi.AuditFilterAction
+	// AuditRole is the role an audit entry was written with (AuditFilter.Role).
+	AuditRole = oapi.AuditFilterRole
 	// AuditEntry is one write, as the audit log recorded it.
 	AuditEntry = oapi.AuditEntry
 	// RevokeRequest names what to revoke: Sub or JTI.
@@ -86,6 +90,23 @@ const (
 	AuditNode     = oapi.AuditFilterTargetTypeNode
 	AuditHardware = oapi.AuditFilterTargetTypeHardware
 	AuditToken    = oapi.AuditFilterTargetTypeToken
+
+	ActionNodeCreate     = oapi.AuditFilterActionNodeCreate
+	ActionNodeAdopt      = oapi.AuditFilterActionNodeAdopt
+	ActionNodeUpdate     = oapi.AuditFilterActionNodeUpdate
+	ActionNodeDelete     = oapi.AuditFilterActionNodeDelete
+	ActionNodeClaim      = oapi.AuditFilterActionNodeClaim
+	ActionNodeRelease    = oapi.AuditFilterActionNodeRelease
+	ActionHardwareCreate = oapi.AuditFilterActionHardwareCreate
+	ActionHardwareUpdate = oapi.AuditFilterActionHardwareUpdate
+	ActionHardwareDelete = oapi.AuditFilterActionHardwareDelete
+	ActionTokenRevoke    = oapi.AuditFilterActionTokenRevoke
+
+	RoleAdmin     = oapi.AuditFilterRoleAdmin
+	RoleScheduler = oapi.AuditFilterRoleScheduler
+	RoleAgent     = oapi.AuditFilterRoleAgent
+	RoleReader    = oapi.AuditFilterRoleReader
+	RoleSystem    = oapi.AuditFilterRoleSystem
 )
 
 // Ptr returns a pointer to v, for the optional members of filters and

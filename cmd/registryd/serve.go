@@ -418,7 +418,7 @@ func printAdminToken(stdout io.Writer, cfg config, secret []byte, addr string) e
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "admin token (%s; more with `registryd token --sub NAME --role ROLE`):\n  export REGISTRY_TOKEN=%s\n  curl -s -X POST -H \"Authorization: Bearer $REGISTRY_TOKEN\" %s/v1/nodes/list\n", auth.FormatDuration(ttl), tok, addr)
+	fmt.Fprintf(stdout, "admin token (%s; more with `registryd token --sub NAME --role ROLE`):\n  export REGISTRY_TOKEN=%s\n  curl -sS --fail-with-body -X POST -H \"Authorization: Bearer $REGISTRY_TOKEN\" %s/v1/nodes/list\n", auth.FormatDuration(ttl), tok, addr)
 	return nil
 }
 

@@ -34,7 +34,8 @@ func rawOrNull(b []byte) json.RawMessage {
 }
 
 // listAudit answers audit entries oldest first, a page at a time:
-// {"target_type":"node","target_pk":7,"principal":"agent-1","since":"…","after":<id>,"limit":100}.
+// {"target_type":"node","target_pk":7,"principal":"agent-1","action":"node.delete","role":"admin",
+// "since":"…","after":<id>,"limit":100}.
 func (s *Server) listAudit(w http.ResponseWriter, r *http.Request) error {
 	obj, err := decodeObject(w, r, true)
 	if err != nil {
@@ -48,6 +49,12 @@ func (s *Server) listAudit(w http.ResponseWriter, r *http.Request) error {
 	af.TargetPK = optPtr(f.int64("target_pk", false))
 	if o := f.string("principal", false); o.Set {
 		af.Principal = &o.Value
+	}
+	if o := f.string("action", false); o.Set {
+		af.Action = &o.Value
+	}
+	if o := f.string("role", false); o.Set {
+		af.Role = &o.Value
 	}
 	if o := f.time("since"); o.Set && !o.Null {
 		af.Since = &o.Value

@@ -461,7 +461,23 @@ func TestAuditLog(t *testing.T) {
 	if len(page) != 0 {
 		t.Errorf("since the future: %d entries", len(page))
 	}
-	for _, bad := range []string{`{"target_type":"job"}`, `{"limit":0}`, `{"since":"yesterday"}`, `{"who":"x"}`} {
+	b.must(http.StatusOK, b.do("POST", "/v1/audit/list", map[string]any{"role": "agent"})).json(t, &page)
+	if len(page) != 2 || page[0]["role"] != "agent" || page[1]["role"] != "agent" {
+		t.Errorf("by role: %v", page)
+	}
+	b.must(http.StatusOK, b.do("POST", "/v1/audit/list", map[string]any{"action": "node.delete"})).json(t, &page)
+	if len(page) != 1 || page[0]["id"] != entries[3]["id"] {
+		t.Errorf("by action: %v", page)
+	}
+	b.must(http.StatusOK, b.do("POST", "/v1/audit/list", map[string]any{"action": "node.create", "role": "admin"})).json(t, &page)
+	if len(page) != 0 {
+		t.Errorf("by action and role: %v", page)
+	}
+	b.must(http.StatusOK, b.do("POST", "/v1/audit/list", map[string]any{"action": "hardware.delete", "role": "admin", "principal": "root"})).json(t, &page)
+	if len(page) != 1 || page[0]["id"] != entries[4]["id"] {
+		t.Errorf("by action, role and principal: %v", page)
+	}
+	for _, bad := range []string{`{"target_type":"job"}`, `{"limit":0}`, `{"since":"yesterday"}`, `{"who":"x"}`, `{"action":"node.nuke"}`, `{"role":"root"}`} {
 		b.must(http.StatusBadRequest, b.do("POST", "/v1/audit/list", bad))
 	}
 	// The log is append-only, even for SQL that tries.

@@ -95,10 +95,16 @@ func TestFiltersValidatedAlike(t *testing.T) {
 		{`{"principal": "a\u0000b"}`, "principal"},
 		{`{"after": -1}`, "after"},
 		{`{"limit": 0}`, "limit"},
+		{`{"action": "node.explode"}`, "action"},
+		{`{"action": ["node.create"]}`, "action"},
+		{`{"action": null}`, "action"},
+		{`{"role": "root"}`, "role"},
+		{`{"role": 1}`, "role"},
 	} {
 		refused(t, "audit "+tc.body, b.do("POST", "/v1/audit/list", tc.body), tc.field)
 	}
 	refused(t, "audit", b.do("POST", "/v1/audit/list", `{"bogus": 1, "target_pk": 0}`), "target_pk", "bogus")
+	refused(t, "audit", b.do("POST", "/v1/audit/list", `{"action": "node.nuke", "role": "god"}`), "action", "role")
 }
 
 // The watch filters select events exactly as list selects nodes.

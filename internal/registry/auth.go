@@ -126,6 +126,8 @@ type AuditFilter struct {
 	TargetType *string
 	TargetPK   *int64
 	Principal  *string
+	Action     *string // one of AuditActions
+	Role       *string // one of AuditRoles: the writer's role when it wrote
 	Since      *time.Time
 	After      int64
 	Limit      int // 1..MaxListLimit; 0 means MaxListLimit
@@ -133,6 +135,30 @@ type AuditFilter struct {
 
 // AuditTargetTypes are the kinds of rows the audit log records writes of.
 var AuditTargetTypes = []string{"node", "hardware", "token"}
+
+// The actions the audit log records; the store writes only these.
+const (
+	ActionNodeCreate     = "node.create"
+	ActionNodeAdopt      = "node.adopt"
+	ActionNodeUpdate     = "node.update"
+	ActionNodeDelete     = "node.delete"
+	ActionNodeClaim      = "node.claim"
+	ActionNodeRelease    = "node.release"
+	ActionHardwareCreate = "hardware.create"
+	ActionHardwareUpdate = "hardware.update"
+	ActionHardwareDelete = "hardware.delete"
+	ActionTokenRevoke    = "token.revoke"
+)
+
+// AuditActions lists every action an audit entry can record.
+var AuditActions = []string{
+	ActionNodeCreate, ActionNodeAdopt, ActionNodeUpdate, ActionNodeDelete, ActionNodeClaim, ActionNodeRelease,
+	ActionHardwareCreate, ActionHardwareUpdate, ActionHardwareDelete, ActionTokenRevoke,
+}
+
+// AuditRoles lists every role an audit entry can carry: a token's role, or
+// RoleSystem for the sync worker and the command line.
+var AuditRoles = []string{string(RoleAdmin), string(RoleScheduler), string(RoleAgent), string(RoleReader), string(RoleSystem)}
 
 // Normalize validates the filter.
 func (f *AuditFilter) Normalize() error {
@@ -147,6 +173,12 @@ func (f *AuditFilter) Normalize() error {
 		if msg := CheckLabel(*f.Principal, MaxPrincipalLen); msg != "" {
 			fe.Add("principal", "%s", msg)
 		}
+	}
+	if f.Action != nil && !slices.Contains(AuditActions, *f.Action) {
+		fe.Add("action", "must be one of %s", strings.Join(AuditActions, ", "))
+	}
+	if f.Role != nil && !slices.Contains(AuditRoles, *f.Role) {
+		fe.Add("role", "must be one of %s", strings.Join(AuditRoles, ", "))
 	}
 	if f.After < 0 {
 		fe.Add("after", "must not be negative")

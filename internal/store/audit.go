@@ -80,6 +80,25 @@ func (s *Store) ListAudit(ctx context.Context, f registry.AuditFilter) ([]regist
 	if err := f.Normalize(); err != nil {
 		return nil, err
 	}
+	sql, args := auditQuery(f)
+	rows, _ := s.db.Query(ctx, sql, args...)
+	entries, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (registry.AuditEntry, error) {
+		var e registry.AuditEntry
+		err := row.Scan(&e.ID, &e.At, &e.Principal, &e.Role, &e.ActingNode, &e.Action, &e.TargetType, &e.TargetPK,
+			&e.Before, &e.After, &e.RequestID, &e.ClientRequestID)
+		return e, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: list audit: %w", translate(err))
+	}
+	return entries, nil
+}
+
+// auditQuery is the statement of ListAudit for a normalized filter.
+// principal, action and role each have an index (column, id), and the
+// target one (target_type, target_pk, id), so a page filtered by one of
+// them is a walk in id order over the matching entries only.
+func auditQuery(f registry.AuditFilter) (string, []any) {
 	var where []string
 	var args []any
 	arg := func(v any) string {
@@ -96,6 +115,12 @@ func (s *Store) ListAudit(ctx context.Context, f registry.AuditFilter) ([]regist
 	if f.Principal != nil {
 		where = append(where, "principal = "+arg(*f.Principal))
 	}
+	if f.Action != nil {
+		where = append(where, "action = "+arg(*f.Action))
+	}
+	if f.Role != nil {
+		where = append(where, "role = "+arg(*f.Role))
+	}
 	if f.Since != nil {
 		where = append(where, "at >= "+arg(*f.Since))
 	}
@@ -103,18 +128,8 @@ func (s *Store) ListAudit(ctx context.Context, f registry.AuditFilter) ([]regist
 	if limit <= 0 || limit > registry.MaxListLimit {
 		limit = registry.MaxListLimit
 	}
-	rows, _ := s.db.Query(ctx, `
+	return `
 		SELECT id, at, principal, role, acting_node, action, target_type, target_pk,
 			before, after, coalesce(request_id, ''), coalesce(client_request_id, '')
-		FROM audit_log WHERE `+strings.Join(where, " AND ")+` ORDER BY id LIMIT `+arg(limit), args...)
-	entries, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (registry.AuditEntry, error) {
-		var e registry.AuditEntry
-		err := row.Scan(&e.ID, &e.At, &e.Principal, &e.Role, &e.ActingNode, &e.Action, &e.TargetType, &e.TargetPK,
-			&e.Before, &e.After, &e.RequestID, &e.ClientRequestID)
-		return e, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("store: list audit: %w", translate(err))
-	}
-	return entries, nil
+		FROM audit_log WHERE ` + strings.Join(where, " AND ") + ` ORDER BY id LIMIT ` + arg(limit), args
 }

@@ -3,3 +3,6 @@ package store
 // Translate exposes translate to the external tests, which cannot live in
 // package store (they import pgtest, which imports store).
 var Translate = translate
+
+// AuditQuery exposes the statement ListAudit runs, for plans.
+var AuditQuery = auditQuery

@@ -34,7 +34,7 @@ func (s *Store) CreateHardware(ctx context.Context, actor registry.Actor, spec r
 		if h, err = pgx.CollectExactlyOneRow(rows, scanHardware); err != nil {
 			return err
 		}
-		return tx.audit(ctx, actor, "hardware.create", "hardware", h.PK, nil, docOfHardware(h))
+		return tx.audit(ctx, actor, registry.ActionHardwareCreate, "hardware", h.PK, nil, docOfHardware(h))
 	})
 	if err != nil {
 		return registry.Hardware{}, fmt.Errorf("store: create hardware: %w", s.hardwareWriteError(ctx, err, spec))
@@ -113,7 +113,7 @@ func (s *Store) UpdateHardware(ctx context.Context, actor registry.Actor, pk int
 		if out, err = pgx.CollectExactlyOneRow(rows, scanHardware); err != nil {
 			return err
 		}
-		return tx.audit(ctx, actor, "hardware.update", "hardware", pk, docOfHardware(cur), docOfHardware(out))
+		return tx.audit(ctx, actor, registry.ActionHardwareUpdate, "hardware", pk, docOfHardware(cur), docOfHardware(out))
 	})
 	if err != nil {
 		if _, ok := errors.AsType[*registry.Error](err); ok {
@@ -150,7 +150,7 @@ func (s *Store) DeleteHardware(ctx context.Context, actor registry.Actor, pk int
 			return fmt.Errorf("store: delete hardware %d: %w", pk, translate(err))
 		}
 		out = cur
-		return tx.audit(ctx, actor, "hardware.delete", "hardware", pk, docOfHardware(cur), nil)
+		return tx.audit(ctx, actor, registry.ActionHardwareDelete, "hardware", pk, docOfHardware(cur), nil)
 	})
 	return out, err
 }

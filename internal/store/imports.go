@@ -275,7 +275,7 @@ func (s *Store) ensureHardware(ctx context.Context, actor registry.Actor, nodes 
 	}
 	for _, h := range created {
 		res.HardwareAdded = append(res.HardwareAdded, h.Name)
-		if err := s.audit(ctx, actor, "hardware.create", "hardware", h.PK, nil, docOfHardware(h)); err != nil {
+		if err := s.audit(ctx, actor, registry.ActionHardwareCreate, "hardware", h.PK, nil, docOfHardware(h)); err != nil {
 			return nil, err
 		}
 	}
@@ -338,7 +338,7 @@ func (s *Store) importInsert(ctx context.Context, actor registry.Actor, source s
 	if err := s.recordChanges(ctx, "created", added...); err != nil {
 		return err
 	}
-	return s.auditEach(ctx, actor, "node.create", added, nil)
+	return s.auditEach(ctx, actor, registry.ActionNodeCreate, added, nil)
 }
 
 func (s *Store) importUpdate(ctx context.Context, actor registry.Actor, source string, ups []importUpdate, before map[int64]registry.Node, res *registry.ImportResult) error {
@@ -371,7 +371,7 @@ func (s *Store) importUpdate(ctx context.Context, actor registry.Actor, source s
 	if err := s.recordChanges(ctx, "updated", updated...); err != nil {
 		return err
 	}
-	return s.auditEach(ctx, actor, "node.update", updated, before)
+	return s.auditEach(ctx, actor, registry.ActionNodeUpdate, updated, before)
 }
 
 // importGone marks busy nodes whose host vanished: kept for their job, never
@@ -390,7 +390,7 @@ func (s *Store) importGone(ctx context.Context, actor registry.Actor, pks []int6
 	if err := s.recordChanges(ctx, "updated", marked...); err != nil {
 		return err
 	}
-	return s.auditEach(ctx, actor, "node.update", marked, before)
+	return s.auditEach(ctx, actor, registry.ActionNodeUpdate, marked, before)
 }
 
 func (s *Store) importRemove(ctx context.Context, actor registry.Actor, pks []int64, before map[int64]registry.Node, res *registry.ImportResult) error {

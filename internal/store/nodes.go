@@ -115,7 +115,7 @@ func (s *Store) CreateNode(ctx context.Context, actor registry.Actor, spec regis
 		if err := tx.recordChanges(ctx, "created", n); err != nil {
 			return err
 		}
-		return tx.audit(ctx, actor, "node.create", "node", n.PK, nil, docOfNode(n))
+		return tx.audit(ctx, actor, registry.ActionNodeCreate, "node", n.PK, nil, docOfNode(n))
 	})
 	if err != nil {
 		return registry.Node{}, false, fmt.Errorf("store: create node: %w", s.nodeWriteError(ctx, err, spec))
@@ -165,7 +165,7 @@ func (s *Store) adopt(ctx context.Context, actor registry.Actor, cur registry.No
 	if err := s.recordChanges(ctx, "updated", n); err != nil {
 		return err
 	}
-	return s.audit(ctx, actor, "node.adopt", "node", n.PK, docOfNode(cur), docOfNode(n))
+	return s.audit(ctx, actor, registry.ActionNodeAdopt, "node", n.PK, docOfNode(cur), docOfNode(n))
 }
 
 // nodeWriteError explains a failed insert or update of spec: a taken
@@ -258,7 +258,7 @@ func (s *Store) UpdateNode(ctx context.Context, actor registry.Actor, pk int64, 
 		if err := tx.recordChanges(ctx, "updated", out); err != nil {
 			return err
 		}
-		return tx.audit(ctx, actor, "node.update", "node", pk, docOfNode(cur), docOfNode(out))
+		return tx.audit(ctx, actor, registry.ActionNodeUpdate, "node", pk, docOfNode(cur), docOfNode(out))
 	})
 	if err != nil {
 		if _, ok := errors.AsType[*registry.Error](err); ok {
@@ -311,7 +311,7 @@ func (s *Store) DeleteNode(ctx context.Context, actor registry.Actor, pk int64, 
 		if err := tx.recordChanges(ctx, "deleted", cur); err != nil {
 			return err
 		}
-		return tx.audit(ctx, actor, "node.delete", "node", pk, docOfNode(cur), nil)
+		return tx.audit(ctx, actor, registry.ActionNodeDelete, "node", pk, docOfNode(cur), nil)
 	})
 	return out, err
 }
@@ -433,7 +433,7 @@ func (s *Store) ClaimNodes(ctx context.Context, actor registry.Actor, c registry
 		if err := tx.recordChanges(ctx, "claimed", out...); err != nil {
 			return err
 		}
-		return tx.auditNodes(ctx, actor, "node.claim", out, func(n registry.Node) any {
+		return tx.auditNodes(ctx, actor, registry.ActionNodeClaim, out, func(n registry.Node) any {
 			n.CurrentJob = nil
 			return docOfNode(n)
 		})
@@ -551,7 +551,7 @@ func (s *Store) ReleaseNodes(ctx context.Context, actor registry.Actor, r regist
 			return err
 		}
 		job := r.Job
-		return tx.auditNodes(ctx, actor, "node.release", released, func(n registry.Node) any {
+		return tx.auditNodes(ctx, actor, registry.ActionNodeRelease, released, func(n registry.Node) any {
 			n.CurrentJob = &job
 			return docOfNode(n)
 		})

@@ -96,7 +96,7 @@ func (s *Store) RevokeTokens(ctx context.Context, a registry.Actor, r registry.R
 		if _, err := tx.db.Exec(ctx, `SELECT pg_notify($1, '')`, RevocationsChannel); err != nil {
 			return err
 		}
-		return tx.audit(ctx, a, "token.revoke", "token", out.ID, before, docOfRevocation(out))
+		return tx.audit(ctx, a, registry.ActionTokenRevoke, "token", out.ID, before, docOfRevocation(out))
 	})
 	if err != nil {
 		return registry.Revocation{}, fmt.Errorf("store: revoke tokens: %w", translate(err))

@@ -19,6 +19,75 @@ import (
 	"github.com/oapi-codegen/runtime"
 )
 
+// Defines values for AuditFilterAction.
+const (
+	AuditFilterActionHardwareCreate AuditFilterAction = "hardware.create"
+	AuditFilterActionHardwareDelete AuditFilterAction = "hardware.delete"
+	AuditFilterActionHardwareUpdate AuditFilterAction = "hardware.update"
+	AuditFilterActionNodeAdopt      AuditFilterAction = "node.adopt"
+	AuditFilterActionNodeClaim      AuditFilterAction = "node.claim"
+	AuditFilterActionNodeCreate     AuditFilterAction = "node.create"
+	AuditFilterActionNodeDelete     AuditFilterAction = "node.delete"
+	AuditFilterActionNodeRelease    AuditFilterAction = "node.release"
+	AuditFilterActionNodeUpdate     AuditFilterAction = "node.update"
+	AuditFilterActionTokenRevoke    AuditFilterAction = "token.revoke"
+)
+
+// Valid indicates whether the value is a known member of the AuditFilterAction enum.
+func (e AuditFilterAction) Valid() bool {
+	switch e {
+	case AuditFilterActionHardwareCreate:
+		return true
+	case AuditFilterActionHardwareDelete:
+		return true
+	case AuditFilterActionHardwareUpdate:
+		return true
+	case AuditFilterActionNodeAdopt:
+		return true
+	case AuditFilterActionNodeClaim:
+		return true
+	case AuditFilterActionNodeCreate:
+		return true
+	case AuditFilterActionNodeDelete:
+		return true
+	case AuditFilterActionNodeRelease:
+		return true
+	case AuditFilterActionNodeUpdate:
+		return true
+	case AuditFilterActionTokenRevoke:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for AuditFilterRole.
+const (
+	AuditFilterRoleAdmin     AuditFilterRole = "admin"
+	AuditFilterRoleAgent     AuditFilterRole = "agent"
+	AuditFilterRoleReader    AuditFilterRole = "reader"
+	AuditFilterRoleScheduler AuditFilterRole = "scheduler"
+	AuditFilterRoleSystem    AuditFilterRole = "system"
+)
+
+// Valid indicates whether the value is a known member of the AuditFilterRole enum.
+func (e AuditFilterRole) Valid() bool {
+	switch e {
+	case AuditFilterRoleAdmin:
+		return true
+	case AuditFilterRoleAgent:
+		return true
+	case AuditFilterRoleReader:
+		return true
+	case AuditFilterRoleScheduler:
+		return true
+	case AuditFilterRoleSystem:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for AuditFilterTargetType.
 const (
 	AuditFilterTargetTypeHardware AuditFilterTargetType = "hardware"
@@ -211,6 +280,9 @@ type AuditEntry struct {
 
 // AuditFilter Filters for listing the audit log; every member is optional. The filters are ANDed.
 type AuditFilter struct {
+	// Action Only entries of this action (see `AuditEntry.action`). One value, like every other filter: send one request per action. Any other value is a 400 naming `action`.
+	Action *AuditFilterAction `json:"action,omitempty"`
+
 	// After Only entries whose `id` is greater than this; for keyset paging.
 	After *int64 `json:"after,omitempty"`
 
@@ -219,6 +291,9 @@ type AuditFilter struct {
 
 	// Principal Only entries written by this principal (token `sub`): at most 200 characters, no control characters.
 	Principal *string `json:"principal,omitempty"`
+
+	// Role Only entries written with this role: the writer's role when it wrote (a token's role, or `system` for the sync worker and `registryd token revoke`). Any other value is a 400 naming `role`.
+	Role *AuditFilterRole `json:"role,omitempty"`
 
 	// Since Only entries written at or after this time (RFC 3339); null is the same as leaving it out.
 	Since *time.Time `json:"since,omitempty"`
@@ -229,6 +304,12 @@ type AuditFilter struct {
 	// TargetType Only entries about this kind of row.
 	TargetType *AuditFilterTargetType `json:"target_type,omitempty"`
 }
+
+// AuditFilterAction Only entries of this action (see `AuditEntry.action`). One value, like every other filter: send one request per action. Any other value is a 400 naming `action`.
+type AuditFilterAction string
+
+// AuditFilterRole Only entries written with this role: the writer's role when it wrote (a token's role, or `system` for the sync worker and `registryd token revoke`). Any other value is a 400 naming `role`.
+type AuditFilterRole string
 
 // AuditFilterTargetType Only entries about this kind of row.
 type AuditFilterTargetType string
