@@ -230,6 +230,10 @@ func (c *embeddedClaim) release(ctx context.Context) {
 		return
 	}
 	_ = syscall.Flock(int(c.users.Fd()), syscall.LOCK_UN)
+	if syscall.Flock(int(c.users.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
+		c.logger.Info("waiting for other registryd commands using the embedded PostgreSQL to finish before stopping it",
+			"data_dir", c.dir, "at_most", c.wait.String())
+	}
 	if err := flockWait(ctx, c.users, syscall.LOCK_EX, time.Now().Add(c.wait)); err != nil {
 		c.logger.Warn("other registryd commands still use the embedded PostgreSQL; stopping it anyway", "data_dir", c.dir, "err", err)
 	}

@@ -255,10 +255,22 @@ func TestServeWaitsForOneShotCommand(t *testing.T) {
 	}()
 	g.waitArrived(t, "sync --once")
 
-	serveEnv := map[string]string{"REGISTRY_LISTEN": "127.0.0.1:0"}
+	serveEnv := map[string]string{"REGISTRY_LISTEN": "127.0.0.1:0", "REGISTRY_EMBEDDED_WAIT": "1s"}
 	for k, v := range env {
 		serveEnv[k] = v
 	}
+	// The wait is bounded: after REGISTRY_EMBEDDED_WAIT serve gives up,
+	// naming what it waited for.
+	impatient := startProcess(t, serveEnv, "serve")
+	select {
+	case <-impatient.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve with REGISTRY_EMBEDDED_WAIT=1s still waiting after 30s")
+	}
+	if msg := impatient.stderr.String(); impatient.err == nil || !strings.Contains(msg, "waited 1s (REGISTRY_EMBEDDED_WAIT) for `registryd sync --once`") {
+		t.Errorf("impatient serve: %v\n%s", impatient.err, msg)
+	}
+	serveEnv["REGISTRY_EMBEDDED_WAIT"] = "1m"
 	srv := startProcess(t, serveEnv, "serve")
 	deadline := time.Now().Add(30 * time.Second)
 	for !strings.Contains(srv.stderr.String(), "waiting for another registryd command to finish") {
@@ -464,5 +476,64 @@ func TestTokenFindsServesFallback(t *testing.T) {
 	got, err := existingTokenSecret(cfg, logger)
 	if err != nil || string(got) != string(made) {
 		t.Errorf("token's secret %q %v, want serve's", got, err)
+	}
+}
+
+// A registryd killed outright leaves no claim: the kernel drops its locks,
+// its PostgreSQL shuts down with it, and the next command starts afresh.
+func TestKilledServeLeavesNoClaim(t *testing.T) {
+	t.Parallel()
+	data := filepath.Join(pgtest.TempDir(t), "data")
+	env := map[string]string{"REGISTRY_DATA_DIR": data, "REGISTRY_LISTEN": "127.0.0.1:0"}
+	srv := startProcess(t, env, "serve")
+	srv.serving(t)
+	srv.cmd.Process.Kill()
+	<-srv.done
+	out, stderr, err := runCmd(t, env, "migrate", "status")
+	if err != nil || !strings.Contains(out, "applied") {
+		t.Fatalf("migrate status after serve was killed: %v\n%s\n%s", err, out, stderr)
+	}
+	again := startProcess(t, env, "serve")
+	again.serving(t)
+}
+
+// A PostgreSQL on the data folder that no running registryd started (by
+// hand, say) is neither used, nor stopped, nor advised to be stopped.
+func TestForeignPostgresRefused(t *testing.T) {
+	t.Parallel()
+	data := filepath.Join(pgtest.TempDir(t), "data")
+	mkdir(t, data, 0o711)
+	c, err := pglocal.Start(context.Background(), pglocal.Options{DataDir: filepath.Join(data, "postgres"), Ephemeral: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Stop(context.Background()) })
+	pid, _ := pglocal.Running(filepath.Join(data, "postgres"))
+	_, _, err = runCmd(t, map[string]string{"REGISTRY_DATA_DIR": data, "REGISTRY_EMBEDDED_WAIT": "1s"}, "migrate", "status")
+	if err == nil || !strings.Contains(err.Error(), "no running registryd started") || !strings.Contains(err.Error(), "pid "+strconv.Itoa(pid)) {
+		t.Fatalf("migrate status beside a foreign PostgreSQL: %v", err)
+	}
+	if strings.Contains(err.Error(), "pg_ctl") || strings.Contains(err.Error(), "stop it") {
+		t.Errorf("the error advises stopping it: %v", err)
+	}
+	if now, ok := pglocal.Running(filepath.Join(data, "postgres")); !ok || now != pid {
+		t.Errorf("the foreign PostgreSQL was touched: %d %v", now, ok)
+	}
+}
+
+func TestEmbeddedWaitConfig(t *testing.T) {
+	t.Parallel()
+	for _, v := range []string{"soon", "0", "500ms", "2h"} {
+		_, err := loadConfig(envFunc(map[string]string{"REGISTRY_EMBEDDED_WAIT": v}))
+		if err == nil || !strings.Contains(err.Error(), "REGISTRY_EMBEDDED_WAIT") {
+			t.Errorf("%q: %v, want an error naming REGISTRY_EMBEDDED_WAIT", v, err)
+		}
+	}
+	cfg, err := loadConfig(envFunc(map[string]string{"REGISTRY_EMBEDDED_WAIT": "5s"}))
+	if err != nil || cfg.EmbeddedWait != 5*time.Second {
+		t.Errorf("5s: %v %v", cfg.EmbeddedWait, err)
+	}
+	if cfg, _ := loadConfig(envFunc(map[string]string{})); cfg.EmbeddedWait != time.Minute {
+		t.Errorf("default %v, want 1m", cfg.EmbeddedWait)
 	}
 }
