@@ -234,7 +234,8 @@ func (c *embeddedClaim) release(ctx context.Context) {
 		c.logger.Info("waiting for other registryd commands using the embedded PostgreSQL to finish before stopping it",
 			"data_dir", c.dir, "at_most", c.wait.String())
 	}
-	if err := flockWait(ctx, c.users, syscall.LOCK_EX, time.Now().Add(c.wait)); err != nil {
+	// Even when stopping on a signal (ctx is cancelled then): bounded.
+	if err := flockWait(context.WithoutCancel(ctx), c.users, syscall.LOCK_EX, time.Now().Add(c.wait)); err != nil {
 		c.logger.Warn("other registryd commands still use the embedded PostgreSQL; stopping it anyway", "data_dir", c.dir, "err", err)
 	}
 	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)

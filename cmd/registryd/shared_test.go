@@ -537,3 +537,46 @@ func TestEmbeddedWaitConfig(t *testing.T) {
 		t.Errorf("default %v, want 1m", cfg.EmbeddedWait)
 	}
 }
+
+// serve stopping (SIGTERM) while another command uses its PostgreSQL
+// waits for that command before stopping the database.
+func TestServeStopWaitsForCommands(t *testing.T) {
+	t.Parallel()
+	data := filepath.Join(pgtest.TempDir(t), "data")
+	env := map[string]string{"REGISTRY_DATA_DIR": data, "REGISTRY_LISTEN": "127.0.0.1:0"}
+	srv := startProcess(t, env, "serve")
+	srv.serving(t)
+
+	g := newGate(t)
+	syncEnv := scpEnv(map[string]string{"REGISTRY_DATA_DIR": data}, heldSCP(t, g))
+	type result struct {
+		out, stderr string
+		err         error
+	}
+	synced := make(chan result, 1)
+	go func() {
+		out, stderr, err := runCmd(t, syncEnv, "sync", "--once")
+		synced <- result{out, stderr, err}
+	}()
+	g.waitArrived(t, "sync --once")
+	srv.cmd.Process.Signal(syscall.SIGTERM)
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(srv.stderr.String(), "waiting for other registryd commands") {
+		if time.Now().After(deadline) {
+			t.Fatalf("serve does not wait for sync --once:\n%s", srv.stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	g.release()
+	select {
+	case r := <-synced:
+		if r.err != nil || !strings.Contains(r.out, "8 added") {
+			t.Fatalf("sync --once while serve stopped: %v\n%s\n%s", r.err, r.out, r.stderr)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("sync --once did not finish within 60s")
+	}
+	if err := srv.stop(t); err != nil {
+		t.Errorf("serve exit: %v\n%s", err, srv.stderr.String())
+	}
+}
