@@ -118,6 +118,27 @@ func claimEmbedded(ctx context.Context, cfg config, logger *slog.Logger, command
 	return c, nil
 }
 
+// serveRunning returns an *errServeRunning when a serve runs the data
+// folder's embedded PostgreSQL, and nil otherwise; it creates nothing.
+func serveRunning(cfg config, logger *slog.Logger) error {
+	dir, err := embeddedDataDir(cfg, logger, false)
+	if err != nil {
+		return nil
+	}
+	f, err := os.OpenFile(filepath.Join(dir, ownerFile), os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB); !errors.Is(err, syscall.EWOULDBLOCK) {
+		return nil // not held: no registryd runs it
+	}
+	if info, ok := (&embeddedClaim{owner: f}).readInfo(); ok && info.Command == "serve" {
+		return &errServeRunning{owner: info, dir: dir}
+	}
+	return nil
+}
+
 func (c *embeddedClaim) take(ctx context.Context) error {
 	deadline := time.Now().Add(c.wait)
 	serve := c.command == "serve"

@@ -268,11 +268,22 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 	// good: either way every background loop below stops.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var err error
 
-	// The embedded PostgreSQL first: a second serve on the same data
-	// folder is refused at once, naming the first (whatever port each
-	// wants), and one waits here for a one-shot command using it.
+	// Listen before starting anything slow, so a taken port fails at once
+	// (most likely taken by a serve on the same data folder: then that is
+	// what the error says).
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		if cfg.DatabaseURL == "" {
+			if err := serveRunning(cfg, logger); err != nil {
+				return err
+			}
+		}
+		return fmt.Errorf("listen on %s (set REGISTRY_LISTEN to another address): %w", cfg.Listen, err)
+	}
+	defer ln.Close()
+	// A second serve on the same data folder is refused at once, naming
+	// the first; one waits here for a one-shot command using it.
 	var claim *embeddedClaim
 	if cfg.DatabaseURL == "" {
 		if claim, err = claimEmbedded(ctx, cfg, logger, "serve"); err != nil {
@@ -280,12 +291,6 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 		}
 		defer claim.release(ctx)
 	}
-	// Listen before starting anything slow, so a taken port fails at once.
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return fmt.Errorf("listen on %s (set REGISTRY_LISTEN to another address): %w", cfg.Listen, err)
-	}
-	defer ln.Close()
 
 	db, err := openMigrated(ctx, cfg, logger, "serve", claim)
 	if err != nil {

@@ -222,6 +222,17 @@ func TestEmbeddedSharedWithServe(t *testing.T) {
 		t.Errorf("the refusal advises stopping the live server's database:\n%s", msg)
 	}
 	t.Logf("second serve refused in %s", time.Since(start).Round(time.Millisecond))
+	// On the same port (two `make run`s), the refusal is the same.
+	samePort := map[string]string{"REGISTRY_LISTEN": strings.TrimPrefix(url, "http://")}
+	for k, v := range env {
+		if _, ok := samePort[k]; !ok {
+			samePort[k] = v
+		}
+	}
+	if _, _, err := runCmd(t, samePort, "serve"); err == nil || !strings.Contains(err.Error(), "pid "+strconv.Itoa(srv.cmd.Process.Pid)) ||
+		!strings.Contains(err.Error(), "REGISTRY_DATA_DIR="+data) {
+		t.Errorf("second serve on the same port: %v, want a refusal naming the first serve's pid and folder", err)
+	}
 	if code, _ := call(t, "POST", url+"/v1/nodes/list", "", printed); code != 200 {
 		t.Errorf("serve after the second one's refusal: %d", code)
 	}
