@@ -22,6 +22,7 @@ type config struct {
 	Listen          string        // REGISTRY_LISTEN
 	DataDir         string        // REGISTRY_DATA_DIR (embedded PostgreSQL's data)
 	DataDirSet      bool          // whether REGISTRY_DATA_DIR was given
+	EmbeddedWait    time.Duration // REGISTRY_EMBEDDED_WAIT: bound on a wait for another registryd's turn on the embedded PostgreSQL
 	Migrate         bool          // REGISTRY_MIGRATE: migrate up at start
 	LogLevel        slog.Level    // REGISTRY_LOG_LEVEL
 	LogFormat       string        // REGISTRY_LOG_FORMAT: json or text
@@ -106,6 +107,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		ShutdownTimeout: 15 * time.Second,
 		AcquireTimeout:  10 * time.Second,
 		WatchRetention:  24 * time.Hour,
+		EmbeddedWait:    defaultEmbeddedWait,
 	}
 	c.StatementTimeout = 30 * time.Second
 	var errs []string
@@ -144,6 +146,13 @@ func loadConfig(getenv func(string) string) (config, error) {
 			errs = append(errs, fmt.Sprintf("REGISTRY_SHUTDOWN_TIMEOUT=%q: want a duration such as 15s", v))
 		}
 		c.ShutdownTimeout = d
+	}
+	if v := getenv("REGISTRY_EMBEDDED_WAIT"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < time.Second || d > time.Hour {
+			errs = append(errs, fmt.Sprintf("REGISTRY_EMBEDDED_WAIT=%q: want a duration between 1s and 1h, such as 1m", v))
+		}
+		c.EmbeddedWait = d
 	}
 	if v := getenv("REGISTRY_WATCH_RETENTION"); v != "" {
 		d, err := time.ParseDuration(v)

@@ -193,17 +193,25 @@ func TestDataDirRules(t *testing.T) {
 			mkdir(t, filepath.Dir(data), 0o755)
 			tt.setup(t, data)
 			env := map[string]string{"REGISTRY_DATA_DIR": data}
-			_, _, err := runCmd(t, env, "token", "--sub", "x", "--role", "admin")
 			if tt.want == nil {
+				// serve's way to the secret makes it; token then uses it.
+				cfg, err := loadConfig(envFunc(env))
 				if err != nil {
+					t.Fatal(err)
+				}
+				if _, _, err := tokenSecret(cfg, slog.New(slog.DiscardHandler)); err != nil {
 					t.Fatalf("refused: %v", err)
 				}
 				fi, err := os.Stat(filepath.Join(data, "jwt-secret"))
 				if err != nil || fi.Mode().Perm() != 0o600 {
 					t.Errorf("secret: %v %v, want mode 0600", fi, err)
 				}
+				if _, _, err := runCmd(t, env, "token", "--sub", "x", "--role", "admin"); err != nil {
+					t.Errorf("token refused: %v", err)
+				}
 				return
 			}
+			_, _, err := runCmd(t, env, "token", "--sub", "x", "--role", "admin")
 			if err == nil {
 				t.Fatal("token accepted the data directory")
 			}
@@ -240,7 +248,7 @@ func TestFallbackDataDir(t *testing.T) {
 	base := filepath.Join(pgtest.TempDir(t), "var-lib-registryd")
 	cfg := config{DataDir: checkout, embedded: embeddedTuning{fallbackBase: base}}
 
-	dir, err := embeddedDataDir(cfg, logger)
+	dir, err := embeddedDataDir(cfg, logger, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,7 +264,7 @@ func TestFallbackDataDir(t *testing.T) {
 	if err := pglocal.CheckAccess(filepath.Join(dir, "postgres")); err != nil {
 		t.Errorf("the postgres user cannot reach its cluster in the fallback: %v", err)
 	}
-	again, err := embeddedDataDir(cfg, logger)
+	again, err := embeddedDataDir(cfg, logger, true)
 	if err != nil || again != dir {
 		t.Errorf("second start: %q %v, want the same %q", again, err, dir)
 	}
@@ -274,7 +282,7 @@ func TestFallbackDataDir(t *testing.T) {
 	chown(t, planted, nobody)
 	chown(t, filepath.Join(planted, "jwt-secret"), nobody)
 	for name, err := range map[string]error{
-		"data dir": func() error { _, err := embeddedDataDir(cfg, logger); return err }(),
+		"data dir": func() error { _, err := embeddedDataDir(cfg, logger, true); return err }(),
 		"secret":   func() error { _, _, err := tokenSecret(cfg, logger); return err }(),
 	} {
 		if err == nil || !strings.Contains(err.Error(), planted) || !strings.Contains(err.Error(), "uid "+strconv.Itoa(nobody)) {
@@ -286,7 +294,7 @@ func TestFallbackDataDir(t *testing.T) {
 	mkdir(t, base3, 0o711)
 	chown(t, base3, nobody)
 	cfg.embedded.fallbackBase = base3
-	if _, err := embeddedDataDir(cfg, logger); err == nil || !strings.Contains(err.Error(), base3+" belongs to uid") {
+	if _, err := embeddedDataDir(cfg, logger, true); err == nil || !strings.Contains(err.Error(), base3+" belongs to uid") {
 		t.Errorf("a base of another user: %v, want a refusal naming it", err)
 	}
 }

@@ -44,7 +44,8 @@ commands:
                            --ip binds an agent token to its hosts
   token revoke --sub NAME | --jti ID
                            revoke a principal's tokens, or one token
-  sync --once              import the inventory of every configured cloud once
+  sync --once [--no-wait]  import the inventory of every configured cloud once
+                           (waits for another replica's pass unless --no-wait)
   agent [--once]           the GPU host agent: discover, register, heartbeat
                            (REGISTRY_SERVER, REGISTRY_TOKEN; registryd agent --help)
 

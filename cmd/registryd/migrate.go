@@ -13,7 +13,7 @@ func migrate(ctx context.Context, cfg config, args []string, stdout, stderr io.W
 		return errUsage
 	}
 	logger := newLogger(cfg, stderr)
-	db, err := openDatabase(ctx, cfg, logger)
+	db, err := openDatabase(ctx, cfg, logger, "migrate "+args[0], nil)
 	if err != nil {
 		return err
 	}

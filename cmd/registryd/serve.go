@@ -41,41 +41,47 @@ func newLogger(cfg config, w io.Writer) *slog.Logger {
 
 // database is an open store plus whatever must be stopped after it.
 type database struct {
-	store   *store.Store
-	cluster *pglocal.Cluster // the embedded PostgreSQL; nil for REGISTRY_DATABASE_URL
-	close   func()
+	store      *store.Store
+	cluster    *pglocal.Cluster // the embedded PostgreSQL when this process runs it; else nil
+	onEmbedded bool             // the embedded PostgreSQL, ours or another registryd's
+	close      func()
 }
 
 // embedded reports whether this is registryd's own PostgreSQL.
-func (db *database) embedded() bool { return db.cluster != nil }
+func (db *database) embedded() bool { return db.onEmbedded }
 
-// openDatabase connects to REGISTRY_DATABASE_URL, or starts the embedded
-// PostgreSQL when it is unset.
-func openDatabase(ctx context.Context, cfg config, logger *slog.Logger) (*database, error) {
+// openDatabase connects to REGISTRY_DATABASE_URL or, when it is unset, to
+// the data folder's embedded PostgreSQL: the one a running registryd
+// (serve, say) runs, or one started for this command and stopped by
+// close. claim is the embedded PostgreSQL already claimed (serve claims it
+// early); nil claims it here for command. close releases the claim too.
+func openDatabase(ctx context.Context, cfg config, logger *slog.Logger, command string, claim *embeddedClaim) (*database, error) {
 	url := cfg.DatabaseURL
-	stopCluster := func() {}
-	var cluster *pglocal.Cluster
 	if cfg.DatabaseURL == "" {
-		c, err := startEmbedded(ctx, cfg, logger)
-		if err != nil {
-			return nil, err
-		}
-		cluster, url = c, c.URL()
-		stopCluster = func() {
-			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-			defer cancel()
-			if err := c.Stop(ctx); err != nil {
-				logger.Error("stop embedded PostgreSQL", "err", err)
+		if claim == nil {
+			var err error
+			if claim, err = claimEmbedded(ctx, cfg, logger, command); err != nil {
+				return nil, err
 			}
 		}
+		u, err := claim.start(ctx)
+		if err != nil {
+			claim.release(ctx)
+			return nil, err
+		}
+		url = u
 	}
 	st, err := store.Open(ctx, url, store.Options{MaxConns: cfg.MaxConns, AcquireTimeout: cfg.AcquireTimeout,
 		StatementTimeout: cfg.StatementTimeout})
 	if err != nil {
-		stopCluster()
+		claim.release(ctx)
 		return nil, err
 	}
-	return &database{store: st, cluster: cluster, close: func() { st.Close(); stopCluster() }}, nil
+	db := &database{store: st, onEmbedded: claim != nil, close: func() { st.Close(); claim.release(ctx) }}
+	if claim != nil {
+		db.cluster = claim.cluster
+	}
+	return db, nil
 }
 
 // embeddedDataDir resolves REGISTRY_DATA_DIR for the embedded default. It
@@ -86,7 +92,10 @@ func openDatabase(ctx context.Context, cfg config, logger *slog.Logger) (*databa
 // /var/lib/registryd, named after the checkout so each checkout keeps its
 // own data. Whichever it is, it must be ours and closed to other users'
 // writes (privateDir), or nothing starts.
-func embeddedDataDir(cfg config, logger *slog.Logger) (string, error) {
+//
+// With create false (`registryd token`, which only reads) nothing is
+// created, and the folder returned may not exist.
+func embeddedDataDir(cfg config, logger *slog.Logger, create bool) (string, error) {
 	dir, err := filepath.Abs(cfg.DataDir)
 	if err != nil {
 		return "", err
@@ -109,7 +118,7 @@ func embeddedDataDir(cfg config, logger *slog.Logger) (string, error) {
 		// Not /var/tmp or /tmp: anyone can create a directory there first
 		// and hand us their own secret. Only root can create in /var/lib.
 		base := cmp.Or(cfg.embedded.fallbackBase, fallbackBase)
-		if err := privateDir(base, 0o711); err != nil {
+		if err := fallbackBaseDir(base, create); err != nil {
 			return "", err
 		}
 		sum := sha256.Sum256([]byte(dir))
@@ -126,67 +135,84 @@ func embeddedDataDir(cfg config, logger *slog.Logger) (string, error) {
 		}
 		dir = alt
 	}
+	if !create {
+		if err := checkPrivateDir(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return "", err
+		}
+		return dir, nil
+	}
 	if err := privateDir(dir, mode); err != nil {
 		return "", err
 	}
 	return dir, nil
 }
 
-// openDataDir is embeddedDataDir plus its token secret, checked (or made)
-// too: every command that uses the data directory refuses one that anyone
-// else could have prepared.
-func openDataDir(cfg config, logger *slog.Logger) (dir string, secret []byte, created bool, err error) {
-	if dir, err = embeddedDataDir(cfg, logger); err != nil {
-		return "", nil, false, err
+// fallbackBaseDir makes (or, with create false, checks if it exists) the
+// base of the root fallback.
+func fallbackBaseDir(base string, create bool) error {
+	if create {
+		return privateDir(base, 0o711)
 	}
-	secret, created, err = auth.LoadOrCreateSecret(filepath.Join(dir, "jwt-secret"))
-	if err != nil {
-		return "", nil, false, fmt.Errorf("token secret: %w (or set REGISTRY_DATA_DIR to a directory of your own)", err)
+	if err := checkPrivateDir(base); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
 	}
-	return dir, secret, created, nil
-}
-
-// startEmbedded runs registryd's own PostgreSQL in the data directory.
-func startEmbedded(ctx context.Context, cfg config, logger *slog.Logger) (*pglocal.Cluster, error) {
-	if _, err := pglocal.FindBinDir(); err != nil {
-		return nil, err
-	}
-	dir, _, _, err := openDataDir(cfg, logger)
-	if err != nil {
-		return nil, err
-	}
-	logger.Info("starting embedded PostgreSQL", "data_dir", dir)
-	return pglocal.Start(ctx, pglocal.Options{DataDir: filepath.Join(dir, "postgres"), Database: "registry", Logger: logger})
+	return nil
 }
 
 // tokenSecret returns the HS256 secret: the configured one, or for the
-// embedded default one kept in the data directory, made on first use.
-// created reports whether this call made it.
+// embedded default the one kept in the data directory, which only serve
+// makes (on first use). created reports whether this call made it.
 func tokenSecret(cfg config, logger *slog.Logger) (secret []byte, created bool, err error) {
-	secret, _, created, err = tokenSecretFile(cfg, logger)
-	return secret, created, err
-}
-
-// tokenSecretFile is tokenSecret that also names the file the secret was
-// read from or written to; "" for a configured one.
-func tokenSecretFile(cfg config, logger *slog.Logger) (secret []byte, path string, created bool, err error) {
 	if cfg.JWTSecret != nil || len(cfg.JWTPublicKeys) > 0 {
-		return cfg.JWTSecret, "", false, nil
+		return cfg.JWTSecret, false, nil
 	}
 	if cfg.DatabaseURL != "" {
-		return nil, "", false, errors.New("no token keys configured: with REGISTRY_DATABASE_URL set, set REGISTRY_JWT_SECRET (at least 32 bytes, e.g. `openssl rand -hex 32`), REGISTRY_JWT_SECRET_FILE or REGISTRY_JWT_PUBLIC_KEYS; every replica needs the same keys")
+		return nil, false, errNoKeys
 	}
-	dir, secret, created, err := openDataDir(cfg, logger)
+	dir, err := embeddedDataDir(cfg, logger, true)
 	if err != nil {
-		return nil, "", false, err
+		return nil, false, err
 	}
-	return secret, filepath.Join(dir, "jwt-secret"), created, nil
+	secret, created, err = auth.LoadOrCreateSecret(filepath.Join(dir, "jwt-secret"))
+	if err != nil {
+		return nil, false, fmt.Errorf("token secret: %w (or set REGISTRY_DATA_DIR to a directory of your own)", err)
+	}
+	return secret, created, nil
+}
+
+var errNoKeys = errors.New("no token keys configured: with REGISTRY_DATABASE_URL set, set REGISTRY_JWT_SECRET (at least 32 bytes, e.g. `openssl rand -hex 32`), REGISTRY_JWT_SECRET_FILE or REGISTRY_JWT_PUBLIC_KEYS; every replica needs the same keys")
+
+// existingTokenSecret is tokenSecret for `registryd token`, which never
+// makes a secret: a token signed with a new one would be refused by every
+// server. It finds the data folder exactly as serve does.
+func existingTokenSecret(cfg config, logger *slog.Logger) ([]byte, error) {
+	if cfg.JWTSecret != nil || len(cfg.JWTPublicKeys) > 0 {
+		return cfg.JWTSecret, nil
+	}
+	if cfg.DatabaseURL != "" {
+		return nil, errNoKeys
+	}
+	dir, err := embeddedDataDir(cfg, logger, false)
+	if err != nil {
+		return nil, err
+	}
+	path := filepath.Join(dir, "jwt-secret")
+	secret, err := auth.LoadSecret(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("no token secret: REGISTRY_JWT_SECRET and REGISTRY_JWT_SECRET_FILE are unset, and the data folder %s holds no jwt-secret "+
+			"(`registryd serve` makes it there on its first start). Run this where the server runs (REGISTRY_DATA_DIR defaults to ./.data, relative to the working directory), "+
+			"set REGISTRY_DATA_DIR to the server's data folder, or set REGISTRY_JWT_SECRET or REGISTRY_JWT_SECRET_FILE to the server's key", dir)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("token secret: %w (or set REGISTRY_DATA_DIR to a directory of your own)", err)
+	}
+	return secret, nil
 }
 
 // openMigrated opens the database and makes sure its schema is the
 // binary's (migrating when allowed): what serve and sync both need.
-func openMigrated(ctx context.Context, cfg config, logger *slog.Logger) (*database, error) {
-	db, err := openDatabase(ctx, cfg, logger)
+func openMigrated(ctx context.Context, cfg config, logger *slog.Logger, command string, claim *embeddedClaim) (*database, error) {
+	db, err := openDatabase(ctx, cfg, logger, command, claim)
 	if err != nil {
 		return nil, err
 	}
@@ -243,14 +269,30 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
-	// Listen before starting anything slow, so a taken port fails at once.
+	// Listen before starting anything slow, so a taken port fails at once
+	// (most likely taken by a serve on the same data folder: then that is
+	// what the error says).
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
+		if cfg.DatabaseURL == "" {
+			if err := serveRunning(cfg, logger); err != nil {
+				return err
+			}
+		}
 		return fmt.Errorf("listen on %s (set REGISTRY_LISTEN to another address): %w", cfg.Listen, err)
 	}
 	defer ln.Close()
+	// A second serve on the same data folder is refused at once, naming
+	// the first; one waits here for a one-shot command using it.
+	var claim *embeddedClaim
+	if cfg.DatabaseURL == "" {
+		if claim, err = claimEmbedded(ctx, cfg, logger, "serve"); err != nil {
+			return err
+		}
+		defer claim.release(ctx)
+	}
 
-	db, err := openMigrated(ctx, cfg, logger)
+	db, err := openMigrated(ctx, cfg, logger, "serve", claim)
 	if err != nil {
 		return err
 	}
@@ -281,7 +323,7 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 
 	// The sync loop runs when a provider is configured; replicas take turns
 	// through an advisory lock.
-	syncWorker, err := newSyncer(cfg, db.store, logger)
+	syncWorker, err := newSyncer(cfg, db.store, logger, 0, nil)
 	if err != nil {
 		return err
 	}

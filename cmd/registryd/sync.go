@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"time"
 
 	"github.com/registryd/registryd/internal/provider"
 	"github.com/registryd/registryd/internal/provider/e2e"
@@ -42,8 +43,10 @@ func sources(cfg config, logger *slog.Logger) ([]syncer.Source, error) {
 }
 
 // newSyncer wires the sync worker to the store, or returns nil when no
-// provider is enabled.
-func newSyncer(cfg config, st *store.Store, logger *slog.Logger) (*syncer.Syncer, error) {
+// provider is enabled. With wait 0 a pass is skipped while another replica
+// syncs (serve's loop); otherwise it waits for that pass to end, at most
+// wait, telling stderr once (`registryd sync --once`).
+func newSyncer(cfg config, st *store.Store, logger *slog.Logger, wait time.Duration, stderr io.Writer) (*syncer.Syncer, error) {
 	srcs, err := sources(cfg, logger)
 	if err != nil || len(srcs) == 0 {
 		return nil, err
@@ -55,6 +58,13 @@ func newSyncer(cfg config, st *store.Store, logger *slog.Logger) (*syncer.Syncer
 		Logger:      logger,
 		Locker: func(ctx context.Context) (syncer.Store, func(), bool, error) {
 			l, ok, err := st.TryLock(ctx, syncLockKey)
+			if err == nil && !ok && wait > 0 {
+				fmt.Fprintf(stderr, "registryd: another registryd is in the middle of a sync pass; waiting for it to end (at most %s, REGISTRY_SYNC_TIMEOUT), then running this one (--no-wait refuses instead)\n", wait)
+				l, ok, err = st.Lock(ctx, syncLockKey, wait)
+				if err == nil && !ok {
+					err = fmt.Errorf("the other registryd's sync pass did not end within %s (REGISTRY_SYNC_TIMEOUT); try again later", wait)
+				}
+			}
 			if err != nil || !ok {
 				return nil, nil, ok, err
 			}
@@ -69,20 +79,25 @@ func syncCmd(ctx context.Context, cfg config, args []string, stdout, stderr io.W
 	fs := flag.NewFlagSet("sync", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	once := fs.Bool("once", false, "run one pass of every configured provider and exit")
+	noWait := fs.Bool("no-wait", false, "while another registryd is in the middle of a pass, fail at once instead of waiting for it (at most REGISTRY_SYNC_TIMEOUT)")
 	if err := fs.Parse(args); err != nil {
 		return errUsage
 	}
 	if !*once || fs.NArg() > 0 {
-		fmt.Fprintln(stderr, "usage: registryd sync --once   (serve runs the loop every REGISTRY_SYNC_INTERVAL)")
+		fmt.Fprintln(stderr, "usage: registryd sync --once [--no-wait]   (serve runs the loop every REGISTRY_SYNC_INTERVAL)")
 		return errUsage
 	}
 	logger := newLogger(cfg, stderr)
-	db, err := openMigrated(ctx, cfg, logger)
+	db, err := openMigrated(ctx, cfg, logger, "sync --once", nil)
 	if err != nil {
 		return err
 	}
 	defer db.close()
-	s, err := newSyncer(cfg, db.store, logger)
+	wait := cfg.SyncTimeout
+	if *noWait {
+		wait = 0
+	}
+	s, err := newSyncer(cfg, db.store, logger, wait, stderr)
 	if err != nil {
 		return err
 	}
@@ -92,6 +107,9 @@ func syncCmd(ctx context.Context, cfg config, args []string, stdout, stderr io.W
 	summaries, err := s.RunOnce(ctx)
 	for _, sum := range summaries {
 		fmt.Fprintln(stdout, sum.String())
+	}
+	if errors.Is(err, syncer.ErrLocked) {
+		return errors.New("another registryd is in the middle of a sync pass (--no-wait); run without --no-wait to wait for it")
 	}
 	return err
 }

@@ -53,15 +53,12 @@ func token(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 	if cfg.JWTSecret == nil && len(cfg.JWTPublicKeys) > 0 {
 		return fmt.Errorf("only REGISTRY_JWT_PUBLIC_KEYS is configured: tokens come from your identity provider; registryd signs only with REGISTRY_JWT_SECRET")
 	}
-	secret, path, created, err := tokenSecretFile(cfg, newLogger(cfg, stderr))
+	// Never a new secret: no server would accept what it signs (most
+	// likely run from another folder than the server's; ./.data is
+	// relative).
+	secret, err := existingTokenSecret(cfg, newLogger(cfg, stderr))
 	if err != nil {
 		return err
-	}
-	if created {
-		// Most likely run from another folder than the server (./.data is
-		// relative): no server would accept what is minted here.
-		fmt.Fprintf(stderr, "registryd: made a new token secret, %s: only a server using this data folder accepts the token; if the server runs elsewhere, set REGISTRY_DATA_DIR to its data folder\n",
-			path)
 	}
 	signer := auth.Signer{Secret: secret, Issuer: cfg.JWTIssuer, Audience: cfg.JWTAudience, Lifetimes: cfg.TokenLifetimes}
 	m, err := signer.Mint(auth.TokenSpec{Sub: *sub, Role: r, TTL: *ttl, IPs: ips}, time.Now())
@@ -114,11 +111,8 @@ func revokeCmd(ctx context.Context, cfg config, args []string, stdout, stderr io
 		return err
 	}
 	logger := newLogger(cfg, stderr)
-	db, err := openMigrated(ctx, cfg, logger)
+	db, err := openMigrated(ctx, cfg, logger, "token revoke", nil)
 	if err != nil {
-		if cfg.DatabaseURL == "" {
-			return fmt.Errorf("%w\n(while `registryd serve` runs on the embedded database, revoke over HTTP: POST /v1/tokens/revoke with an admin token)", err)
-		}
 		return err
 	}
 	defer db.close()

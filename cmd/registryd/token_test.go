@@ -4,7 +4,6 @@ import (
 	"context"
 	"maps"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -272,31 +271,5 @@ func TestTokenBoundToHosts(t *testing.T) {
 	}
 	if _, _, err := runCmd(t, required, "token", "--sub", "a", "--role", "agent"); err == nil || !strings.Contains(err.Error(), "--ip") {
 		t.Errorf("minting an unbound agent token with REGISTRY_AGENT_REQUIRE_IP: %v", err)
-	}
-}
-
-// `registryd token` run on another data folder than the server's (the
-// default ./.data is relative to where it runs) used to make a new secret
-// there without a word and print a token every server refuses. It still
-// mints (the first command run may well be token), but says so.
-func TestTokenSaysWhenItMakesASecret(t *testing.T) {
-	t.Parallel()
-	base := pgtest.TempDir(t)
-	data := filepath.Join(base, "data")
-	env := map[string]string{"REGISTRY_DATA_DIR": data}
-	_, stderr, err := runCmd(t, env, "token", "--sub", "x", "--role", "reader")
-	if err != nil {
-		t.Fatal(err)
-	}
-	secret := filepath.Join(data, "jwt-secret")
-	if !strings.Contains(stderr, "new token secret") || !strings.Contains(stderr, secret) || !strings.Contains(stderr, "REGISTRY_DATA_DIR") {
-		t.Errorf("a new secret made without saying so, its path and the setting; stderr: %q", stderr)
-	}
-	_, stderr, err = runCmd(t, env, "token", "--sub", "x", "--role", "reader")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if strings.Contains(stderr, "new token secret") {
-		t.Errorf("the existing secret was announced as new: %q", stderr)
 	}
 }

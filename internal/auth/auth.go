@@ -458,18 +458,11 @@ func LoadOrCreateSecret(path string) (secret []byte, created bool, err error) {
 	if err := os.MkdirAll(dir, 0o711); err != nil {
 		return nil, false, fmt.Errorf("auth: create secret: %w", err)
 	}
-	root, err := os.OpenRoot(dir)
+	root, err := openSecretDir(dir)
 	if err != nil {
-		return nil, false, fmt.Errorf("auth: secret directory: %w", err)
-	}
-	defer root.Close()
-	dfi, err := root.Stat(".")
-	if err != nil {
-		return nil, false, fmt.Errorf("auth: secret directory: %w", err)
-	}
-	if err := CheckPrivate(filepath.Clean(dir), dfi, 0o022); err != nil {
 		return nil, false, err
 	}
+	defer root.Close()
 	// Two tries: a file that appears between "not there" and O_EXCL is
 	// another process's fresh secret, to be read instead.
 	for range 2 {
@@ -483,6 +476,41 @@ func LoadOrCreateSecret(path string) (secret []byte, created bool, err error) {
 		}
 	}
 	return nil, false, fmt.Errorf("auth: %s keeps appearing and disappearing", path)
+}
+
+// LoadSecret is LoadOrCreateSecret for those who must not make a secret:
+// a missing directory or file is an error wrapping fs.ErrNotExist.
+func LoadSecret(path string) ([]byte, error) {
+	dir, name := filepath.Split(path)
+	if dir == "" {
+		dir = "."
+	}
+	root, err := openSecretDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer root.Close()
+	return readSecret(root, path, name)
+}
+
+// openSecretDir opens dir, the directory of a secret, refusing one that
+// is not private (see LoadOrCreateSecret).
+func openSecretDir(dir string) (*os.Root, error) {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, fmt.Errorf("auth: secret directory: %w", err)
+	}
+	dfi, err := root.Stat(".")
+	if err == nil {
+		err = CheckPrivate(filepath.Clean(dir), dfi, 0o022)
+	} else {
+		err = fmt.Errorf("auth: secret directory: %w", err)
+	}
+	if err != nil {
+		root.Close()
+		return nil, err
+	}
+	return root, nil
 }
 
 // readSecret reads name in root, refusing anything but a private regular

@@ -232,22 +232,29 @@ func initdb(ctx context.Context, binDir, dataDir string, ephemeral bool, ra runA
 
 // checkNotRunning refuses to start on a data dir another live postmaster
 // owns. A lock file naming a dead or unrelated process is left alone:
-// postgres recognises such stale lock files and replaces them itself.
-func (c *Cluster) checkNotRunning(ra runAs) error {
-	data, err := os.ReadFile(filepath.Join(c.dataDir, "postmaster.pid"))
+// postgres recognises such stale lock files and replaces them itself. The
+// error gives no advice to stop that server: it may well be the database
+// of a live registryd, whose caller knows better (see Running).
+func (c *Cluster) checkNotRunning(runAs) error {
+	if pid, ok := Running(c.dataDir); ok {
+		return fmt.Errorf("pglocal: another PostgreSQL (pid %d) is already running on %s", pid, c.dataDir)
+	}
+	return nil
+}
+
+// Running reports whether a live postmaster holds the cluster directory
+// dataDir, by its lock file (postmaster.pid), and its pid.
+func Running(dataDir string) (pid int, ok bool) {
+	data, err := os.ReadFile(filepath.Join(dataDir, "postmaster.pid"))
 	if err != nil {
-		return nil // no lock file (or unreadable: postgres will say so)
+		return 0, false // no lock file (or unreadable: postgres will say so)
 	}
 	first, _, _ := strings.Cut(string(data), "\n")
-	pid, err := strconv.Atoi(strings.TrimSpace(first))
+	pid, err = strconv.Atoi(strings.TrimSpace(first))
 	if err != nil || pid <= 0 || !isPostgres(pid) {
-		return nil
+		return 0, false
 	}
-	how := fmt.Sprintf("%s -D %s stop", c.pgCtl, c.dataDir)
-	if ra.cred != nil {
-		how += " (as user " + ra.name + ")"
-	}
-	return fmt.Errorf("pglocal: another PostgreSQL (pid %d) is running on %s; stop it with: %s", pid, c.dataDir, how)
+	return pid, true
 }
 
 // isPostgres reports whether pid is alive and is a postgres process, so a

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"strings"
 	"time"
 
@@ -148,6 +149,45 @@ func (s *Store) TryLock(ctx context.Context, key int64) (l *Lock, ok bool, err e
 	if !ok {
 		conn.Release()
 		return nil, false, nil
+	}
+	return &Lock{conn: conn, store: &Store{pool: s.pool, db: conn, conn: conn}}, true, nil
+}
+
+// Lock takes the advisory lock key, waiting at most wait for the session
+// holding it to let go: the server's lock_timeout bounds the wait, so it
+// ends as soon as the lock is free, with no polling. ok is false when the
+// lock was still held after wait. Like TryLock's, the returned Lock's
+// Store runs every query on the locking connection.
+func (s *Store) Lock(ctx context.Context, key int64, wait time.Duration) (l *Lock, ok bool, err error) {
+	if wait < time.Millisecond {
+		return s.TryLock(ctx, key)
+	}
+	// The statement runs for as long as the wait, longer than a statement
+	// may; the server's lock_timeout bounds it instead, and ctx (with a
+	// margin) in case the server stops answering.
+	ctx, cancel := context.WithTimeout(withoutStatementTimeout(ctx), wait+10*time.Second)
+	defer cancel()
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, false, fmt.Errorf("store: lock: %w", translate(err))
+	}
+	// A session-level lock taken inside a transaction outlives it, and SET
+	// LOCAL confines the timeouts to that transaction.
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', '0', true)`,
+			strconv.FormatInt(wait.Milliseconds(), 10)); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `SELECT pg_advisory_lock($1)`, key)
+		return err
+	})
+	if pgErr, isPg := errors.AsType[*pgconn.PgError](err); isPg && pgErr.Code == "55P03" { // lock_not_available
+		conn.Release()
+		return nil, false, nil
+	}
+	if err != nil {
+		conn.Hijack().Close(context.WithoutCancel(ctx)) // whatever state it is in, the lock goes with it
+		return nil, false, fmt.Errorf("store: lock: %w", translate(err))
 	}
 	return &Lock{conn: conn, store: &Store{pool: s.pool, db: conn, conn: conn}}, true, nil
 }

@@ -29,7 +29,8 @@ type Store interface {
 	ApplyImport(ctx context.Context, actor registry.Actor, source string, nodes []registry.ImportedNode, skipped []string) (registry.ImportResult, error)
 }
 
-// Locker takes the cluster-wide sync lock without waiting. While held, the
+// Locker takes the cluster-wide sync lock (serve's loop without waiting;
+// `registryd sync --once` may wait for another replica's pass). While held, the
 // pass writes through the returned Store, which is bound to the lock's own
 // database session: if that session is lost, so is the ability to write.
 // ok is false when another replica holds the lock.
@@ -125,8 +126,8 @@ func (s Summary) String() string {
 // changes nothing for it. The error is ErrLocked when another replica is
 // syncing, or names every provider that failed.
 func (s *Syncer) RunOnce(ctx context.Context) ([]Summary, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.PassTimeout)
-	defer cancel()
+	// The lock first: a Locker that waits for another replica's pass does
+	// not eat into this pass's time.
 	st, release, ok, err := s.cfg.Locker(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("syncer: take the sync lock: %w", err)
@@ -135,6 +136,8 @@ func (s *Syncer) RunOnce(ctx context.Context) ([]Summary, error) {
 		return nil, ErrLocked
 	}
 	defer release()
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.PassTimeout)
+	defer cancel()
 	var summaries []Summary
 	var failed []string
 	for _, src := range s.cfg.Sources {

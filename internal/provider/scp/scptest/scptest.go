@@ -79,6 +79,10 @@ type Server struct {
 	DelayPage      map[int]time.Duration // sleep this long before answering, every time
 	MalformedPage  map[int]bool          // answer 200 with invalid JSON, every time
 
+	// Hold, when set, is called (outside the lock) before a page of GET
+	// /v1/gpu-nodes is answered: a test holds an import pass there.
+	Hold func(r *http.Request)
+
 	// Requests counts requests served, rejected ones included.
 	Requests int
 
@@ -209,8 +213,11 @@ func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) {
 	}
 
 	s.mu.Lock()
-	delay := s.DelayPage[page]
+	delay, hold := s.DelayPage[page], s.Hold
 	s.mu.Unlock()
+	if hold != nil {
+		hold(r)
+	}
 	if delay > 0 {
 		t := time.NewTimer(delay)
 		select {
