@@ -38,6 +38,8 @@ type (
 	WatchReset = oapi.WatchReset
 	// Source is where a node came from.
 	Source = oapi.Source
+	// NodeState is a node's lifecycle state.
+	NodeState = oapi.NodeState
 
 	// Hardware is a hardware generation.
 	Hardware = oapi.Hardware
@@ -80,6 +82,13 @@ const (
 	SourceAPI = oapi.SourceAPI
 	SourceSCP = oapi.SourceScp
 	SourceE2E = oapi.SourceE2E
+
+	StateGone     = oapi.NodeStateGone
+	StateLost     = oapi.NodeStateLost
+	StateDraining = oapi.NodeStateDraining
+	StateCordoned = oapi.NodeStateCordoned
+	StateBusy     = oapi.NodeStateBusy
+	StateFree     = oapi.NodeStateFree
 
 	EventCreated  = oapi.NodeEventKindCreated
 	EventUpdated  = oapi.NodeEventKindUpdated
