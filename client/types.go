@@ -90,11 +90,16 @@ const (
 	StateBusy     = oapi.NodeStateBusy
 	StateFree     = oapi.NodeStateFree
 
-	EventCreated  = oapi.NodeEventKindCreated
-	EventUpdated  = oapi.NodeEventKindUpdated
-	EventDeleted  = oapi.NodeEventKindDeleted
-	EventClaimed  = oapi.NodeEventKindClaimed
-	EventReleased = oapi.NodeEventKindReleased
+	EventCreated    = oapi.NodeEventKindCreated
+	EventUpdated    = oapi.NodeEventKindUpdated
+	EventDeleted    = oapi.NodeEventKindDeleted
+	EventClaimed    = oapi.NodeEventKindClaimed
+	EventReleased   = oapi.NodeEventKindReleased
+	EventLost       = oapi.NodeEventKindLost
+	EventFound      = oapi.NodeEventKindFound
+	EventCordoned   = oapi.NodeEventKindCordoned
+	EventUncordoned = oapi.NodeEventKindUncordoned
+	EventExpired    = oapi.NodeEventKindExpired
 
 	AuditNode     = oapi.AuditFilterTargetTypeNode
 	AuditHardware = oapi.AuditFilterTargetTypeHardware

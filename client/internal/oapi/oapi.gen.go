@@ -141,11 +141,16 @@ func (e NodeClaimFree) Valid() bool {
 
 // Defines values for NodeEventKind.
 const (
-	NodeEventKindClaimed  NodeEventKind = "claimed"
-	NodeEventKindCreated  NodeEventKind = "created"
-	NodeEventKindDeleted  NodeEventKind = "deleted"
-	NodeEventKindReleased NodeEventKind = "released"
-	NodeEventKindUpdated  NodeEventKind = "updated"
+	NodeEventKindClaimed    NodeEventKind = "claimed"
+	NodeEventKindCordoned   NodeEventKind = "cordoned"
+	NodeEventKindCreated    NodeEventKind = "created"
+	NodeEventKindDeleted    NodeEventKind = "deleted"
+	NodeEventKindExpired    NodeEventKind = "expired"
+	NodeEventKindFound      NodeEventKind = "found"
+	NodeEventKindLost       NodeEventKind = "lost"
+	NodeEventKindReleased   NodeEventKind = "released"
+	NodeEventKindUncordoned NodeEventKind = "uncordoned"
+	NodeEventKindUpdated    NodeEventKind = "updated"
 )
 
 // Valid indicates whether the value is a known member of the NodeEventKind enum.
@@ -153,11 +158,21 @@ func (e NodeEventKind) Valid() bool {
 	switch e {
 	case NodeEventKindClaimed:
 		return true
+	case NodeEventKindCordoned:
+		return true
 	case NodeEventKindCreated:
 		return true
 	case NodeEventKindDeleted:
 		return true
+	case NodeEventKindExpired:
+		return true
+	case NodeEventKindFound:
+		return true
+	case NodeEventKindLost:
+		return true
 	case NodeEventKindReleased:
+		return true
+	case NodeEventKindUncordoned:
 		return true
 	case NodeEventKindUpdated:
 		return true
@@ -695,7 +710,7 @@ type NodeEvent struct {
 	// Example: 2025-01-02T03:04:05.5Z
 	At time.Time `json:"at"`
 
-	// Kind What happened: `created` (registered, or imported by the sync worker), `updated` (changed by PUT or PATCH, adopted by an agent, or changed by the sync worker), `deleted` (also when the sync worker removes it), `claimed` (a claim gave it a job), `released` (a release freed it). Heartbeats are not events.
+	// Kind What happened: `created` (registered, or imported by the sync worker), `updated` (changed by PUT or PATCH, adopted by an agent, or changed by the sync worker), `deleted` (also when the sync worker removes it), `claimed` (a claim gave it a job), `released` (a release freed it), `lost` (not seen for the node TTL), `found` (seen again after it was lost), `cordoned` and `uncordoned` (an admin took it out of scheduling, or put it back), `expired` (its job's lease ran out and the registry released it). Heartbeats are not events; more kinds may appear later.
 	//
 	// Example: updated
 	Kind NodeEventKind `json:"kind"`
@@ -704,7 +719,7 @@ type NodeEvent struct {
 	Node Node `json:"node"`
 }
 
-// NodeEventKind What happened: `created` (registered, or imported by the sync worker), `updated` (changed by PUT or PATCH, adopted by an agent, or changed by the sync worker), `deleted` (also when the sync worker removes it), `claimed` (a claim gave it a job), `released` (a release freed it). Heartbeats are not events.
+// NodeEventKind What happened: `created` (registered, or imported by the sync worker), `updated` (changed by PUT or PATCH, adopted by an agent, or changed by the sync worker), `deleted` (also when the sync worker removes it), `claimed` (a claim gave it a job), `released` (a release freed it), `lost` (not seen for the node TTL), `found` (seen again after it was lost), `cordoned` and `uncordoned` (an admin took it out of scheduling, or put it back), `expired` (its job's lease ran out and the registry released it). Heartbeats are not events; more kinds may appear later.
 //
 // Example: updated
 type NodeEventKind string
