@@ -38,6 +38,8 @@ type (
 	WatchReset = oapi.WatchReset
 	// Source is where a node came from.
 	Source = oapi.Source
+	// NodeState is a node's lifecycle state.
+	NodeState = oapi.NodeState
 
 	// Hardware is a hardware generation.
 	Hardware = oapi.Hardware
@@ -81,11 +83,23 @@ const (
 	SourceSCP = oapi.SourceScp
 	SourceE2E = oapi.SourceE2E
 
-	EventCreated  = oapi.NodeEventKindCreated
-	EventUpdated  = oapi.NodeEventKindUpdated
-	EventDeleted  = oapi.NodeEventKindDeleted
-	EventClaimed  = oapi.NodeEventKindClaimed
-	EventReleased = oapi.NodeEventKindReleased
+	StateGone     = oapi.NodeStateGone
+	StateLost     = oapi.NodeStateLost
+	StateDraining = oapi.NodeStateDraining
+	StateCordoned = oapi.NodeStateCordoned
+	StateBusy     = oapi.NodeStateBusy
+	StateFree     = oapi.NodeStateFree
+
+	EventCreated    = oapi.NodeEventKindCreated
+	EventUpdated    = oapi.NodeEventKindUpdated
+	EventDeleted    = oapi.NodeEventKindDeleted
+	EventClaimed    = oapi.NodeEventKindClaimed
+	EventReleased   = oapi.NodeEventKindReleased
+	EventLost       = oapi.NodeEventKindLost
+	EventFound      = oapi.NodeEventKindFound
+	EventCordoned   = oapi.NodeEventKindCordoned
+	EventUncordoned = oapi.NodeEventKindUncordoned
+	EventExpired    = oapi.NodeEventKindExpired
 
 	AuditNode     = oapi.AuditFilterTargetTypeNode
 	AuditHardware = oapi.AuditFilterTargetTypeHardware

@@ -97,3 +97,33 @@ func TestEchoPrecision(t *testing.T) {
 	}
 	b.must(http.StatusOK, b.do("PUT", fmt.Sprintf("/v1/hardware/%d", hw), map[string]any{"name": "B200"}))
 }
+
+// The lifecycle's read-only fields echo like the others: the values read are
+// accepted, anything else is a 400 naming the field.
+func TestEchoLifecycleFields(t *testing.T) {
+	b := setup(t)
+	pk := b.createNode(nil)
+	b.exec(`UPDATE nodes SET current_job = 9, lease_expires_at = '2030-01-02 03:04:05.5+00', cordon_reason = 'fan' WHERE pk = $1`, pk)
+	path := fmt.Sprintf("/v1/nodes/%d", pk)
+	read := b.must(http.StatusOK, b.do("GET", path, nil)).object(t)
+	if read["state"] != "draining" || read["cordon_reason"] != "fan" || read["lease_expires_at"] != "2030-01-02T03:04:05.5Z" {
+		t.Fatalf("read %v", read)
+	}
+	b.must(http.StatusOK, b.do("PUT", path, read))
+	for field, v := range map[string]any{
+		"state": "free", "cordon_reason": nil, "lease_expires_at": "2030-01-02T03:04:06Z",
+	} {
+		edited := map[string]any{}
+		for k, v := range read {
+			edited[k] = v
+		}
+		edited[field] = v
+		r := b.must(http.StatusBadRequest, b.do("PATCH", path, edited))
+		if got := r.problemFields(t); !cmp.Equal(got, []string{field}) {
+			t.Errorf("echo of %s = %v: problem names %v", field, v, got)
+		}
+	}
+	b.exec(`UPDATE nodes SET current_job = NULL, lease_expires_at = NULL, cordon_reason = NULL WHERE pk = $1`, pk)
+	b.must(http.StatusOK, b.do("PATCH", path, map[string]any{"state": "free", "cordon_reason": nil, "lease_expires_at": nil}))
+	b.must(http.StatusBadRequest, b.do("PATCH", path, map[string]any{"state": "lost"}))
+}

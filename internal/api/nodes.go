@@ -31,16 +31,19 @@ func readNodePatch(f *fields) registry.NodePatch {
 // readNodeEcho reads the read-only fields a client may send back.
 func readNodeEcho(f *fields) registry.NodeEcho {
 	return registry.NodeEcho{
-		PK:            f.int64("pk", true),
-		LastSeen:      f.time("last_seen"),
-		CurrentJob:    f.int64("current_job", true),
-		Owner:         f.string("owner", true),
-		Source:        f.string("source", true),
-		Schedulable:   f.bool("schedulable"),
-		ExternalID:    f.string("external_id", true),
-		ProviderState: f.string("provider_state", true),
-		CreatedAt:     f.stamp("created_at"),
-		UpdatedAt:     f.stamp("updated_at"),
+		PK:             f.int64("pk", true),
+		LastSeen:       f.time("last_seen"),
+		CurrentJob:     f.int64("current_job", true),
+		Owner:          f.string("owner", true),
+		Source:         f.string("source", true),
+		Schedulable:    f.bool("schedulable"),
+		ExternalID:     f.string("external_id", true),
+		ProviderState:  f.string("provider_state", true),
+		CreatedAt:      f.stamp("created_at"),
+		UpdatedAt:      f.stamp("updated_at"),
+		State:          f.string("state", false),
+		CordonReason:   f.string("cordon_reason", true),
+		LeaseExpiresAt: f.stamp("lease_expires_at"),
 	}
 }
 

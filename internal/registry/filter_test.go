@@ -108,6 +108,10 @@ func TestNodeFilterMatch(t *testing.T) {
 	stopped := n
 	stopped.Schedulable = false
 	bare := Node{PK: 8, IP: "10.0.0.2", Source: "api", Schedulable: true} // no GPU, generation, heartbeat
+	lost := n
+	lost.Lost = true
+	cordoned := n
+	cordoned.CordonReason = ptr("disk")
 	for _, tc := range []struct {
 		name   string
 		filter NodeFilter
@@ -121,6 +125,9 @@ func TestNodeFilterMatch(t *testing.T) {
 		{"not free: busy", NodeFilter{Free: ptr(false)}, busy, true},
 		{"not free: stopped", NodeFilter{Free: ptr(false)}, stopped, true},
 		{"not free: free", NodeFilter{Free: ptr(false)}, n, false},
+		{"free: lost", NodeFilter{Free: ptr(true)}, lost, false},
+		{"free: cordoned", NodeFilter{Free: ptr(true)}, cordoned, false},
+		{"not free: lost", NodeFilter{Free: ptr(false)}, lost, true},
 		{"current_job", NodeFilter{CurrentJob: ptr[int64](9)}, busy, true},
 		{"current_job other", NodeFilter{CurrentJob: ptr[int64](8)}, busy, false},
 		{"current_job of a free node", NodeFilter{CurrentJob: ptr[int64](9)}, n, false},
@@ -147,6 +154,7 @@ func TestNodeFilterMatch(t *testing.T) {
 		{"all at once", NodeFilter{Free: ptr(true), HardwareGeneration: ptr[int64](3), Source: ptr("scp"), Index: ptr(2)}, n, true},
 		{"all but one", NodeFilter{Free: ptr(true), HardwareGeneration: ptr[int64](3), Source: ptr("scp"), Index: ptr(1)}, n, false},
 	} {
+		tc.node.State = tc.node.DeriveState() // as the store and the change log hand nodes out
 		if got := tc.filter.Match(tc.node, now); got != tc.want {
 			t.Errorf("%s: Match = %v, want %v", tc.name, got, tc.want)
 		}

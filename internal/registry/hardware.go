@@ -161,9 +161,11 @@ func (f *NodeFilter) Normalize() error {
 
 // Match reports whether n passes every filter, as of now (for SeenWithin).
 // It is the filter's meaning; paging (After, Limit) is not part of it. The
-// store's SQL must select exactly the nodes Match accepts.
+// store's SQL must select exactly the nodes Match accepts. It reads the
+// node's State as its document carries it (the store and the change log
+// both set it), not the fields it is derived from: a document has no Lost.
 func (f *NodeFilter) Match(n Node, now time.Time) bool {
-	free := n.CurrentJob == nil && n.Schedulable
+	free := n.State == StateFree
 	return (f.Free == nil || *f.Free == free) &&
 		(f.CurrentJob == nil || n.CurrentJob != nil && *n.CurrentJob == *f.CurrentJob) &&
 		(f.HardwareGeneration == nil || n.HardwareGeneration != nil && *n.HardwareGeneration == *f.HardwareGeneration) &&

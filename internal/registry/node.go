@@ -35,6 +35,9 @@ type Node struct {
 	GPUMem             *int64     `json:"gpu_mem"`
 	LastSeen           *time.Time `json:"last_seen"`   // server-managed
 	CurrentJob         *int64     `json:"current_job"` // server-managed
+	// LeaseExpiresAt is when the claim on the node ends by itself, for a
+	// claim made with a lease; nil otherwise. Server-managed.
+	LeaseExpiresAt *time.Time `json:"lease_expires_at"`
 	// Owner is the principal of the agent that registered the node; nil for
 	// nodes an admin created. Server-managed.
 	Owner *string `json:"owner"`
@@ -43,6 +46,16 @@ type Node struct {
 	// Schedulable is false while the node's provider reports it stopped
 	// or gone; such nodes are never claimed. Server-managed.
 	Schedulable bool `json:"schedulable"`
+	// State is the node's lifecycle state, derived from the fields (and
+	// Lost) by DeriveState. Server-managed.
+	State State `json:"state"`
+	// CordonReason is why an admin cordoned the node; nil while it is not
+	// cordoned. Server-managed (cordon, uncordon).
+	CordonReason *string `json:"cordon_reason"`
+	// Lost is set by the lifecycle sweeper while a node that has an agent
+	// or has heartbeated has not been seen for the node TTL. The document
+	// shows it as State.
+	Lost bool `json:"-"`
 	// ExternalID and ProviderState are what the sync worker knows of an
 	// imported node's host; nil for nodes registered through the API.
 	ExternalID    *string   `json:"external_id"`
@@ -59,6 +72,10 @@ func (n Node) UTC() Node {
 	if n.LastSeen != nil {
 		t := n.LastSeen.UTC()
 		n.LastSeen = &t
+	}
+	if n.LeaseExpiresAt != nil {
+		t := n.LeaseExpiresAt.UTC()
+		n.LeaseExpiresAt = &t
 	}
 	n.CreatedAt = n.CreatedAt.UTC()
 	n.UpdatedAt = n.UpdatedAt.UTC()
@@ -223,6 +240,12 @@ type NodeEcho struct {
 	ProviderState Optional[string]
 	CreatedAt     Optional[Stamp]
 	UpdatedAt     Optional[Stamp]
+	// The lifecycle's fields. A sweep, a cordon or a lease may change them
+	// between a client's read and its write; an echo must still be a value
+	// they have now, like provider_state.
+	State          Optional[string]
+	CordonReason   Optional[string]
+	LeaseExpiresAt Optional[Stamp]
 }
 
 // Stamp is a timestamp a client sent back, with the precision it was
@@ -301,6 +324,19 @@ func (e NodeEcho) Check(cur Node) error {
 	}
 	if e.UpdatedAt.Set && !sameStamp(e.UpdatedAt, cur.UpdatedAt) {
 		fe.Add("updated_at", "is read-only; the node changed since you read it, or the value was edited")
+	}
+	if e.State.Set && (e.State.Null || State(e.State.Value) != cur.State) {
+		fe.Add("state", "is read-only; it is %s for this node now", cur.State)
+	}
+	if e.CordonReason.Set && !sameString(e.CordonReason, cur.CordonReason) {
+		fe.Add("cordon_reason", "is read-only; cordon and uncordon set it")
+	}
+	if e.LeaseExpiresAt.Set {
+		same := e.LeaseExpiresAt.Null && cur.LeaseExpiresAt == nil ||
+			!e.LeaseExpiresAt.Null && cur.LeaseExpiresAt != nil && e.LeaseExpiresAt.Value.Matches(*cur.LeaseExpiresAt)
+		if !same {
+			fe.Add("lease_expires_at", "is read-only; claims and renewals set it")
+		}
 	}
 	return fe.Err()
 }

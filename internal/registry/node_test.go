@@ -127,20 +127,25 @@ func TestNodeDocument(t *testing.T) {
 	n := Node{PK: 1, IP: "2001:db8::7", Index: 0, CPUMem: 2199023255552, DriverVersion: "550.54.15",
 		HardwareGeneration: &hw, GPUMem: &gpu, LastSeen: &at, CurrentJob: &job, Owner: &owner, Source: "scp",
 		Schedulable: true, ExternalID: &ext, ProviderState: &state, CreatedAt: at, UpdatedAt: at, Version: 3}
+	lease, reason := at.Add(time.Hour), "fan"
+	n.LeaseExpiresAt, n.CordonReason = &lease, &reason
+	n.State = n.DeriveState()
 	b, err := json.Marshal(n)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := `{"pk":1,"ip":"2001:db8::7","index":0,"cpu_mem":2199023255552,"driver_version":"550.54.15",` +
 		`"hardware_generation":1,"gpu_mem":85899345920,"last_seen":"2026-11-29T16:04:08.228713Z","current_job":7,` +
-		`"owner":"agent-gpu-1","source":"scp","schedulable":true,"external_id":"host-1","provider_state":"RUNNING",` +
+		`"lease_expires_at":"2026-11-29T17:04:08.228713Z","owner":"agent-gpu-1","source":"scp","schedulable":true,` +
+		`"state":"draining","cordon_reason":"fan","external_id":"host-1","provider_state":"RUNNING",` +
 		`"created_at":"2026-11-29T16:04:08.228713Z","updated_at":"2026-11-29T16:04:08.228713Z"}`
 	if string(b) != want {
 		t.Errorf("document\n got %s\nwant %s", b, want)
 	}
 	b, _ = json.Marshal(Node{})
 	if want := `{"pk":0,"ip":"","index":0,"cpu_mem":0,"driver_version":"","hardware_generation":null,"gpu_mem":null,` +
-		`"last_seen":null,"current_job":null,"owner":null,"source":"","schedulable":false,"external_id":null,` +
+		`"last_seen":null,"current_job":null,"lease_expires_at":null,"owner":null,"source":"","schedulable":false,` +
+		`"state":"","cordon_reason":null,"external_id":null,` +
 		`"provider_state":null,"created_at":"0001-01-01T00:00:00Z","updated_at":"0001-01-01T00:00:00Z"}`; string(b) != want {
 		t.Errorf("empty document\n got %s\nwant %s", b, want)
 	}
@@ -177,5 +182,33 @@ func TestNodeUTC(t *testing.T) {
 	}
 	if at.Location() != zone {
 		t.Error("UTC changed the caller's time")
+	}
+}
+
+func TestDeriveState(t *testing.T) {
+	job, reason := ptr[int64](5), ptr("bad fan")
+	for _, tc := range []struct {
+		name string
+		n    Node
+		want State
+	}{
+		{"free", Node{Schedulable: true}, StateFree},
+		{"busy", Node{Schedulable: true, CurrentJob: job}, StateBusy},
+		{"cordoned", Node{Schedulable: true, CordonReason: reason}, StateCordoned},
+		{"draining", Node{Schedulable: true, CordonReason: reason, CurrentJob: job}, StateDraining},
+		{"lost", Node{Schedulable: true, Lost: true}, StateLost},
+		{"lost beats draining", Node{Schedulable: true, Lost: true, CordonReason: reason, CurrentJob: job}, StateLost},
+		{"gone", Node{}, StateGone},
+		{"gone beats everything", Node{Lost: true, CordonReason: reason, CurrentJob: job}, StateGone},
+	} {
+		if got := tc.n.DeriveState(); got != tc.want {
+			t.Errorf("%s: DeriveState = %s, want %s", tc.name, got, tc.want)
+		}
+		if !tc.want.Valid() {
+			t.Errorf("%s: %s is not Valid", tc.name, tc.want)
+		}
+	}
+	if State("asleep").Valid() {
+		t.Error(`"asleep" is Valid`)
 	}
 }

@@ -37,7 +37,12 @@ func (d nodeDoc) node() registry.Node {
 	return n.UTC()
 }
 
-func docOfNode(n registry.Node) nodeDoc { return nodeDoc{Node: n.UTC(), Version: n.Version} }
+// docOfNode is n's document; its state is derived again, so a node edited
+// in memory (as audit's "before" of a claim is) shows the state it had.
+func docOfNode(n registry.Node) nodeDoc {
+	n.State = n.DeriveState()
+	return nodeDoc{Node: n.UTC(), Version: n.Version}
+}
 
 // recordChanges appends change rows for nodes in the current transaction
 // and asks for a notification at commit.

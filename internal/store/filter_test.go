@@ -57,6 +57,8 @@ func TestListAgreesWithMatch(t *testing.T) {
 	exec(`UPDATE nodes SET current_job = 6 WHERE pk = $1`, pks[7])
 	exec(`UPDATE nodes SET source = 'scp', schedulable = false WHERE pk = ANY($1)`, []int64{pks[2], pks[4]})
 	exec(`UPDATE nodes SET source = 'e2e' WHERE pk = $1`, pks[9])
+	exec(`UPDATE nodes SET lost = true WHERE pk = ANY($1)`, []int64{pks[3], pks[4]})           // lost; lost and gone
+	exec(`UPDATE nodes SET cordon_reason = 'fan' WHERE pk = ANY($1)`, []int64{pks[7], pks[8]}) // draining; cordoned
 	exec(`INSERT INTO node_liveness (node_pk, last_seen) SELECT unnest($1::bigint[]), now() - interval '10 seconds'`, []int64{pks[0], pks[3], pks[5]})
 	exec(`INSERT INTO node_liveness (node_pk, last_seen) SELECT unnest($1::bigint[]), now() - interval '2 hours'`, []int64{pks[6], pks[10]})
 
@@ -113,6 +115,33 @@ func TestListAgreesWithMatch(t *testing.T) {
 		}
 		if len(want) == len(all) && f.Free == nil {
 			t.Errorf("filter %s selects every node: a weak case", describe(f))
+		}
+	}
+
+	// Claims take free nodes only: never a lost, cordoned, draining, busy
+	// or gone one. Asking for one more than there are free takes nothing.
+	free, err := st.ListNodes(ctx, registry.NodeFilter{Free: ptr(true)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range free {
+		if n.State != registry.StateFree {
+			t.Errorf("node %d listed free in state %s", n.PK, n.State)
+		}
+	}
+	if _, err := st.ClaimNodes(ctx, sys, registry.Claim{Job: 77, Count: len(free) + 1}); !errors.Is(err, registry.ErrConflict) {
+		t.Fatalf("claim of %d with %d free: %v, want a conflict", len(free)+1, len(free), err)
+	}
+	got, err := st.ClaimNodes(ctx, sys, registry.Claim{Job: 77, Count: len(free)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(free) {
+		t.Fatalf("claimed %d, want %d", len(got), len(free))
+	}
+	for i, n := range got {
+		if n.PK != free[i].PK || n.State != registry.StateBusy {
+			t.Errorf("claimed node %d in state %s, want %d busy", n.PK, n.State, free[i].PK)
 		}
 	}
 }

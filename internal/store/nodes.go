@@ -47,9 +47,12 @@ var nodeFields = [...]struct {
 	{"{t}.gpu_mem", func(n *registry.Node) any { return &n.GPUMem }},
 	{"{last_seen}", func(n *registry.Node) any { return &n.LastSeen }},
 	{"{t}.current_job", func(n *registry.Node) any { return &n.CurrentJob }},
+	{"{t}.lease_expires_at", func(n *registry.Node) any { return &n.LeaseExpiresAt }},
 	{"{t}.owner", func(n *registry.Node) any { return &n.Owner }},
 	{"{t}.source", func(n *registry.Node) any { return &n.Source }},
 	{"{t}.schedulable", func(n *registry.Node) any { return &n.Schedulable }},
+	{"{t}.lost", func(n *registry.Node) any { return &n.Lost }},
+	{"{t}.cordon_reason", func(n *registry.Node) any { return &n.CordonReason }},
 	{"{t}.external_id", func(n *registry.Node) any { return &n.ExternalID }},
 	{"{t}.provider_state", func(n *registry.Node) any { return &n.ProviderState }},
 	{"{t}.created_at", func(n *registry.Node) any { return &n.CreatedAt }},
@@ -66,7 +69,7 @@ func columns(alias, lastSeen string) string {
 	return strings.Join(exprs, ", ")
 }
 
-// scanNode reads a row of nodeFields, times in UTC.
+// scanNode reads a row of nodeFields, times in UTC, its state derived.
 func scanNode(row pgx.CollectableRow) (registry.Node, error) {
 	var n registry.Node
 	var dests [len(nodeFields)]any
@@ -74,8 +77,13 @@ func scanNode(row pgx.CollectableRow) (registry.Node, error) {
 		dests[i] = f.dest(&n)
 	}
 	err := row.Scan(dests[:]...)
+	n.State = n.DeriveState()
 	return n.UTC(), err
 }
+
+// freeSQL is registry.StateFree in SQL, spelled exactly as the partial
+// free indexes' predicate (migration 00010) so the planner uses them.
+const freeSQL = "current_job IS NULL AND schedulable AND NOT lost AND cordon_reason IS NULL"
 
 // CreateNode stores a new node and audits it. An agent that creates a node
 // becomes its owner. An agent registering a node the sync worker imported
@@ -358,9 +366,9 @@ func (q *query) where(f registry.NodeFilter) {
 		// Spelled exactly as the partial indexes' predicate so the planner
 		// can use them.
 		if *f.Free {
-			q.add("current_job IS NULL AND schedulable")
+			q.add(freeSQL)
 		} else {
-			q.add("NOT (current_job IS NULL AND schedulable)")
+			q.add("NOT (" + freeSQL + ")")
 		}
 	}
 	if f.Source != nil {

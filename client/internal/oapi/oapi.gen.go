@@ -141,11 +141,16 @@ func (e NodeClaimFree) Valid() bool {
 
 // Defines values for NodeEventKind.
 const (
-	NodeEventKindClaimed  NodeEventKind = "claimed"
-	NodeEventKindCreated  NodeEventKind = "created"
-	NodeEventKindDeleted  NodeEventKind = "deleted"
-	NodeEventKindReleased NodeEventKind = "released"
-	NodeEventKindUpdated  NodeEventKind = "updated"
+	NodeEventKindClaimed    NodeEventKind = "claimed"
+	NodeEventKindCordoned   NodeEventKind = "cordoned"
+	NodeEventKindCreated    NodeEventKind = "created"
+	NodeEventKindDeleted    NodeEventKind = "deleted"
+	NodeEventKindExpired    NodeEventKind = "expired"
+	NodeEventKindFound      NodeEventKind = "found"
+	NodeEventKindLost       NodeEventKind = "lost"
+	NodeEventKindReleased   NodeEventKind = "released"
+	NodeEventKindUncordoned NodeEventKind = "uncordoned"
+	NodeEventKindUpdated    NodeEventKind = "updated"
 )
 
 // Valid indicates whether the value is a known member of the NodeEventKind enum.
@@ -153,13 +158,53 @@ func (e NodeEventKind) Valid() bool {
 	switch e {
 	case NodeEventKindClaimed:
 		return true
+	case NodeEventKindCordoned:
+		return true
 	case NodeEventKindCreated:
 		return true
 	case NodeEventKindDeleted:
 		return true
+	case NodeEventKindExpired:
+		return true
+	case NodeEventKindFound:
+		return true
+	case NodeEventKindLost:
+		return true
 	case NodeEventKindReleased:
 		return true
+	case NodeEventKindUncordoned:
+		return true
 	case NodeEventKindUpdated:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for NodeState.
+const (
+	NodeStateBusy     NodeState = "busy"
+	NodeStateCordoned NodeState = "cordoned"
+	NodeStateDraining NodeState = "draining"
+	NodeStateFree     NodeState = "free"
+	NodeStateGone     NodeState = "gone"
+	NodeStateLost     NodeState = "lost"
+)
+
+// Valid indicates whether the value is a known member of the NodeState enum.
+func (e NodeState) Valid() bool {
+	switch e {
+	case NodeStateBusy:
+		return true
+	case NodeStateCordoned:
+		return true
+	case NodeStateDraining:
+		return true
+	case NodeStateFree:
+		return true
+	case NodeStateGone:
+		return true
+	case NodeStateLost:
 		return true
 	default:
 		return false
@@ -325,6 +370,9 @@ type ClaimResult struct {
 	Nodes []Node `json:"nodes"`
 }
 
+// EchoCordonReason Read-only and best left out; accepted only when it equals the stored value (cordon and uncordon change it).
+type EchoCordonReason = string
+
 // EchoCreatedAt Read-only and best left out; accepted when it is the stored instant written at the precision sent (`2025-01-01T00:00:00Z` echoes a stored `2025-01-01T00:00:00.5Z`; so do `...00.5Z` and `...00.500Z`; `...00.6Z` does not).
 type EchoCreatedAt = time.Time
 
@@ -336,6 +384,9 @@ type EchoExternalID = string
 
 // EchoLastSeen Read-only and server-managed. Accepted when it is null (read before the first heartbeat) or, once the node has been seen, a time not later than the stored `last_seen` (heartbeats move it on after a read). Best left out.
 type EchoLastSeen = time.Time
+
+// EchoLeaseExpiresAt Read-only and best left out; accepted when it is the stored instant written at the precision sent, or null when the node has no lease.
+type EchoLeaseExpiresAt = time.Time
 
 // EchoNodes Read-only and best left out; accepted only when it equals the current count.
 type EchoNodes = int64
@@ -354,6 +405,9 @@ type EchoSchedulable = bool
 
 // EchoSource Read-only and best left out; accepted only when it equals the node's `source` (never null: every node has a source).
 type EchoSource = string
+
+// EchoState Read-only and best left out; accepted only when it equals the node's state now (a sweep, a claim or a cordon may have changed it).
+type EchoState = string
 
 // EchoUpdatedAt Read-only and best left out; accepted when it is the stored instant written at the precision sent, as `created_at`. A different value means the row changed since it was read (a write within the same second goes unnoticed at second precision: use `If-Match` to guard against concurrent writes).
 type EchoUpdatedAt = time.Time
@@ -468,6 +522,9 @@ type HealthStatus string
 
 // Node A worker node: one GPU of a host, or a CPU-only host, as every response carries it. Responses carry every field below and may gain more later. Only `ip`, `index`, `cpu_mem`, `driver_version`, `hardware_generation` and `gpu_mem` are writable (see `NodeCreate`, `NodeUpdate`, `NodePatch`); the others are read-only (server-managed). This schema describes responses only, so it marks nothing `readOnly`: every field is always there.
 type Node struct {
+	// CordonReason Why an admin cordoned the node (server-managed); null while it is not cordoned.
+	CordonReason *string `json:"cordon_reason"`
+
 	// CPUMem CPU memory in bytes.
 	//
 	// Example: 549755813888
@@ -514,6 +571,9 @@ type Node struct {
 	// Example: 2025-01-02T03:04:05.123456Z
 	LastSeen *time.Time `json:"last_seen"`
 
+	// LeaseExpiresAt When the job's claim on the node ends by itself, for a claim made with a lease (server-managed); null otherwise.
+	LeaseExpiresAt *time.Time `json:"lease_expires_at"`
+
 	// Owner The principal (token `sub`) of the agent that registered (or adopted) the node; that agent may act as the node with `Node-Id`. Null for nodes an admin created and for imported nodes no agent has registered yet (server-managed).
 	//
 	// Example: agent-gpu-17
@@ -536,6 +596,11 @@ type Node struct {
 	//
 	// Example: api
 	Source Source `json:"source"`
+
+	// State The node's lifecycle state (server-managed), the first that applies: `gone` (its provider reports the host stopped or vanished: `schedulable` is false), `lost` (it has an agent or has heartbeated, and has not been seen for the node TTL), `draining` (cordoned while a job holds it), `cordoned` (taken out of scheduling by an admin), `busy` (a job holds it), `free` (none of these: the only state claims take). More states may appear later.
+	//
+	// Example: free
+	State NodeState `json:"state"`
 
 	// UpdatedAt When a writable field last changed (UTC). Heartbeats do not change it.
 	//
@@ -645,7 +710,7 @@ type NodeEvent struct {
 	// Example: 2025-01-02T03:04:05.5Z
 	At time.Time `json:"at"`
 
-	// Kind What happened: `created` (registered, or imported by the sync worker), `updated` (changed by PUT or PATCH, adopted by an agent, or changed by the sync worker), `deleted` (also when the sync worker removes it), `claimed` (a claim gave it a job), `released` (a release freed it). Heartbeats are not events.
+	// Kind What happened: `created` (registered, or imported by the sync worker), `updated` (changed by PUT or PATCH, adopted by an agent, or changed by the sync worker), `deleted` (also when the sync worker removes it), `claimed` (a claim gave it a job), `released` (a release freed it), `lost` (not seen for the node TTL), `found` (seen again after it was lost), `cordoned` and `uncordoned` (an admin took it out of scheduling, or put it back), `expired` (its job's lease ran out and the registry released it). Heartbeats are not events; more kinds may appear later.
 	//
 	// Example: updated
 	Kind NodeEventKind `json:"kind"`
@@ -654,7 +719,7 @@ type NodeEvent struct {
 	Node Node `json:"node"`
 }
 
-// NodeEventKind What happened: `created` (registered, or imported by the sync worker), `updated` (changed by PUT or PATCH, adopted by an agent, or changed by the sync worker), `deleted` (also when the sync worker removes it), `claimed` (a claim gave it a job), `released` (a release freed it). Heartbeats are not events.
+// NodeEventKind What happened: `created` (registered, or imported by the sync worker), `updated` (changed by PUT or PATCH, adopted by an agent, or changed by the sync worker), `deleted` (also when the sync worker removes it), `claimed` (a claim gave it a job), `released` (a release freed it), `lost` (not seen for the node TTL), `found` (seen again after it was lost), `cordoned` and `uncordoned` (an admin took it out of scheduling, or put it back), `expired` (its job's lease ran out and the registry released it). Heartbeats are not events; more kinds may appear later.
 //
 // Example: updated
 type NodeEventKind string
@@ -721,6 +786,9 @@ type NodeIndex = int32
 //
 // Example: {"driver_version":"555.42.02"}
 type NodePatch struct {
+	// CordonReason Read-only and best left out; accepted only when it equals the stored value (cordon and uncordon change it).
+	CordonReason *EchoCordonReason `json:"cordon_reason,omitempty"`
+
 	// CPUMem CPU memory in bytes. Not null.
 	//
 	// Example: 549755813888
@@ -763,6 +831,9 @@ type NodePatch struct {
 	// LastSeen Read-only and server-managed. Accepted when it is null (read before the first heartbeat) or, once the node has been seen, a time not later than the stored `last_seen` (heartbeats move it on after a read). Best left out.
 	LastSeen *EchoLastSeen `json:"last_seen,omitempty"`
 
+	// LeaseExpiresAt Read-only and best left out; accepted when it is the stored instant written at the precision sent, or null when the node has no lease.
+	LeaseExpiresAt *EchoLeaseExpiresAt `json:"lease_expires_at,omitempty"`
+
 	// Owner Read-only and best left out; accepted only when it equals the node's `owner` (null included).
 	Owner *EchoOwner `json:"owner,omitempty"`
 
@@ -777,6 +848,9 @@ type NodePatch struct {
 
 	// Source Read-only and best left out; accepted only when it equals the node's `source` (never null: every node has a source).
 	Source *EchoSource `json:"source,omitempty"`
+
+	// State Read-only and best left out; accepted only when it equals the node's state now (a sweep, a claim or a cordon may have changed it).
+	State *EchoState `json:"state,omitempty"`
 
 	// UpdatedAt Read-only and best left out; accepted when it is the stored instant written at the precision sent, as `created_at`. A different value means the row changed since it was read (a write within the same second goes unnoticed at second precision: use `If-Match` to guard against concurrent writes).
 	UpdatedAt *EchoUpdatedAt `json:"updated_at,omitempty"`
@@ -795,10 +869,18 @@ type NodeRelease struct {
 	Nodes *[]int64 `json:"nodes,omitempty"`
 }
 
+// NodeState The node's lifecycle state (server-managed), the first that applies: `gone` (its provider reports the host stopped or vanished: `schedulable` is false), `lost` (it has an agent or has heartbeated, and has not been seen for the node TTL), `draining` (cordoned while a job holds it), `cordoned` (taken out of scheduling by an admin), `busy` (a job holds it), `free` (none of these: the only state claims take). More states may appear later.
+//
+// Example: free
+type NodeState string
+
 // NodeUpdate A full update (PUT): the six writable fields are required. The read-only fields are best left out; they may be echoed back with the values last read, and a different value is a 400 (`last_seen` may be older than the stored one; `created_at` and `updated_at` count at the precision sent).
 //
 // Example: {"cpu_mem":549755813888,"driver_version":"555.42.02","gpu_mem":85899345920,"hardware_generation":null,"index":0,"ip":"10.0.0.7"}
 type NodeUpdate struct {
+	// CordonReason Read-only and best left out; accepted only when it equals the stored value (cordon and uncordon change it).
+	CordonReason *EchoCordonReason `json:"cordon_reason,omitempty"`
+
 	// CPUMem CPU memory in bytes. Not null.
 	//
 	// Example: 549755813888
@@ -841,6 +923,9 @@ type NodeUpdate struct {
 	// LastSeen Read-only and server-managed. Accepted when it is null (read before the first heartbeat) or, once the node has been seen, a time not later than the stored `last_seen` (heartbeats move it on after a read). Best left out.
 	LastSeen *EchoLastSeen `json:"last_seen,omitempty"`
 
+	// LeaseExpiresAt Read-only and best left out; accepted when it is the stored instant written at the precision sent, or null when the node has no lease.
+	LeaseExpiresAt *EchoLeaseExpiresAt `json:"lease_expires_at,omitempty"`
+
 	// Owner Read-only and best left out; accepted only when it equals the node's `owner` (null included).
 	Owner *EchoOwner `json:"owner,omitempty"`
 
@@ -855,6 +940,9 @@ type NodeUpdate struct {
 
 	// Source Read-only and best left out; accepted only when it equals the node's `source` (never null: every node has a source).
 	Source *EchoSource `json:"source,omitempty"`
+
+	// State Read-only and best left out; accepted only when it equals the node's state now (a sweep, a claim or a cordon may have changed it).
+	State *EchoState `json:"state,omitempty"`
 
 	// UpdatedAt Read-only and best left out; accepted when it is the stored instant written at the precision sent, as `created_at`. A different value means the row changed since it was read (a write within the same second goes unnoticed at second precision: use `If-Match` to guard against concurrent writes).
 	UpdatedAt *EchoUpdatedAt `json:"updated_at,omitempty"`
