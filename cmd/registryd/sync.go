@@ -44,6 +44,11 @@ func sources(cfg config, logger *slog.Logger) ([]syncer.Source, error) {
 // newSyncer wires the sync worker to the store, or returns nil when no
 // provider is enabled.
 func newSyncer(cfg config, st *store.Store, logger *slog.Logger) (*syncer.Syncer, error) {
+	return newObservedSyncer(cfg, st, logger, nil)
+}
+
+// newObservedSyncer is newSyncer whose passes are told to onPass.
+func newObservedSyncer(cfg config, st *store.Store, logger *slog.Logger, onPass func(syncer.Summary)) (*syncer.Syncer, error) {
 	srcs, err := sources(cfg, logger)
 	if err != nil || len(srcs) == 0 {
 		return nil, err
@@ -53,6 +58,7 @@ func newSyncer(cfg config, st *store.Store, logger *slog.Logger) (*syncer.Syncer
 		Interval:    cfg.SyncInterval,
 		PassTimeout: cfg.SyncTimeout,
 		Logger:      logger,
+		OnPass:      onPass,
 		Locker: func(ctx context.Context) (syncer.Store, func(), bool, error) {
 			l, ok, err := st.TryLock(ctx, syncLockKey)
 			if err != nil || !ok {
