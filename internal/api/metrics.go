@@ -3,6 +3,7 @@ package api
 import (
 	"errors"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -63,6 +64,14 @@ func (s *Server) measure(next http.Handler) http.Handler {
 			route := ""
 			if rc := chi.RouteContext(r.Context()); rc != nil {
 				route = rc.RoutePattern()
+			}
+			// A request that middleware answered (401, 403, 400 for a bad
+			// Node-Id) stopped at its group's pattern, "/v1/*": look up the
+			// route it would have reached, still a pattern of ours.
+			if strings.HasSuffix(route, "/*") {
+				if full := s.router.Find(chi.NewRouteContext(), r.Method, r.URL.Path); full != "" {
+					route = full
+				}
 			}
 			s.observer.RequestDone(route, r.Method, status, time.Since(start))
 		}()
