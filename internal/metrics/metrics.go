@@ -117,6 +117,22 @@ func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
 var methods = map[string]string{"GET": "GET", "HEAD": "HEAD", "POST": "POST", "PUT": "PUT", "PATCH": "PATCH",
 	"DELETE": "DELETE", "OPTIONS": "OPTIONS"}
 
+// statuses are the status codes as label values, made once: no
+// allocation per request.
+var statuses = func() (s [600]string) {
+	for i := range s {
+		s[i] = strconv.Itoa(i)
+	}
+	return s
+}()
+
+func statusText(code int) string {
+	if code >= 0 && code < len(statuses) {
+		return statuses[code]
+	}
+	return strconv.Itoa(code)
+}
+
 // RequestStarted counts a request in flight.
 func (m *Metrics) RequestStarted() { m.httpInFlight.Inc() }
 
@@ -131,7 +147,7 @@ func (m *Metrics) RequestDone(route, method string, status int, d time.Duration)
 	if !ok {
 		method = "other"
 	}
-	m.httpRequests.WithLabelValues(route, method, strconv.Itoa(status)).Inc()
+	m.httpRequests.WithLabelValues(route, method, statusText(status)).Inc()
 	m.httpDuration.WithLabelValues(route, method).Observe(d.Seconds())
 }
 
