@@ -3,10 +3,11 @@ package registry
 // NodeState is what a node is doing as the fleet's figures count it.
 type NodeState string
 
-// The states of a node. Every state is declared here, in NodeStates, and
-// derived in one place (the store's fleet query, which follows
-// Node.State); the fleet metric reports each of them, zero included, so a
-// new state needs no change in the metrics code.
+// The states of a node. The fleet metric's state label takes its values
+// from NodeStates (each reported, zero included), so a new state (issue
+// 11's lifecycle states) is one entry there, with its rule in Node.State
+// and the same rule in the store's fleet query (a store test holds the two
+// together); the metrics code does not change.
 const (
 	NodeFree          NodeState = "free"          // schedulable and holding no job
 	NodeBusy          NodeState = "busy"          // holding a job
