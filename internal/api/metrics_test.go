@@ -276,3 +276,21 @@ func TestMetricsWatch(t *testing.T) {
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// A resuming stream whose change log cannot be read ends as "backfill".
+func TestMetricsWatchBackfillFailure(t *testing.T) {
+	m := metrics.New()
+	b := setup(t, withMetrics(m, nil))
+	b.createNode(map[string]any{"ip": "10.0.0.1", "index": 0})
+	b.store.Close()
+	s := watchStream(t, b.url, "", b.token, "Last-Event-ID", "0")
+	if s.status != http.StatusOK {
+		t.Fatalf("watch: %d", s.status)
+	}
+	apitest.Eventually(t, 10*time.Second, "the stream ends as backfill", func() bool {
+		return apitest.Scrape(t, b.url+"/metrics").Get(t, "registryd_watch_streams_closed_total", "reason", "backfill") == 1
+	})
+	if got := apitest.Scrape(t, b.url+"/metrics").Get(t, "registryd_watch_streams"); got != 0 {
+		t.Errorf("open streams = %v, want 0", got)
+	}
+}
