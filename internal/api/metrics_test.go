@@ -282,6 +282,12 @@ func TestMetricsWatchBackfillFailure(t *testing.T) {
 	m := metrics.New()
 	b := setup(t, withMetrics(m, nil))
 	b.createNode(map[string]any{"ip": "10.0.0.1", "index": 0})
+	// A first stream gets the event: the hub is up (a hub not yet up would
+	// hold a new stream until it is, and with the database gone it never
+	// would be).
+	first := watchStream(t, b.url, "", b.token, "Last-Event-ID", "0")
+	first.next()
+	first.close()
 	b.store.Close()
 	s := watchStream(t, b.url, "", b.token, "Last-Event-ID", "0")
 	if s.status != http.StatusOK {
