@@ -47,6 +47,7 @@ var layers = map[string][]string{
 	"internal/watch":                 {"internal/registry", "internal/lifecycle"},
 	"internal/syncer":                {"internal/registry", "internal/provider"},
 	"internal/store":                 {"internal/registry", "migrations"},
+	"internal/metrics":               {"internal/registry"}, // consumers reach it through interfaces they declare
 	"internal/agent":                 {"internal/registry", "internal/lifecycle"},
 	"internal/agent/agenttest":       {""},
 	"internal/apitest":               {""}, // test helpers: anything
@@ -62,12 +63,14 @@ var stdlibOnly = []string{"internal/registry", "internal/jsonscan", "internal/li
 
 // owners says which packages alone may use a third-party library: only
 // the store speaks SQL (pglocal and pgtest run PostgreSQL itself), only
-// the HTTP layer routes, only auth handles JWTs.
+// the HTTP layer routes, only auth handles JWTs, only metrics speaks
+// Prometheus (apitest parses what it serves).
 var owners = map[string][]string{
 	"github.com/jackc/pgx":      {"internal/store", "internal/pglocal", "internal/pgtest"},
 	"github.com/pressly/goose":  {"internal/store", "internal/pgtest"},
 	"github.com/go-chi/chi":     {"internal/api"},
 	"github.com/golang-jwt/jwt": {"internal/auth"},
+	"github.com/prometheus":     {"internal/metrics", "internal/apitest"}, // apitest parses scrapes
 }
 
 // The layering the code relies on, from `go list -deps`.

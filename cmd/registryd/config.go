@@ -46,12 +46,17 @@ type config struct {
 
 	limits // connections and watch streams
 
+	Metrics metricsConfig // REGISTRY_METRICS_*
+
 	SCP          scpConfig
 	E2E          e2eConfig
 	SyncInterval time.Duration // REGISTRY_SYNC_INTERVAL
 	SyncTimeout  time.Duration // REGISTRY_SYNC_TIMEOUT
 
 	embedded embeddedTuning // tests only; not from the environment
+	// observeQuery is told of every statement the store runs (metrics);
+	// set by serve, not from the environment.
+	observeQuery func(class string)
 	// revocationsWait bounds serve's wait for the first load of the token
 	// revocation list; 30s when zero. Tests only; not from the environment.
 	revocationsWait time.Duration
@@ -169,6 +174,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		c.CORSOrigins = origins
 	}
 	c.limits = loadLimits(getenv, &errs)
+	c.Metrics = loadMetricsConfig(getenv, &errs)
 	c.SyncInterval, c.SyncTimeout = 5*time.Minute, 10*time.Minute
 	for name, dst := range map[string]*time.Duration{"REGISTRY_SYNC_INTERVAL": &c.SyncInterval, "REGISTRY_SYNC_TIMEOUT": &c.SyncTimeout} {
 		if v := getenv(name); v != "" {

@@ -72,7 +72,7 @@ func openDatabase(ctx context.Context, cfg config, logger *slog.Logger, command 
 		url = u
 	}
 	st, err := store.Open(ctx, url, store.Options{MaxConns: cfg.MaxConns, AcquireTimeout: cfg.AcquireTimeout,
-		StatementTimeout: cfg.StatementTimeout})
+		StatementTimeout: cfg.StatementTimeout, ObserveQuery: cfg.observeQuery})
 	if err != nil {
 		claim.release(ctx)
 		return nil, err
@@ -291,12 +291,21 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 		}
 		defer claim.release(ctx)
 	}
+	metricsLn, err := metricsListener(cfg.Metrics)
+	if err != nil {
+		return err
+	}
+	if metricsLn != nil {
+		defer metricsLn.Close()
+	}
+	m := newMetrics(&cfg)
 
 	db, err := openMigrated(ctx, cfg, logger, "serve", claim)
 	if err != nil {
 		return err
 	}
 	defer db.close()
+	watchStore(ctx, m, db.store, cfg.Metrics.FleetInterval, logger)
 	dbFailed, stopSupervising := superviseEmbedded(ctx, db, cfg.embedded)
 	defer stopSupervising() // before db.close: no restart while stopping
 
@@ -318,12 +327,13 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 	}
 
 	// Heartbeats outlive the HTTP server by one final flush.
-	beats := heartbeat.New(db.store, heartbeat.Options{Logger: logger})
+	beats := heartbeat.New(db.store, heartbeat.Options{Logger: logger, Observer: m})
+	m.HeartbeatsPending(beats.Pending)
 	defer lifecycle.Go(context.WithoutCancel(ctx), beats.Run)()
 
 	// The sync loop runs when a provider is configured; replicas take turns
 	// through an advisory lock.
-	syncWorker, err := newSyncer(cfg, db.store, logger, 0, nil)
+	syncWorker, err := newSyncer(cfg, db.store, logger, 0, nil, syncPasses(m))
 	if err != nil {
 		return err
 	}
@@ -358,6 +368,8 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 		Events:     hub,
 		Health:     embeddedHealth(db.cluster, cfg.embedded.healthGrace),
 		Ready:      schemaReady(db.store),
+		Metrics:    apiMetrics(m, metricsLn),
+		Observer:   m,
 	})
 	srv := newHTTPServer(ctx, handler, logger)
 	// Idle keep-alive connections make room for new clients once the
@@ -381,6 +393,9 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 		}
 	}
 
+	if metricsLn != nil {
+		defer serveMetricsOn(ctx, metricsLn, m.Handler(), cfg.ShutdownTimeout, logger)()
+	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(limited) }()
 	var exitErr error

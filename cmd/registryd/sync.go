@@ -45,8 +45,9 @@ func sources(cfg config, logger *slog.Logger) ([]syncer.Source, error) {
 // newSyncer wires the sync worker to the store, or returns nil when no
 // provider is enabled. With wait 0 a pass is skipped while another replica
 // syncs (serve's loop); otherwise it waits for that pass to end, at most
-// wait, telling stderr once (`registryd sync --once`).
-func newSyncer(cfg config, st *store.Store, logger *slog.Logger, wait time.Duration, stderr io.Writer) (*syncer.Syncer, error) {
+// wait, telling stderr once (`registryd sync --once`). Each pass's summary
+// goes to onPass when it is not nil (serve's metrics).
+func newSyncer(cfg config, st *store.Store, logger *slog.Logger, wait time.Duration, stderr io.Writer, onPass func(syncer.Summary)) (*syncer.Syncer, error) {
 	srcs, err := sources(cfg, logger)
 	if err != nil || len(srcs) == 0 {
 		return nil, err
@@ -56,6 +57,7 @@ func newSyncer(cfg config, st *store.Store, logger *slog.Logger, wait time.Durat
 		Interval:    cfg.SyncInterval,
 		PassTimeout: cfg.SyncTimeout,
 		Logger:      logger,
+		OnPass:      onPass,
 		Locker: func(ctx context.Context) (syncer.Store, func(), bool, error) {
 			l, ok, err := st.TryLock(ctx, syncLockKey)
 			if err == nil && !ok && wait > 0 {
@@ -97,7 +99,7 @@ func syncCmd(ctx context.Context, cfg config, args []string, stdout, stderr io.W
 	if *noWait {
 		wait = 0
 	}
-	s, err := newSyncer(cfg, db.store, logger, wait, stderr)
+	s, err := newSyncer(cfg, db.store, logger, wait, stderr, nil)
 	if err != nil {
 		return err
 	}

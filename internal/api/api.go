@@ -80,6 +80,11 @@ type Config struct {
 	// WatchRecheck is how often a watch stream checks its token again,
 	// ending the stream once the token is revoked or expired; default 5s.
 	WatchRecheck time.Duration
+	// Metrics is served at /metrics, open like the probes; without it
+	// /metrics answers 404 (e.g. when metrics have a listener of their own).
+	Metrics http.Handler
+	// Observer is told what the server does, for metrics; optional.
+	Observer Observer
 }
 
 // refuseAll is the Authenticator of a server configured without one.
@@ -105,6 +110,8 @@ type Server struct {
 	auth       Authenticator
 	heartbeats Heartbeats
 	events     Events
+	metrics    http.Handler
+	observer   Observer
 	router     chi.Router
 
 	watchKeepAlive    time.Duration
@@ -124,6 +131,8 @@ func New(cfg Config) *Server {
 		auth:       cfg.Auth,
 		heartbeats: cfg.Heartbeats,
 		events:     cfg.Events,
+		metrics:    cfg.Metrics,
+		observer:   cfg.Observer,
 
 		watchKeepAlive:    cfg.WatchKeepAlive,
 		watchRecheck:      cfg.WatchRecheck,
@@ -141,6 +150,9 @@ func New(cfg Config) *Server {
 	if s.heartbeats == nil {
 		s.heartbeats = noHeartbeats{}
 	}
+	if s.observer == nil {
+		s.observer = noObserver{}
+	}
 	if s.listBatch <= 0 {
 		s.listBatch = 500
 	}
@@ -153,6 +165,9 @@ func New(cfg Config) *Server {
 	}
 	s.docs = docs
 	r := chi.NewRouter()
+	if cfg.Observer != nil {
+		r.Use(s.measure) // outside the recoverer: a panic counts as the 500 it becomes
+	}
 	r.Use(s.closeUnreadBody, s.requestID, s.accessLog, s.recoverer)
 	if len(cfg.CORS) > 0 {
 		r.Use(newCORS(cfg.CORS, s).handler)
@@ -164,6 +179,9 @@ func New(cfg Config) *Server {
 	getAndHead(r, "/healthz", s.handle(s.healthz))
 	getAndHead(r, "/readyz", s.handle(s.readyz))
 	getAndHead(r, "/openapi.yaml", s.serveOpenAPI)
+	if s.metrics != nil {
+		r.Get("/metrics", s.serveMetrics)
+	}
 	s.routeDocs(r) // the contract in a browser
 
 	// The API proper: a bearer token on every request, then Node-Id, then

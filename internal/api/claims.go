@@ -2,6 +2,7 @@ package api
 
 import (
 	"net/http"
+	"time"
 
 	"github.com/registryd/registryd/internal/registry"
 )
@@ -51,7 +52,9 @@ func (s *Server) claimNodes(w http.ResponseWriter, r *http.Request) error {
 	if err := f.err(); err != nil {
 		return err
 	}
+	start := time.Now()
 	nodes, err := s.store.ClaimNodes(r.Context(), actor(r), c)
+	s.observer.Claimed(claimOutcome(err), len(nodes), time.Since(start))
 	if err != nil {
 		return err
 	}
@@ -84,10 +87,12 @@ func (s *Server) releaseNodes(w http.ResponseWriter, r *http.Request) error {
 	if err := f.err(); err != nil {
 		return err
 	}
+	start := time.Now()
 	released, notReleased, err := s.store.ReleaseNodes(r.Context(), actor(r), rel)
 	if err != nil {
 		return err
 	}
+	s.observer.Released(len(released), len(notReleased), time.Since(start))
 	out := releaseJSON{Job: rel.Job, Released: nodesJSON(released), NotReleased: []notReleasedJSON{}}
 	for _, n := range notReleased {
 		out.NotReleased = append(out.NotReleased, notReleasedJSON{PK: n.PK, Reason: n.Reason})

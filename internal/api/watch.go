@@ -185,9 +185,17 @@ func (s *Server) watchNodes(w http.ResponseWriter, r *http.Request) error {
 	ctx := r.Context()
 	sub, err := s.events.Subscribe(ctx, principalFrom(ctx).Sub)
 	if err != nil {
+		if errors.Is(err, registry.ErrTooMany) {
+			s.observer.WatchRefused()
+		}
 		return err
 	}
 	defer sub.Close()
+	// Every return below says why the stream ended (a write that fails
+	// means the client is gone or stuck).
+	end := watchEndWrite
+	s.observer.WatchOpened()
+	defer func() { s.observer.WatchClosed(end) }()
 	last := sub.Last()
 
 	rc := http.NewResponseController(w)
@@ -229,6 +237,7 @@ func (s *Server) watchNodes(w http.ResponseWriter, r *http.Request) error {
 		latest, err := s.events.Latest(ctx)
 		if err != nil {
 			s.logger.WarnContext(ctx, "watch: reading the latest event failed", "request_id", requestID(ctx), "err", err)
+			end = watchEndBackfill
 			return nil // the client retries
 		}
 		floor = max(floor, latest)
@@ -247,7 +256,11 @@ func (s *Server) watchNodes(w http.ResponseWriter, r *http.Request) error {
 				return nil
 			}
 			deadline()
-			return write(frame)
+			if err := write(frame); err != nil {
+				return err
+			}
+			s.observer.WatchSent(1)
+			return nil
 		})
 		if err == nil {
 			deadline()
@@ -261,6 +274,9 @@ func (s *Server) watchNodes(w http.ResponseWriter, r *http.Request) error {
 		case err != nil:
 			if ctx.Err() == nil {
 				s.logger.WarnContext(ctx, "watch backfill failed", "request_id", requestID(ctx), "err", err)
+				end = watchEndBackfill
+			} else {
+				end = watchEndClient
 			}
 			return nil // the client resumes from what it got
 		}
@@ -273,18 +289,21 @@ func (s *Server) watchNodes(w http.ResponseWriter, r *http.Request) error {
 	for {
 		select {
 		case <-ctx.Done():
+			end = watchEndClient
 			return nil
 		case <-recheck.C:
 			if _, err := s.auth.Verify(token); err != nil && !errors.Is(err, registry.ErrUnavailable) {
 				// The reason stays out of the stream (a comment ends at a
 				// newline); a reconnect with the token gets it in a 401.
 				_ = send(": the token is no longer valid (revoked or expired); stream ended\n\n")
+				end = watchEndToken
 				return nil
 			}
 		case <-sub.Done():
 			// Fell behind (or the server is stopping): end the stream; the
 			// client resumes with Last-Event-ID from the change log.
 			_ = send(": falling behind; reconnect with Last-Event-ID\n\n")
+			end = watchEndBehind
 			return nil
 		case <-keepAlive.C:
 			if send(": keep-alive\n\n") != nil {
@@ -292,17 +311,21 @@ func (s *Server) watchNodes(w http.ResponseWriter, r *http.Request) error {
 			}
 		case <-sub.Wake():
 			deadline()
-			sent := false
+			sent := 0
 			err := sub.Next(func(e registry.NodeEvent, frame []byte) error {
 				if e.ID <= floor || !filter.match(e.Node) {
 					return nil
 				}
-				sent = true
-				return write(frame)
+				if err := write(frame); err != nil {
+					return err
+				}
+				sent++
+				return nil
 			})
-			if err == nil && sent {
+			if err == nil && sent > 0 {
 				err = flush()
 			}
+			s.observer.WatchSent(sent)
 			if err != nil {
 				return nil
 			}

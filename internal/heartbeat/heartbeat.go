@@ -19,6 +19,21 @@ type Store interface {
 	TouchNodes(ctx context.Context, pks []int64, seen []time.Time) error
 }
 
+// Observer is told what the Recorder does, for metrics.
+// *metrics.Metrics implements it.
+type Observer interface {
+	// HeartbeatRecorded runs on every heartbeat's request: it must be
+	// quick (an atomic add).
+	HeartbeatRecorded()
+	// HeartbeatFlushed gets a flush's batch size, duration and failure.
+	HeartbeatFlushed(nodes int, d time.Duration, err error)
+}
+
+type noObserver struct{}
+
+func (noObserver) HeartbeatRecorded()                         {}
+func (noObserver) HeartbeatFlushed(int, time.Duration, error) {}
+
 // Options tune a Recorder.
 type Options struct {
 	// Interval between flushes; default 500ms, so a heartbeat reaches the
@@ -26,6 +41,7 @@ type Options struct {
 	Interval time.Duration
 	Logger   *slog.Logger
 	Now      func() time.Time
+	Observer Observer // optional
 }
 
 // Recorder collects heartbeats and flushes them in batches.
@@ -34,6 +50,7 @@ type Recorder struct {
 	interval time.Duration
 	logger   *slog.Logger
 	now      func() time.Time
+	observer Observer
 
 	mu      sync.Mutex
 	pending map[int64]time.Time
@@ -43,7 +60,10 @@ type Recorder struct {
 // New returns a Recorder; call Run to flush in the background.
 func New(store Store, opts Options) *Recorder {
 	r := &Recorder{store: store, interval: opts.Interval, logger: opts.Logger, now: opts.Now,
-		pending: map[int64]time.Time{}}
+		observer: opts.Observer, pending: map[int64]time.Time{}}
+	if r.observer == nil {
+		r.observer = noObserver{}
+	}
 	if r.interval <= 0 {
 		r.interval = 500 * time.Millisecond
 	}
@@ -64,6 +84,7 @@ func (r *Recorder) Record(pk int64) {
 		r.pending[pk] = t
 	}
 	r.mu.Unlock()
+	r.observer.HeartbeatRecorded()
 }
 
 // Pending reports how many nodes wait to be written.
@@ -95,7 +116,10 @@ func (r *Recorder) Flush(ctx context.Context) error {
 	for i, pk := range pks {
 		seen[i] = batch[pk]
 	}
-	if err := r.store.TouchNodes(ctx, pks, seen); err != nil {
+	start := time.Now()
+	err := r.store.TouchNodes(ctx, pks, seen)
+	r.observer.HeartbeatFlushed(len(pks), time.Since(start), err)
+	if err != nil {
 		r.mu.Lock()
 		for pk, t := range batch {
 			if cur, ok := r.pending[pk]; !ok || t.After(cur) {

@@ -2,9 +2,12 @@ package store
 
 import (
 	"context"
+	"errors"
+	"regexp"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -27,7 +30,13 @@ const (
 // past its deadline has its connection's socket deadline set (pgx's
 // default reaction to a done context), so it fails even if the server
 // never answers, and the connection is closed.
-type bounds struct{ wait, statement time.Duration }
+//
+// The tracer also tells observe (when set) how each statement ended; see
+// Options.ObserveQuery.
+type bounds struct {
+	wait, statement time.Duration
+	observe         func(class string)
+}
 
 type (
 	acquireCancelKey   struct{}
@@ -47,9 +56,13 @@ func (b bounds) TraceAcquireStart(ctx context.Context, _ *pgxpool.Pool, _ pgxpoo
 	return context.WithValue(ctx, acquireCancelKey{}, cancel)
 }
 
-func (bounds) TraceAcquireEnd(ctx context.Context, _ *pgxpool.Pool, _ pgxpool.TraceAcquireEndData) {
+func (b bounds) TraceAcquireEnd(ctx context.Context, _ *pgxpool.Pool, d pgxpool.TraceAcquireEndData) {
 	if cancel, ok := ctx.Value(acquireCancelKey{}).(context.CancelFunc); ok {
 		cancel()
+	}
+	// A statement that found no connection never reaches TraceQueryEnd.
+	if d.Err != nil && b.observe != nil {
+		b.observe(ErrorClass(d.Err))
 	}
 }
 
@@ -61,8 +74,44 @@ func (b bounds) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQue
 	return context.WithValue(ctx, statementCancelKey{}, cancel)
 }
 
-func (bounds) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+func (b bounds) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
 	if cancel, ok := ctx.Value(statementCancelKey{}).(context.CancelFunc); ok {
 		cancel()
 	}
+	if b.observe != nil {
+		b.observe(ErrorClass(d.Err))
+	}
 }
+
+// ErrorClass names the kind of a statement's failure for counting, from a
+// small fixed set: "" for no error; the SQLSTATE class (its first two
+// characters, e.g. "23" integrity constraint violation, "40" transaction
+// rollback, "57" operator intervention) for an error the server reported;
+// "connection" when there was no usable connection (refused, reset,
+// closed; including a server refusing the connection with a SQLSTATE);
+// "timeout" for a deadline (pool wait or statement bound); "canceled" when
+// the caller gave up; "other" for anything else.
+func ErrorClass(err error) string {
+	var connectErr *pgconn.ConnectError
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
+		return ""
+	case errors.As(err, &connectErr):
+		return "connection"
+	case errors.As(err, &pgErr) && sqlstateClass.MatchString(pgErr.Code):
+		return pgErr.Code[:2]
+	case errors.Is(err, context.Canceled):
+		return "canceled"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	case unavailable(err):
+		return "connection"
+	default:
+		return "other"
+	}
+}
+
+// sqlstateClass is what a SQLSTATE looks like; anything else is "other",
+// so that the class label stays within 36² values whatever a server sends.
+var sqlstateClass = regexp.MustCompile(`^[0-9A-Z]{5}$`)

@@ -57,6 +57,11 @@ type Options struct {
 	// of holding its request until the client gives up. Migrations, import
 	// passes and pruning are not bounded (see withoutStatementTimeout).
 	StatementTimeout time.Duration
+	// ObserveQuery, when set, is called as each statement ends (or fails
+	// to get a connection) with "" on success, otherwise its ErrorClass:
+	// what the failed-query metric counts. It runs on the statement's path,
+	// so it must be quick.
+	ObserveQuery func(class string)
 }
 
 // Open connects to the database at url. It does not check the schema; see
@@ -77,7 +82,7 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 		}
 	}
 	cfg.ConnConfig.Tracer = bounds{wait: cmp.Or(opts.AcquireTimeout, defaultAcquireTimeout),
-		statement: cmp.Or(opts.StatementTimeout, defaultStatementTimeout)}
+		statement: cmp.Or(opts.StatementTimeout, defaultStatementTimeout), observe: opts.ObserveQuery}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("store: open: %w", translate(err))

@@ -47,6 +47,9 @@ type Config struct {
 	PassTimeout time.Duration // bound on one pass; default 10m
 	Logger      *slog.Logger
 	Now         func() time.Time
+	// OnPass, when set, gets every provider's pass as it ends (for
+	// metrics), in RunOnce and so in Run.
+	OnPass func(Summary)
 }
 
 // Syncer runs import passes.
@@ -142,6 +145,9 @@ func (s *Syncer) RunOnce(ctx context.Context) ([]Summary, error) {
 	var failed []string
 	for _, src := range s.cfg.Sources {
 		sum := s.pass(ctx, st, src)
+		if s.cfg.OnPass != nil {
+			s.cfg.OnPass(sum)
+		}
 		summaries = append(summaries, sum)
 		if sum.Err != nil {
 			failed = append(failed, src.Name())
@@ -159,6 +165,7 @@ func (s *Syncer) pass(ctx context.Context, st Store, src Source) Summary {
 	inv, err := src.Fetch(ctx)
 	if err != nil {
 		sum.Err = err
+		sum.Duration = s.cfg.Now().Sub(start)
 		return sum
 	}
 	nodes, skipped := Nodes(inv)

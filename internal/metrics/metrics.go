@@ -1,0 +1,274 @@
+// Package metrics is registryd's Prometheus instrumentation: every family
+// on a registry of its own (never the global default, so servers can be
+// built side by side), and the hooks the other packages call. Those
+// packages do not import it: each declares the small interface or plain
+// function it calls, and cmd/registryd hands them a *Metrics.
+//
+// Labels take values from small fixed sets only (route patterns, methods,
+// status codes, providers, SQLSTATE classes, hardware generations,
+// states), never from what a client sends: the number of series stays
+// bounded whatever the traffic.
+package metrics
+
+import (
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/registryd/registryd/internal/registry"
+)
+
+const namespace = "registryd"
+
+// Metrics holds every family. The zero value is not usable; call New.
+type Metrics struct {
+	reg *prometheus.Registry
+
+	httpRequests *prometheus.CounterVec
+	httpDuration *prometheus.HistogramVec
+	httpInFlight prometheus.Gauge
+
+	dbQueries      prometheus.Counter
+	dbQueryErrors  *prometheus.CounterVec
+	hbRecorded     prometheus.Counter
+	hbFlushed      prometheus.Counter
+	hbBatch        prometheus.Histogram
+	hbFlushSeconds prometheus.Histogram
+	hbFailures     prometheus.Counter
+
+	claims         *prometheus.CounterVec
+	claimedNodes   prometheus.Counter
+	claimSeconds   prometheus.Histogram
+	releasedNodes  prometheus.Counter
+	notReleased    prometheus.Counter
+	releaseSeconds prometheus.Histogram
+
+	watchStreams prometheus.Gauge
+	watchSent    prometheus.Counter
+	watchClosed  *prometheus.CounterVec
+	watchRefused prometheus.Counter
+	syncSeconds  *prometheus.HistogramVec
+	syncNodes    *prometheus.CounterVec
+	syncFailures *prometheus.CounterVec
+	syncLastOK   *prometheus.GaugeVec
+}
+
+// New makes the families and registers them, with the process and Go
+// runtime collectors, on a registry of their own.
+func New() *Metrics {
+	m := &Metrics{reg: prometheus.NewRegistry()}
+	f := promauto{m.reg}
+	m.httpRequests = f.counterVec("http_requests_total",
+		"HTTP requests answered, by route pattern (not the raw path), method and status.", "route", "method", "status")
+	m.httpDuration = f.histogramVec("http_request_duration_seconds",
+		"Time from a request's arrival to its handler's return, by route pattern and method (watch streams count their whole life).",
+		prometheus.DefBuckets, "route", "method")
+	m.httpInFlight = f.gauge("http_requests_in_flight", "Requests being served now, open watch streams included.")
+
+	m.dbQueries = f.counter("db_queries_total", "Statements run through the pool, failed ones included.")
+	m.dbQueryErrors = f.counterVec("db_query_errors_total",
+		`Failed statements by class: the SQLSTATE class (its first two characters) for errors the server reported, or "connection", "timeout", "canceled", "other".`, "class")
+
+	m.hbRecorded = f.counter("heartbeats_recorded_total", "Heartbeats received (requests acting as a node through Node-Id that succeeded).")
+	m.hbFlushed = f.counter("heartbeats_flushed_total", "Nodes whose last_seen a flush wrote.")
+	m.hbBatch = f.histogram("heartbeat_flush_batch_size", "Nodes per heartbeat flush (one UPDATE each).",
+		prometheus.ExponentialBuckets(1, 4, 10)) // 1 … 262,144
+	m.hbFlushSeconds = f.histogram("heartbeat_flush_duration_seconds", "Time one heartbeat flush took, failed ones included.", prometheus.DefBuckets)
+	m.hbFailures = f.counter("heartbeat_flush_failures_total", "Heartbeat flushes that failed (their heartbeats are kept for the next).")
+
+	m.claims = f.counterVec("claims_total", `Claim requests that reached the database, by outcome: "granted", "conflict" (409: not enough free nodes match), "error".`, "outcome")
+	m.claimedNodes = f.counter("claimed_nodes_total", "Nodes granted to jobs by claims.")
+	m.claimSeconds = f.histogram("claim_duration_seconds", "Time the database took to grant or refuse a claim.", prometheus.DefBuckets)
+	m.releasedNodes = f.counter("released_nodes_total", "Nodes released by their jobs.")
+	m.notReleased = f.counter("release_not_released_nodes_total", "Nodes a release named that were not released (not held by the job, or gone).")
+	m.releaseSeconds = f.histogram("release_duration_seconds", "Time the database took to release nodes.", prometheus.DefBuckets)
+
+	m.watchStreams = f.gauge("watch_streams", "Watch streams open now.")
+	m.watchSent = f.counter("watch_events_sent_total", "Node events written to watch streams (backfilled ones included).")
+	m.watchClosed = f.counterVec("watch_streams_closed_total",
+		`Watch streams ended, by reason: "client" (went away), "token" (revoked or expired), "behind" (fell too far behind the feed, or the server is stopping), "write" (a write failed or timed out), "backfill" (reading the change log failed).`, "reason")
+	m.watchRefused = f.counter("watch_streams_refused_total", "Watch streams refused with 429 because a stream limit was reached.")
+
+	m.syncSeconds = f.histogramVec("sync_pass_duration_seconds", "Time of one provider's sync pass, failed ones included.",
+		[]float64{0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}, "provider")
+	m.syncNodes = f.counterVec("sync_nodes_total",
+		`Nodes a sync pass handled, by provider and result: "added", "updated", "unchanged", "removed", "kept_busy".`, "provider", "result")
+	m.syncFailures = f.counterVec("sync_failures_total", "Sync passes of a provider that failed (nothing changed for it).", "provider")
+	m.syncLastOK = f.gaugeVec("sync_last_success_timestamp_seconds", "When a provider's last successful sync pass ended, as a Unix time.", "provider")
+
+	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Handler serves the exposition (text or protobuf, as the scraper asks).
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
+}
+
+// Registry is the registry every family is on, for adding collectors.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// methods are the HTTP methods counted by name; others count as "other"
+// (a client may send any token as a method).
+var methods = map[string]string{"GET": "GET", "HEAD": "HEAD", "POST": "POST", "PUT": "PUT", "PATCH": "PATCH",
+	"DELETE": "DELETE", "OPTIONS": "OPTIONS"}
+
+// statuses are the status codes as label values, made once: no
+// allocation per request.
+var statuses = func() (s [600]string) {
+	for i := range s {
+		s[i] = strconv.Itoa(i)
+	}
+	return s
+}()
+
+func statusText(code int) string {
+	if code >= 0 && code < len(statuses) {
+		return statuses[code]
+	}
+	return strconv.Itoa(code)
+}
+
+// RequestStarted counts a request in flight.
+func (m *Metrics) RequestStarted() { m.httpInFlight.Inc() }
+
+// RequestDone counts a request answered. route is the router's pattern
+// ("" when no route matched).
+func (m *Metrics) RequestDone(route, method string, status int, d time.Duration) {
+	m.httpInFlight.Dec()
+	if route == "" {
+		route = "unmatched"
+	}
+	method, ok := methods[method]
+	if !ok {
+		method = "other"
+	}
+	m.httpRequests.WithLabelValues(route, method, statusText(status)).Inc()
+	m.httpDuration.WithLabelValues(route, method).Observe(d.Seconds())
+}
+
+// ObserveQuery counts a statement that ended; class "" for success,
+// otherwise the failure's class.
+func (m *Metrics) ObserveQuery(class string) {
+	m.dbQueries.Inc()
+	if class != "" {
+		m.dbQueryErrors.WithLabelValues(class).Inc()
+	}
+}
+
+// HeartbeatRecorded counts one heartbeat. It is on every agent request's
+// path: one atomic add.
+func (m *Metrics) HeartbeatRecorded() { m.hbRecorded.Inc() }
+
+// HeartbeatFlushed records one flush of nodes heartbeats.
+func (m *Metrics) HeartbeatFlushed(nodes int, d time.Duration, err error) {
+	m.hbFlushSeconds.Observe(d.Seconds())
+	if err != nil {
+		m.hbFailures.Inc()
+		return
+	}
+	m.hbBatch.Observe(float64(nodes))
+	m.hbFlushed.Add(float64(nodes))
+}
+
+// HeartbeatsPending reports, at scrape time, how many heartbeats wait to
+// be flushed.
+func (m *Metrics) HeartbeatsPending(pending func() int) {
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: namespace, Name: "heartbeats_pending",
+		Help: "Nodes whose heartbeat waits for the next flush."}, func() float64 { return float64(pending()) }))
+}
+
+// Claim outcomes.
+const (
+	ClaimGranted  = "granted"
+	ClaimConflict = "conflict"
+	ClaimError    = "error"
+)
+
+// Claimed records a claim that reached the database: its outcome (one of
+// the Claim constants), the nodes granted and the time it took.
+func (m *Metrics) Claimed(outcome string, nodes int, d time.Duration) {
+	m.claims.WithLabelValues(outcome).Inc()
+	m.claimedNodes.Add(float64(nodes))
+	m.claimSeconds.Observe(d.Seconds())
+}
+
+// Released records a release: nodes released, nodes named but not
+// released, and the time it took.
+func (m *Metrics) Released(released, notReleased int, d time.Duration) {
+	m.releasedNodes.Add(float64(released))
+	m.notReleased.Add(float64(notReleased))
+	m.releaseSeconds.Observe(d.Seconds())
+}
+
+// WatchOpened counts an open watch stream.
+func (m *Metrics) WatchOpened() { m.watchStreams.Inc() }
+
+// WatchSent counts events written to a watch stream.
+func (m *Metrics) WatchSent(events int) { m.watchSent.Add(float64(events)) }
+
+// WatchClosed counts a watch stream's end, by reason.
+func (m *Metrics) WatchClosed(reason string) {
+	m.watchStreams.Dec()
+	m.watchClosed.WithLabelValues(reason).Inc()
+}
+
+// WatchRefused counts a watch stream refused by a limit.
+func (m *Metrics) WatchRefused() { m.watchRefused.Inc() }
+
+// SyncPass records one provider's sync pass; err is the pass's failure.
+func (m *Metrics) SyncPass(provider string, d time.Duration, r registry.ImportResult, err error, end time.Time) {
+	m.syncSeconds.WithLabelValues(provider).Observe(d.Seconds())
+	if err != nil {
+		m.syncFailures.WithLabelValues(provider).Inc()
+		return
+	}
+	for result, n := range map[string]int{"added": r.Added, "updated": r.Updated, "unchanged": r.Unchanged,
+		"removed": r.Removed, "kept_busy": r.KeptBusy} {
+		m.syncNodes.WithLabelValues(provider, result).Add(float64(n))
+	}
+	m.syncLastOK.WithLabelValues(provider).Set(float64(end.UnixNano()) / 1e9)
+}
+
+// promauto makes families with the namespace and registers them.
+type promauto struct{ reg *prometheus.Registry }
+
+func (p promauto) counter(name, help string) prometheus.Counter {
+	c := prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Name: name, Help: help})
+	p.reg.MustRegister(c)
+	return c
+}
+
+func (p promauto) counterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: name, Help: help}, labels)
+	p.reg.MustRegister(c)
+	return c
+}
+
+func (p promauto) gauge(name, help string) prometheus.Gauge {
+	g := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: namespace, Name: name, Help: help})
+	p.reg.MustRegister(g)
+	return g
+}
+
+func (p promauto) gaugeVec(name, help string, labels ...string) *prometheus.GaugeVec {
+	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: name, Help: help}, labels)
+	p.reg.MustRegister(g)
+	return g
+}
+
+func (p promauto) histogram(name, help string, buckets []float64) prometheus.Histogram {
+	h := prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: namespace, Name: name, Help: help, Buckets: buckets})
+	p.reg.MustRegister(h)
+	return h
+}
+
+func (p promauto) histogramVec(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
+	h := prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: namespace, Name: name, Help: help, Buckets: buckets}, labels)
+	p.reg.MustRegister(h)
+	return h
+}
