@@ -70,6 +70,8 @@ p2=$(free_port)
 echo "== primary on 127.0.0.1:$p1, synchronous standby on 127.0.0.1:$p2 ($("$bindir/postgres" --version))"
 as_pg "$bindir/initdb" -D "$work/primary" -U postgres --auth=trust -E UTF8 >/dev/null
 cat >>"$work/primary/postgresql.conf" <<CONF
+log_line_prefix = '%m [%p] '
+log_timezone = 'UTC'
 listen_addresses = '127.0.0.1'
 port = $p1
 unix_socket_directories = '$work'
@@ -137,19 +139,28 @@ sleep "$KILL_AT"
 
 # A crash, as near as one host can make it: every process of the primary,
 # SIGKILL, at once.
+# Each mark is taken just before and just after its action (a shell on a
+# busy machine can take tens of milliseconds to fork date); the moment
+# the promoted standby took writes comes from its own log.
 pm=$(head -1 "$work/primary/postmaster.pid")
 victims="$pm $(pgrep -P "$pm" | tr '\n' ' ')"
-kill -9 $victims 2>/dev/null || true
 echo "kill $(date +%s%N)" >>"$marks"
+kill -9 $victims 2>/dev/null || true
+echo "killed $(date +%s%N)" >>"$marks"
 sleep "$PROMOTE_DELAY"
-as_pg "$bindir/pg_ctl" -D "$work/standby" -w promote >/dev/null
 echo "promote $(date +%s%N)" >>"$marks"
+as_pg "$bindir/pg_ctl" -D "$work/standby" -w promote >/dev/null
+echo "promoted $(date +%s%N)" >>"$marks"
+ready=$(grep 'database system is ready to accept connections' "$work/standby.log" | tail -1 | cut -d' ' -f1-3)
+echo "ready $(date -d "$ready" +%s%N)" >>"$marks"
 
 status=0
 wait "$writer" || status=$?
 cat "$work/report"
 n=$(as_pg "$bindir/psql" -h "$work" -p "$p2" -U postgres -d registry -Atc "SELECT count(*) FROM nodes")
 echo "nodes on the new primary (psql): $n"
+echo "the standby's log from the kill on:"
+sed -n '/could not receive data from WAL stream\|terminated\|could not connect to the primary/,$p' "$work/standby.log" | grep -v 'FATAL:  the database system is not accepting\|cannot execute' | head -12 | sed 's/^/   /'
 echo "registryd's log around the failover (warnings and errors):"
 grep -E '"level":"(WARN|ERROR)"' "$work/serve.log" | cut -c1-220 | sort | uniq -c | sort -rn | head -8 || true
 exit "$status"

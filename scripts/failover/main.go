@@ -8,7 +8,8 @@
 // Each worker registers nodes one after another (POST /v1/nodes/create,
 // each a new address): a 201 is an acknowledged write. No retries: every
 // request counts once. When the duration is up it reads FILE, lines of
-// "NAME UNIX_NANOS" the script wrote (kill, promote), prints the timeline
+// "NAME UNIX_NANOS" the script wrote (kill, killed, promote, promoted,
+// ready), prints the timeline
 // and lists every node through registryd to check that no acknowledged
 // write was lost. It exits 1 if one was, or if writes never resumed.
 package main
@@ -83,20 +84,33 @@ func run(url, token string, duration time.Duration, workers int, marksFile strin
 		return err
 	}
 	slices.SortFunc(results, func(a, b result) int { return a.end.Compare(b.end) })
-	kill, promote := marks["kill"], marks["promote"]
+	for _, name := range []string{"kill", "killed", "promote", "promoted", "ready"} {
+		if marks[name].IsZero() {
+			return fmt.Errorf("no %q mark in %s", name, marksFile)
+		}
+	}
+	kill, ready := marks["kill"], marks["ready"]
 	var acked []string
 	var lastBefore, firstAfter result
-	between := 0 // acks completed while there was no primary
 	failures := map[string]int{}
+	between := 0 // acks answered while no primary took writes
+	var gap time.Duration
+	var prev time.Time
 	for _, r := range results {
 		if r.status == http.StatusCreated {
 			acked = append(acked, r.ip)
-			if r.end.Before(kill) {
+			switch {
+			case r.end.Before(kill):
 				lastBefore = r
-			}
-			if r.end.After(kill) && r.end.Before(promote) {
+			case r.end.Before(ready):
 				between++
+			case firstAfter.end.IsZero():
+				firstAfter = r
 			}
+			if !prev.IsZero() && r.end.Sub(prev) > gap {
+				gap = r.end.Sub(prev)
+			}
+			prev = r.end
 			continue
 		}
 		key := r.err
@@ -105,31 +119,23 @@ func run(url, token string, duration time.Duration, workers int, marksFile strin
 		}
 		failures[key]++
 	}
-	// The earliest ack completed after the promotion (results are in the
-	// order they completed).
-	for _, r := range results {
-		if r.status == http.StatusCreated && r.end.After(promote) {
-			firstAfter = r
-			break
-		}
+	ms := func(t time.Time) string {
+		return fmt.Sprintf("%+.0f ms", float64(t.Sub(kill))/float64(time.Millisecond))
 	}
-	ms := func(d time.Duration) string { return fmt.Sprintf("%.0f ms", float64(d)/float64(time.Millisecond)) }
 	fmt.Printf("requests: %d, acknowledged (201): %d, failed: %d\n", len(results), len(acked), len(results)-len(acked))
 	for k, n := range failures {
 		fmt.Printf("  failed: %d x %s\n", n, k)
 	}
-	if kill.IsZero() || promote.IsZero() {
-		return fmt.Errorf("no kill and promote marks in %s", marksFile)
-	}
-	fmt.Printf("primary killed:             t=0\n")
-	fmt.Printf("last ack before the kill:   t=-%s\n", ms(kill.Sub(lastBefore.end)))
-	fmt.Printf("acks answered between kill and promotion (committed before the kill): %d\n", between)
-	fmt.Printf("standby promoted:           t=+%s (pg_ctl promote -w returned)\n", ms(promote.Sub(kill)))
+	fmt.Printf("last ack before the kill:        t=%s\n", ms(lastBefore.end))
+	fmt.Printf("primary killed (kill -9):        t=0 (kill returned at t=%s)\n", ms(marks["killed"]))
+	fmt.Printf("promotion requested:             t=%s (pg_ctl promote -w returned at t=%s)\n", ms(marks["promote"]), ms(marks["promoted"]))
+	fmt.Printf("promoted standby takes writes:   t=%s (its log: ready to accept connections)\n", ms(ready))
+	fmt.Printf("acks answered in between:        %d (committed before the kill, answered after it)\n", between)
 	if firstAfter.end.IsZero() {
 		return errors.New("no write was acknowledged after the promotion")
 	}
-	fmt.Printf("first ack after promotion:  t=+%s (%s after promotion)\n", ms(firstAfter.end.Sub(kill)), ms(firstAfter.end.Sub(promote)))
-	fmt.Printf("writes unavailable for:     %s (last ack before to first ack after)\n", ms(firstAfter.end.Sub(lastBefore.end)))
+	fmt.Printf("first ack after promotion:       t=%s, %.0f ms after the standby took writes\n", ms(firstAfter.end), float64(firstAfter.end.Sub(ready))/float64(time.Millisecond))
+	fmt.Printf("longest gap between acks:        %.0f ms (writes unavailable, as the clients saw it)\n", float64(gap)/float64(time.Millisecond))
 	var lat []time.Duration
 	for _, r := range results {
 		if r.status == http.StatusCreated && r.start.After(firstAfter.end) {
@@ -138,7 +144,8 @@ func run(url, token string, duration time.Duration, workers int, marksFile strin
 	}
 	if len(lat) > 0 {
 		slices.Sort(lat)
-		fmt.Printf("latency after recovery:     p50 %s, p99 %s (%d acks)\n", ms(lat[len(lat)/2]), ms(lat[len(lat)*99/100]), len(lat))
+		fmt.Printf("latency after recovery:          p50 %.1f ms, p99 %.1f ms (%d acks)\n",
+			float64(lat[len(lat)/2])/float64(time.Millisecond), float64(lat[len(lat)*99/100])/float64(time.Millisecond), len(lat))
 	}
 
 	// Every acknowledged write is on the new primary (registryd can only
