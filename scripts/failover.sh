@@ -20,6 +20,7 @@
 #                      away waits before trying again, which a promotion
 #                      requested meanwhile waits out
 set -euo pipefail
+trap 'echo "failover.sh: line $LINENO failed" >&2' ERR
 cd "$(dirname "$0")/.."
 
 PROMOTE_DELAY=${PROMOTE_DELAY:-0}
@@ -151,7 +152,14 @@ sleep "$PROMOTE_DELAY"
 echo "promote $(date +%s%N)" >>"$marks"
 as_pg "$bindir/pg_ctl" -D "$work/standby" -w promote >/dev/null
 echo "promoted $(date +%s%N)" >>"$marks"
-ready=$(grep 'database system is ready to accept connections' "$work/standby.log" | tail -1 | cut -d' ' -f1-3)
+# pg_ctl returns when the control file says "in production"; the log
+# line may follow a moment later.
+for _ in $(seq 100); do
+	ready=$(grep 'database system is ready to accept connections' "$work/standby.log" | tail -1 | cut -d' ' -f1-3 || true)
+	[ -n "$ready" ] && break
+	sleep 0.05
+done
+[ -n "$ready" ] || { echo "the promoted standby never logged that it accepts connections" >&2; exit 1; }
 echo "ready $(date -d "$ready" +%s%N)" >>"$marks"
 
 status=0
