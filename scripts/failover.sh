@@ -168,7 +168,7 @@ cat "$work/report"
 n=$(as_pg "$bindir/psql" -h "$work" -p "$p2" -U postgres -d registry -Atc "SELECT count(*) FROM nodes")
 echo "nodes on the new primary (psql): $n"
 echo "the standby's log from the kill on:"
-sed -n '/could not receive data from WAL stream\|terminated\|could not connect to the primary/,$p' "$work/standby.log" | grep -v 'FATAL:  the database system is not accepting\|cannot execute' | head -12 | sed 's/^/   /'
+sed -n '/could not receive data from WAL stream\|terminated\|could not connect to the primary/,$p' "$work/standby.log" | grep -v 'FATAL:  the database system is not accepting\|cannot execute' | head -12 | sed 's/^/   /' || true
 echo "registryd's log around the failover (warnings and errors):"
 grep -E '"level":"(WARN|ERROR)"' "$work/serve.log" | cut -c1-220 | sort | uniq -c | sort -rn | head -8 || true
 exit "$status"
