@@ -3,8 +3,10 @@ package deploy
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -75,5 +77,53 @@ func TestComposeBroken(t *testing.T) {
 	broken := strings.Replace(dockerfile, `CMD ["/registryd", "healthcheck"]`, `CMD ["curl", "-f", "http://localhost:8080/healthz"]`, 1)
 	if got := checkComposeFile(t, compose, broken); !strings.Contains(got, "no HEALTHCHECK that runs /registryd healthcheck") {
 		t.Errorf("a Dockerfile health check with curl: %s", got)
+	}
+}
+
+// The keygen service's script makes a key long enough for registryd (at
+// least 32 bytes; it makes 64 hex characters), readable by registryd's
+// nonroot user only, and keeps it on the next `up`. Run here with sh on
+// a folder of the test's instead of the volume.
+func TestComposeKeygen(t *testing.T) {
+	t.Parallel()
+	if os.Geteuid() != 0 {
+		t.Skip("the script chowns the key to uid 65532, which needs root")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	p, err := LoadCompose(ctx, "../docker-compose.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kg, err := p.GetService("keygen")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(kg.Entrypoint) != 3 || kg.Entrypoint[0] != "sh" || len(kg.Volumes) != 1 {
+		t.Fatalf("keygen: entrypoint %q, volumes %v", kg.Entrypoint, kg.Volumes)
+	}
+	dir := t.TempDir()
+	script := strings.ReplaceAll(kg.Entrypoint[2], kg.Volumes[0].Target+"/", dir+"/")
+	key := filepath.Join(dir, "jwt-secret")
+	var first string
+	for i := range 2 {
+		out, err := exec.CommandContext(ctx, kg.Entrypoint[0], kg.Entrypoint[1], script).CombinedOutput()
+		if err != nil {
+			t.Fatalf("keygen: %v\n%s", err, out)
+		}
+		b, err := os.ReadFile(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fi, _ := os.Stat(key)
+		st := fi.Sys().(*syscall.Stat_t)
+		if len(b) != 64 || strings.Trim(string(b), "0123456789abcdef") != "" || fi.Mode().Perm() != 0o400 || st.Uid != 65532 {
+			t.Fatalf("key %q, mode %v, owner %d", b, fi.Mode(), st.Uid)
+		}
+		if i == 0 {
+			first = string(b)
+		} else if string(b) != first {
+			t.Error("a second run replaced the key: every token minted before would be refused")
+		}
 	}
 }
