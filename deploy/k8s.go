@@ -13,9 +13,12 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer/json"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	psa "k8s.io/pod-security-admission/api"
+	"k8s.io/pod-security-admission/policy"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/api/types"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
@@ -183,8 +186,9 @@ func Check(objs []runtime.Object, server, agent []string) []string {
 	var daemons []*appsv1.DaemonSet
 	var services []*corev1.Service
 	var pdbs []*policyv1.PodDisruptionBudget
-	configMaps := map[string]*corev1.ConfigMap{}
-	secrets := map[string]*corev1.Secret{}
+	namespaces := map[string]*corev1.Namespace{}
+	configMaps := map[string]*corev1.ConfigMap{} // by namespace/name
+	secrets := map[string]*corev1.Secret{}       // by namespace/name
 	for _, o := range objs {
 		switch o := o.(type) {
 		case *appsv1.Deployment:
@@ -196,13 +200,17 @@ func Check(objs []runtime.Object, server, agent []string) []string {
 		case *policyv1.PodDisruptionBudget:
 			pdbs = append(pdbs, o)
 		case *corev1.ConfigMap:
-			configMaps[o.Name] = o
+			configMaps[o.Namespace+"/"+o.Name] = o
 		case *corev1.Secret:
-			secrets[o.Name] = o
+			secrets[o.Namespace+"/"+o.Name] = o
+		case *corev1.Namespace:
+			namespaces[o.Name] = o
 		}
+	}
+	for _, o := range objs {
 		if m, ok := o.(interface{ GetNamespace() string }); ok {
-			if _, isNS := o.(*corev1.Namespace); !isNS && m.GetNamespace() != "registryd" {
-				bad("%T is in namespace %q, not registryd", o, m.GetNamespace())
+			if _, isNS := o.(*corev1.Namespace); !isNS && namespaces[m.GetNamespace()] == nil {
+				bad("%T is in namespace %q, which the kustomization does not make", o, m.GetNamespace())
 			}
 		}
 	}
@@ -214,57 +222,65 @@ func Check(objs []runtime.Object, server, agent []string) []string {
 	pod := d.Spec.Template.Spec
 
 	// Every Secret a pod uses is one the kustomization makes, with the key.
-	secretKey := func(where, name, key string, optional *bool) {
-		s, ok := secrets[name]
+	secretKey := func(where, ns, name, key string, optional *bool) {
+		s, ok := secrets[ns+"/"+name]
 		switch {
 		case !ok:
-			bad("%s uses Secret %q, which the kustomization does not make (it makes %v)", where, name, keys(secrets))
+			bad("%s uses Secret %q, which the kustomization does not make in namespace %s (it makes %v)", where, name, ns, keys(secrets))
 		case key != "" && s.Data[key] == nil && !(optional != nil && *optional):
 			bad("%s uses key %q of Secret %q, which has %v", where, key, name, keys(s.Data))
 		}
 	}
-	checkSecrets := func(kind string, spec corev1.PodSpec) {
+	checkSecrets := func(kind, ns string, spec corev1.PodSpec) {
 		for _, v := range spec.Volumes {
 			if v.Secret == nil {
 				continue
 			}
 			if len(v.Secret.Items) == 0 {
-				secretKey(kind+" volume "+v.Name, v.Secret.SecretName, "", v.Secret.Optional)
+				secretKey(kind+" volume "+v.Name, ns, v.Secret.SecretName, "", v.Secret.Optional)
 			}
 			for _, it := range v.Secret.Items {
-				secretKey(kind+" volume "+v.Name, v.Secret.SecretName, it.Key, v.Secret.Optional)
+				secretKey(kind+" volume "+v.Name, ns, v.Secret.SecretName, it.Key, v.Secret.Optional)
 			}
 		}
 		for _, c := range slices.Concat(spec.InitContainers, spec.Containers) {
 			for _, e := range c.Env {
 				if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
-					secretKey(kind+" "+c.Name+" "+e.Name, e.ValueFrom.SecretKeyRef.Name, e.ValueFrom.SecretKeyRef.Key, e.ValueFrom.SecretKeyRef.Optional)
+					secretKey(kind+" "+c.Name+" "+e.Name, ns, e.ValueFrom.SecretKeyRef.Name, e.ValueFrom.SecretKeyRef.Key, e.ValueFrom.SecretKeyRef.Optional)
 				}
 			}
 			for _, ef := range c.EnvFrom {
 				if ef.SecretRef != nil {
-					secretKey(kind+" "+c.Name+" envFrom", ef.SecretRef.Name, "", nil)
+					secretKey(kind+" "+c.Name+" envFrom", ns, ef.SecretRef.Name, "", nil)
 				}
-				if ef.ConfigMapRef != nil && configMaps[ef.ConfigMapRef.Name] == nil {
+				if ef.ConfigMapRef != nil && configMaps[ns+"/"+ef.ConfigMapRef.Name] == nil {
 					bad("%s %s uses ConfigMap %q, which the kustomization does not make", kind, c.Name, ef.ConfigMapRef.Name)
 				}
 			}
 		}
 	}
-	checkSecrets("Deployment", pod)
-	checkSecrets("DaemonSet", daemons[0].Spec.Template.Spec)
+	checkSecrets("Deployment", d.Namespace, pod)
+	checkSecrets("DaemonSet", daemons[0].Namespace, daemons[0].Spec.Template.Spec)
+
+	// Every pod is one its namespace's Pod Security admission lets in, and
+	// registryd's namespace enforces "restricted".
+	if ns := namespaces[d.Namespace]; ns == nil || ns.Labels[psa.EnforceLevelLabel] != string(psa.LevelRestricted) {
+		bad("registryd's namespace %q does not enforce the restricted Pod Security Standard", d.Namespace)
+	}
+	podSecurity("Deployment", namespaces[d.Namespace], &d.Spec.Template.ObjectMeta, &pod, bad)
+	podSecurity("DaemonSet", namespaces[daemons[0].Namespace], &daemons[0].Spec.Template.ObjectMeta, &daemons[0].Spec.Template.Spec, bad)
 
 	// Every variable set is one the command reads.
 	envOf := func(c corev1.Container) map[string]string {
 		env := map[string]string{}
 		for _, ef := range c.EnvFrom {
-			if ef.ConfigMapRef != nil && configMaps[ef.ConfigMapRef.Name] != nil {
-				for k, v := range configMaps[ef.ConfigMapRef.Name].Data {
+			if ef.ConfigMapRef != nil && configMaps[d.Namespace+"/"+ef.ConfigMapRef.Name] != nil {
+				for k, v := range configMaps[d.Namespace+"/"+ef.ConfigMapRef.Name].Data {
 					env[k] = v
 				}
 			}
-			if ef.SecretRef != nil && secrets[ef.SecretRef.Name] != nil {
-				for k := range secrets[ef.SecretRef.Name].Data {
+			if ef.SecretRef != nil && secrets[d.Namespace+"/"+ef.SecretRef.Name] != nil {
+				for k := range secrets[d.Namespace+"/"+ef.SecretRef.Name].Data {
 					env[k] = "(secret)"
 				}
 			}
@@ -464,7 +480,7 @@ func checkAgent(ds *appsv1.DaemonSet, secrets map[string]*corev1.Secret, agent [
 		bad("REGISTRY_TOKEN_FILE %q is not in a mounted volume", env["REGISTRY_TOKEN_FILE"])
 	case tv.Secret == nil:
 		bad("the token's volume %q is not a Secret", tv.Name)
-	case secrets[tv.Secret.SecretName] == nil || secrets[tv.Secret.SecretName].Data[path.Base(env["REGISTRY_TOKEN_FILE"])] == nil:
+	case secrets[ds.Namespace+"/"+tv.Secret.SecretName] == nil || secrets[ds.Namespace+"/"+tv.Secret.SecretName].Data[path.Base(env["REGISTRY_TOKEN_FILE"])] == nil:
 		bad("the token file %s is not a key of a Secret the kustomization makes", env["REGISTRY_TOKEN_FILE"])
 	}
 	for _, m := range c.VolumeMounts {
@@ -476,6 +492,38 @@ func checkAgent(ds *appsv1.DaemonSet, secrets map[string]*corev1.Secret, agent [
 		bad("REGISTRY_AGENT_STATE %q is not in a host folder", env["REGISTRY_AGENT_STATE"])
 	}
 	return problems
+}
+
+// evaluator holds Kubernetes' own Pod Security Standards checks, as the
+// PodSecurity admission plugin runs them.
+var evaluator = func() policy.Evaluator {
+	e, err := policy.NewEvaluator(policy.DefaultChecks(), nil)
+	if err != nil {
+		panic(err)
+	}
+	return e
+}()
+
+// podSecurity reports whether ns's Pod Security admission would refuse a
+// pod of this template (its enforce level, at the latest version).
+func podSecurity(kind string, ns *corev1.Namespace, meta *metav1.ObjectMeta, spec *corev1.PodSpec, bad func(string, ...any)) {
+	if ns == nil {
+		return // reported above
+	}
+	p, errs := psa.PolicyToEvaluate(ns.Labels, psa.Policy{
+		Enforce: psa.LevelVersion{Level: psa.LevelPrivileged, Version: psa.LatestVersion()},
+		Warn:    psa.LevelVersion{Level: psa.LevelPrivileged, Version: psa.LatestVersion()},
+		Audit:   psa.LevelVersion{Level: psa.LevelPrivileged, Version: psa.LatestVersion()},
+	})
+	if len(errs) > 0 {
+		bad("namespace %s: Pod Security labels: %v", ns.Name, errs.ToAggregate())
+		return
+	}
+	for _, r := range evaluator.EvaluatePod(p.Enforce, meta, spec) {
+		if !r.Allowed {
+			bad("%s: namespace %s enforces Pod Security %q, which refuses %s (%s)", kind, ns.Name, p.Enforce.Level, r.ForbiddenReason, r.ForbiddenDetail)
+		}
+	}
 }
 
 // mountedVolume is the volume of c whose mount holds file directly.

@@ -87,7 +87,7 @@ func TestKubernetesManifests(t *testing.T) {
 	}
 	// Three generated Secrets, one ConfigMap, and the rest.
 	for kind, n := range map[string]int{"Secret": 3, "ConfigMap": 1, "Deployment": 1, "DaemonSet": 1, "Service": 1,
-		"PodDisruptionBudget": 1, "Namespace": 1, "ServiceAccount": 2} {
+		"PodDisruptionBudget": 1, "Namespace": 2, "ServiceAccount": 2} {
 		if kinds[kind] != n {
 			t.Errorf("%d %s, want %d", kinds[kind], kind, n)
 		}
@@ -106,7 +106,11 @@ func TestKubernetesManifestsBroken(t *testing.T) {
 		{"duplicate field", "registryd-config.yaml", "  REGISTRY_LOG_LEVEL: info\n", "  REGISTRY_LOG_LEVEL: info\n  REGISTRY_LOG_LEVEL: debug\n", `already set in map`},
 		{"unknown kind", "namespace.yaml", "kind: Namespace", "kind: Namespaces", `no kind "Namespaces"`},
 		{"file not in the kustomization", "extra.yaml", "", "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: x\n", "extra.yaml is not among"},
-		{"unknown kustomization field", "kustomization.yaml", "namespace: registryd\n", "namespace: registryd\nnamespaces: [x]\n", `unknown field "namespaces"`},
+		{"unknown kustomization field", "kustomization.yaml", "kind: Kustomization\n", "kind: Kustomization\nnamespaces: [x]\n", `unknown field "namespaces"`},
+		{"registryd's namespace not restricted", "namespace.yaml", "    pod-security.kubernetes.io/enforce: restricted\n", "    pod-security.kubernetes.io/enforce: baseline\n", "does not enforce the restricted Pod Security Standard"},
+		{"the agent among registryd's pods", "registryd-agent.yaml", "kind: DaemonSet\nmetadata:\n  name: registryd-agent\n  namespace: registryd-agent\n", "kind: DaemonSet\nmetadata:\n  name: registryd-agent\n  namespace: registryd\n", `DaemonSet: namespace registryd enforces Pod Security "restricted", which refuses host namespaces`},
+		{"a host port", "registryd.yaml", "              containerPort: 8080\n", "              containerPort: 8080\n              hostPort: 8080\n", `which refuses hostPort`},
+		{"an object in no namespace made", "registryd-config.yaml", "  namespace: registryd\n", "  namespace: registry\n", `in namespace "registry", which the kustomization does not make`},
 		{"readiness on /healthz", "registryd.yaml", "              path: /readyz\n", "              path: /healthz\n", "readiness probe asks /healthz, want /readyz"},
 		{"liveness on the wrong port", "registryd.yaml", "          livenessProbe:\n            httpGet:\n              path: /healthz\n              port: http\n", "          livenessProbe:\n            httpGet:\n              path: /healthz\n              port: 9090\n", "liveness probe port 9090"},
 		{"listen elsewhere", "registryd-config.yaml", "REGISTRY_LISTEN: 0.0.0.0:8080", "REGISTRY_LISTEN: 0.0.0.0:9000", "REGISTRY_LISTEN \"0.0.0.0:9000\" is on no container port"},
