@@ -14,7 +14,7 @@ SWAGGER_UI_DIR       := internal/docs/ui/swagger-ui
 SWAGGER_UI_FILES     := swagger-ui.css swagger-ui-bundle.js swagger-ui-bundle.js.LICENSE.txt \
                         favicon-16x16.png favicon-32x32.png LICENSE NOTICE
 
-.PHONY: run build test vet fmt-check generate check-generated bench clean swagger-ui
+.PHONY: run build test vet fmt-check generate check-generated deploy-test bench clean swagger-ui
 
 ## run: build and start registryd; with no REGISTRY_DATABASE_URL it runs its own PostgreSQL in ./.data
 run: build
@@ -24,8 +24,12 @@ build:
 	$(GO) build -o $(BIN) ./cmd/registryd
 
 ## test: vet, format check, generated client current, and every test with the race detector, against a real PostgreSQL
-test: vet fmt-check check-generated
+test: vet fmt-check check-generated deploy-test
 	$(GO) test -race -count=1 $(PKGS)
+
+## deploy-test: the Kubernetes manifests and docker-compose.yml, checked by deploy/, a Go module of its own (so k8s.io and compose-go stay out of registryd's)
+deploy-test:
+	cd deploy && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 
 vet:
 	$(GO) vet $(PKGS)

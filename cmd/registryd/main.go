@@ -6,6 +6,7 @@
 //	registryd token revoke --sub S     stop tokens before they expire
 //	registryd sync --once              one import pass of every provider
 //	registryd agent                    the GPU host agent
+//	registryd healthcheck              probe a running server (containers)
 //
 // Configuration comes from REGISTRY_* environment variables; see README.md.
 package main
@@ -48,6 +49,8 @@ commands:
                            (waits for another replica's pass unless --no-wait)
   agent [--once]           the GPU host agent: discover, register, heartbeat
                            (REGISTRY_SERVER, REGISTRY_TOKEN; registryd agent --help)
+  healthcheck [--path /readyz]
+                           ask the local registryd for /healthz; exit 0 if healthy
 
 Without REGISTRY_DATABASE_URL, registryd runs its own PostgreSQL in
 REGISTRY_DATA_DIR (default ./.data). See README.md for every setting.
@@ -65,6 +68,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		// the server's settings (database, token keys) are neither set
 		// nor to be checked.
 		return agentCmd(ctx, args[1:], getenv, stdout, stderr)
+	}
+	if args[0] == "healthcheck" {
+		// Runs in the server's container, next to settings it has no need
+		// to check (it only asks the server over HTTP).
+		return healthcheckCmd(ctx, args[1:], getenv, stdout, stderr)
 	}
 	cfg, err := loadConfig(getenv)
 	if err != nil {
