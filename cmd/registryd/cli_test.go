@@ -489,6 +489,17 @@ func TestDatabaseURLErrors(t *testing.T) {
 			t.Errorf("%s: %q", ok, msg)
 		}
 	}
+	// The last net: what might be a password, however malformed the URL.
+	for raw, want := range map[string]string{
+		"postgres://u:Hunter2/Secret@db/x":      "Hunter2/Secret",
+		"postgres://u:Hunter2%2FSecret@db/x":    "Hunter2/Secret",
+		"host=db password='Hunter2 Secret' x=y": "Hunter2 Secret",
+		"postgres://db/x?password=Hunter2&a=b":  "Hunter2",
+	} {
+		if got := passwordsIn(raw); !slices.Contains(got, want) {
+			t.Errorf("passwordsIn(%s) = %q, want %q among them", raw, got, want)
+		}
+	}
 	// Through a command: the variable named, the password absent.
 	env := map[string]string{"REGISTRY_DATABASE_URL": "postgres://u:" + pw + "@db:port/registry"}
 	for _, args := range [][]string{{"migrate", "status"}, {"serve"}, {"sync", "--once"}, {"token", "revoke", "--sub", "x"}} {
