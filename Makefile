@@ -20,8 +20,9 @@ SWAGGER_UI_FILES     := swagger-ui.css swagger-ui-bundle.js swagger-ui-bundle.js
 run: build
 	REGISTRY_LOG_FORMAT=$${REGISTRY_LOG_FORMAT:-text} ./$(BIN) serve
 
+## build: bin/registryd, stamped with its build time (registryd version)
 build:
-	$(GO) build -o $(BIN) ./cmd/registryd
+	$(GO) build -ldflags "-X main.buildTime=$$(date -u +%Y-%m-%dT%H:%M:%SZ)" -o $(BIN) ./cmd/registryd
 
 ## test: vet, format check, generated client current, and every test with the race detector, against a real PostgreSQL
 test: vet fmt-check check-generated deploy-test

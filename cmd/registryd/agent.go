@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -48,24 +47,29 @@ type agentConfig struct {
 }
 
 // agentSettings are the environment variables `registryd agent` reads,
-// and all of them; the deploy files are checked against this list.
-var agentSettings = []string{"REGISTRY_SERVER", "REGISTRY_TOKEN", "REGISTRY_TOKEN_FILE", "REGISTRY_AGENT_IP",
-	"REGISTRY_AGENT_INTERVAL", "REGISTRY_AGENT_STATE", "REGISTRY_LOG_LEVEL", "REGISTRY_LOG_FORMAT", "PATH"}
+// and all of them (see settings); the deploy files are checked against
+// this list.
+var agentSettings = func() (names []string) {
+	for _, s := range settingsFor(cmdAgent) {
+		names = append(names, s.Name)
+	}
+	return names
+}()
 
 const (
 	minAgentInterval = time.Second
 	maxAgentInterval = time.Hour
 )
 
-func loadAgentConfig(getenv func(string) string) (agentConfig, error) {
+func loadAgentConfig(rawenv func(string) string) (agentConfig, error) {
+	getenv := commandEnv(cmdAgent, rawenv) // defaults from settings
 	c := agentConfig{
-		Interval:  10 * time.Second,
-		StatePath: or(getenv("REGISTRY_AGENT_STATE"), defaultAgentState),
+		StatePath: getenv("REGISTRY_AGENT_STATE"),
 		Path:      getenv("PATH"),
 		TokenFile: getenv("REGISTRY_TOKEN_FILE"),
 	}
 	var errs []string
-	c.LogLevel, c.LogFormat = loadLogging(getenv, &errs)
+	c.LogLevel, c.LogFormat = loadLogging(getenv, defaultLogFormat(cmdAgent), &errs)
 
 	switch raw := getenv("REGISTRY_SERVER"); {
 	case raw == "":
@@ -73,7 +77,11 @@ func loadAgentConfig(getenv func(string) string) (agentConfig, error) {
 	default:
 		u, err := parseServerURL(raw)
 		if err != nil {
-			errs = append(errs, fmt.Sprintf("REGISTRY_SERVER=%q: %v", raw, err))
+			shown := fmt.Sprintf("REGISTRY_SERVER=%q", raw)
+			if strings.Contains(raw, "@") {
+				shown = "REGISTRY_SERVER" // user:password@ perhaps: never quoted
+			}
+			errs = append(errs, fmt.Sprintf("%s: %v", shown, err))
 		}
 		c.Server = u
 	}
@@ -149,46 +157,15 @@ func parseServerURL(raw string) (*url.URL, error) {
 	return u, nil
 }
 
-const agentUsage = `usage: registryd agent [--once]
-
-Runs on a GPU host: finds its GPUs (nvidia-smi on PATH; without it, or
-with no device, the host is CPU-only: one node), registers one node per
-GPU, heartbeats them every interval, updates a changed driver version,
-deletes the node of a GPU that is gone, registers again a node an admin
-deleted, and backs off while the registry is down. SIGTERM stops it
-(exit 0); its nodes stay registered and the next start takes them up.
-
-settings (environment variables):
-  REGISTRY_SERVER          the registry's base URL (required), e.g. https://registry.example.com
-  REGISTRY_TOKEN           an agent token: registryd token --sub NAME --role agent --ip ADDR
-  REGISTRY_TOKEN_FILE      or a file holding it, read for every request (not both)
-  REGISTRY_AGENT_IP        this host's address in the registry
-                           (default: the local address of the route to the server)
-  REGISTRY_AGENT_INTERVAL  time between passes, 1s..1h (default 10s)
-  REGISTRY_AGENT_STATE     the file that remembers the nodes' pks
-                           (default ` + defaultAgentState + `)
-  REGISTRY_LOG_LEVEL, REGISTRY_LOG_FORMAT   as for serve
-
-flags:
-  --once   run one pass, print the nodes and problems, and exit (status 1
-           if the pass failed or a node could not be registered or deleted)
-`
-
 // agentCmd is `registryd agent`.
 func agentCmd(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	if slices.ContainsFunc(args, func(a string) bool { return a == "-h" || a == "-help" || a == "--help" }) {
-		fmt.Fprint(stdout, agentUsage)
-		return nil
-	}
-	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	once := fs.Bool("once", false, "")
+	fs, once := agentFlags()
 	if err := fs.Parse(args); err != nil || fs.NArg() > 0 {
 		if err == nil {
 			err = fmt.Errorf("unexpected argument %q", fs.Arg(0))
 		}
-		fmt.Fprintf(stderr, "registryd agent: %v\n\n%s", err, agentUsage)
-		return errUsage
+		c, _ := findCommand("agent")
+		return usageError(stderr, c, err)
 	}
 	cfg, err := loadAgentConfig(getenv)
 	if err != nil {

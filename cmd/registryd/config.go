@@ -103,19 +103,27 @@ func requireAll(errs *[]string, provider string, settings map[string]string) {
 	}
 }
 
+// loadConfig is serve's configuration, which is every server setting.
 func loadConfig(getenv func(string) string) (config, error) {
+	return loadCommandConfig(cmdServe, getenv)
+}
+
+// loadCommandConfig loads the settings cmd reads (see settings); the
+// others keep their defaults, unchecked. Defaults come from settings.
+func loadCommandConfig(cmd cmdSet, rawenv func(string) string) (config, error) {
+	getenv := commandEnv(cmd, rawenv)
 	c := config{
-		DatabaseURL:     getenv("REGISTRY_DATABASE_URL"),
-		Listen:          or(getenv("REGISTRY_LISTEN"), "127.0.0.1:8080"),
-		DataDir:         or(getenv("REGISTRY_DATA_DIR"), "./.data"),
-		DataDirSet:      getenv("REGISTRY_DATA_DIR") != "",
-		ShutdownTimeout: 15 * time.Second,
-		AcquireTimeout:  10 * time.Second,
-		WatchRetention:  24 * time.Hour,
-		EmbeddedWait:    defaultEmbeddedWait,
+		DatabaseURL: getenv("REGISTRY_DATABASE_URL"),
+		Listen:      getenv("REGISTRY_LISTEN"),
+		DataDir:     getenv("REGISTRY_DATA_DIR"),
+		DataDirSet:  rawenv("REGISTRY_DATA_DIR") != "",
 	}
-	c.StatementTimeout = 30 * time.Second
 	var errs []string
+	if c.DatabaseURL != "" {
+		if msg := databaseURLProblem(c.DatabaseURL); msg != "" {
+			errs = append(errs, "REGISTRY_DATABASE_URL: "+msg)
+		}
+	}
 	if v := getenv("REGISTRY_MIGRATE"); v != "" {
 		b, err := strconv.ParseBool(v)
 		if err != nil {
@@ -123,7 +131,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		}
 		c.Migrate = b
 	}
-	c.LogLevel, c.LogFormat = loadLogging(getenv, &errs)
+	c.LogLevel, c.LogFormat = loadLogging(getenv, defaultLogFormat(cmd), &errs)
 	if v := getenv("REGISTRY_DB_MAX_CONNS"); v != "" {
 		n, err := strconv.ParseInt(v, 10, 32)
 		if err != nil || n < 1 {
@@ -175,7 +183,6 @@ func loadConfig(getenv func(string) string) (config, error) {
 	}
 	c.limits = loadLimits(getenv, &errs)
 	c.Metrics = loadMetricsConfig(getenv, &errs)
-	c.SyncInterval, c.SyncTimeout = 5*time.Minute, 10*time.Minute
 	for name, dst := range map[string]*time.Duration{"REGISTRY_SYNC_INTERVAL": &c.SyncInterval, "REGISTRY_SYNC_TIMEOUT": &c.SyncTimeout} {
 		if v := getenv(name); v != "" {
 			d, err := time.ParseDuration(v)
@@ -261,15 +268,25 @@ func loadConfig(getenv func(string) string) (config, error) {
 	return c, nil
 }
 
+// defaultLogFormat is REGISTRY_LOG_FORMAT's default: JSON for serve's log
+// collectors, text for the commands people run at a terminal (and the
+// agent, whose deploy files choose for themselves).
+func defaultLogFormat(cmd cmdSet) string {
+	if cmd == cmdServe {
+		return "json"
+	}
+	return "text"
+}
+
 // loadLogging reads REGISTRY_LOG_LEVEL and REGISTRY_LOG_FORMAT, which the
-// server's commands and the agent share.
-func loadLogging(getenv func(string) string, errs *[]string) (level slog.Level, format string) {
+// server's commands and the agent share; format is def when unset.
+func loadLogging(getenv func(string) string, def string, errs *[]string) (level slog.Level, format string) {
 	if v := getenv("REGISTRY_LOG_LEVEL"); v != "" {
 		if err := level.UnmarshalText([]byte(v)); err != nil {
 			*errs = append(*errs, fmt.Sprintf("REGISTRY_LOG_LEVEL=%q: want debug, info, warn or error", v))
 		}
 	}
-	format = or(getenv("REGISTRY_LOG_FORMAT"), "json")
+	format = or(getenv("REGISTRY_LOG_FORMAT"), def)
 	if format != "json" && format != "text" {
 		*errs = append(*errs, fmt.Sprintf("REGISTRY_LOG_FORMAT=%q: want json or text", format))
 	}

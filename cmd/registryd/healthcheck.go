@@ -12,36 +12,33 @@ import (
 	"time"
 )
 
-const healthcheckUsage = `usage: registryd healthcheck [--path /healthz|/readyz] [--url URL] [--timeout 5s]
-
-Asks a running registryd whether it is healthy: exits 0 when the answer is
-2xx, 1 otherwise. For container health checks in images without curl. The
-address is REGISTRY_LISTEN's (an unspecified host such as 0.0.0.0 is asked
-on the loopback), unless --url names one.
-`
+// healthcheckFlags are healthcheck's flags.
+func healthcheckFlags() (fs *flag.FlagSet, path, url *string, timeout *time.Duration) {
+	fs = newFlagSet("healthcheck")
+	path = fs.String("path", "/healthz", "the path to ask: /healthz (alive) or /readyz (ready to serve)")
+	url = fs.String("url", "", "the full URL to ask instead (overrides REGISTRY_LISTEN and --path)")
+	timeout = fs.Duration("timeout", 5*time.Second, "how long to wait for the answer")
+	return fs, path, url, timeout
+}
 
 // healthcheckCmd is `registryd healthcheck`. It reads REGISTRY_LISTEN only,
 // so it runs in a container whatever else the server's settings need.
-func healthcheckCmd(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("healthcheck", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, healthcheckUsage); fs.PrintDefaults() }
-	path := fs.String("path", "/healthz", "the path to ask: /healthz (alive) or /readyz (ready to serve)")
-	url := fs.String("url", "", "the full URL to ask instead (overrides REGISTRY_LISTEN and --path)")
-	timeout := fs.Duration("timeout", 5*time.Second, "how long to wait for the answer")
+func healthcheckCmd(ctx context.Context, args []string, rawenv func(string) string, stdout, stderr io.Writer) error {
+	fs, path, url, timeout := healthcheckFlags()
+	c, _ := findCommand("healthcheck")
 	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
-		return errUsage
+		return usageError(stderr, c, err)
 	}
-	if fs.NArg() > 0 || *timeout <= 0 {
-		fs.Usage()
-		return errUsage
+	if fs.NArg() > 0 {
+		return usageError(stderr, c, fmt.Errorf("unexpected argument %q", fs.Arg(0)))
 	}
+	if *timeout <= 0 {
+		return usageError(stderr, c, errors.New("--timeout must be positive"))
+	}
+	getenv := commandEnv(cmdHealthcheck, rawenv)
 	target := *url
 	if target == "" {
-		base, err := listenURL(or(getenv("REGISTRY_LISTEN"), "127.0.0.1:8080"))
+		base, err := listenURL(getenv("REGISTRY_LISTEN"))
 		if err != nil {
 			return err
 		}

@@ -7,8 +7,10 @@
 //	registryd sync --once              one import pass of every provider
 //	registryd agent                    the GPU host agent
 //	registryd healthcheck              probe a running server (containers)
+//	registryd version                  the version and VCS revision
 //
-// Configuration comes from REGISTRY_* environment variables; see README.md.
+// Configuration comes from REGISTRY_* environment variables (the table in
+// settings.go; registryd COMMAND --help lists a command's); see README.md.
 package main
 
 import (
@@ -18,6 +20,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 )
 
@@ -25,73 +28,107 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
 	stop()
-	if err != nil {
-		if !errors.Is(err, errUsage) {
-			fmt.Fprintln(os.Stderr, "registryd:", err)
-		}
-		os.Exit(1)
+	if err != nil && !errors.Is(err, errUsage) {
+		// The messages name variables, not secret values; this is a net
+		// under that rule, not the rule.
+		fmt.Fprintln(os.Stderr, "registryd:", redactSecrets(err.Error(), os.Getenv))
 	}
+	os.Exit(exitCode(err))
 }
 
+// errUsage is a command line registryd does not understand; the usage has
+// been printed.
 var errUsage = errors.New("usage")
 
-const usage = `usage: registryd <command> [flags]
-
-commands:
-  serve                    run the HTTP server (REGISTRY_LISTEN, default 127.0.0.1:8080)
-  migrate up|down|status   apply, roll back one, or list schema migrations
-  token --sub NAME --role ROLE [--ttl 24h] [--ip ADDR|CIDR ...]
-                           print a signed token (admin, scheduler, agent, reader);
-                           --ip binds an agent token to its hosts
-  token revoke --sub NAME | --jti ID
-                           revoke a principal's tokens, or one token
-  sync --once [--no-wait]  import the inventory of every configured cloud once
-                           (waits for another replica's pass unless --no-wait)
-  agent [--once]           the GPU host agent: discover, register, heartbeat
-                           (REGISTRY_SERVER, REGISTRY_TOKEN; registryd agent --help)
-  healthcheck [--path /readyz]
-                           ask the local registryd for /healthz; exit 0 if healthy
-
-Without REGISTRY_DATABASE_URL, registryd runs its own PostgreSQL in
-REGISTRY_DATA_DIR (default ./.data). See README.md for every setting.
-`
+// exitCode is the process's exit status for run's error: 0, 2 for a usage
+// error (as flag and most Unix tools do), 1 for any other failure.
+func exitCode(err error) int {
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, errUsage):
+		return 2
+	}
+	return 1
+}
 
 // run is the whole program, minus process plumbing, so tests drive the real
-// wiring in-process.
+// wiring in-process. The command line is checked, and --help answered,
+// before the configuration is loaded: help works whatever the environment
+// holds.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
+		fmt.Fprint(stderr, usage())
 		return errUsage
 	}
-	if args[0] == "agent" {
+	switch args[0] {
+	case "-h", "-help", "--help":
+		fmt.Fprint(stdout, usage())
+		return nil
+	case "-version", "--version":
+		args = append([]string{"version"}, args[1:]...)
+	}
+	c, rest, ok := resolve(args)
+	if !ok {
+		fmt.Fprintf(stderr, "registryd: unknown command %q\n\n%s", args[0], usage())
+		return errUsage
+	}
+	if c.name == "help" {
+		return helpCmd(rest, stdout, stderr)
+	}
+	help, err := parseCommandLine(c, rest)
+	if err != nil {
+		return usageError(stderr, c, err)
+	}
+	if help {
+		printHelp(stdout, c)
+		return nil
+	}
+	switch c.name {
+	case "version":
+		fmt.Fprint(stdout, versionText(readBuildInfo()))
+		return nil
+	case "agent":
 		// The agent has settings of its own and runs on GPU hosts, where
 		// the server's settings (database, token keys) are neither set
 		// nor to be checked.
-		return agentCmd(ctx, args[1:], getenv, stdout, stderr)
-	}
-	if args[0] == "healthcheck" {
+		return agentCmd(ctx, rest, getenv, stdout, stderr)
+	case "healthcheck":
 		// Runs in the server's container, next to settings it has no need
 		// to check (it only asks the server over HTTP).
-		return healthcheckCmd(ctx, args[1:], getenv, stdout, stderr)
+		return healthcheckCmd(ctx, rest, getenv, stdout, stderr)
 	}
-	cfg, err := loadConfig(getenv)
+	cfg, err := loadCommandConfig(c.reads, getenv)
 	if err != nil {
 		return err
 	}
-	switch args[0] {
+	switch strings.Fields(c.name)[0] {
 	case "serve":
-		return serve(ctx, cfg, args[1:], stdout, stderr)
+		return serve(ctx, cfg, rest, stdout, stderr)
 	case "migrate":
 		return migrate(ctx, cfg, args[1:], stdout, stderr)
 	case "token":
 		return token(ctx, cfg, args[1:], stdout, stderr)
 	case "sync":
-		return syncCmd(ctx, cfg, args[1:], stdout, stderr)
-	case "help", "-h", "--help":
-		fmt.Fprint(stdout, usage)
+		return syncCmd(ctx, cfg, rest, stdout, stderr)
+	}
+	return fmt.Errorf("command %q is not wired", c.name)
+}
+
+// helpCmd is `registryd help [COMMAND]`.
+func helpCmd(args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stdout, usage())
 		return nil
-	default:
-		fmt.Fprintf(stderr, "registryd: unknown command %q\n\n%s", args[0], usage)
+	}
+	if args[0] == "-h" || args[0] == "--help" || args[0] == "-help" {
+		args = []string{"help"}
+	}
+	c, rest, ok := resolve(args)
+	if !ok || len(rest) > 0 {
+		fmt.Fprintf(stderr, "registryd help: no command %q\n\n%s", strings.Join(args, " "), usage())
 		return errUsage
 	}
+	printHelp(stdout, c)
+	return nil
 }

@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"io/fs"
@@ -256,12 +255,9 @@ func prepareSchema(ctx context.Context, db *database, migrate bool, logger *slog
 // waits for the revocation list and serves until ctx ends or the embedded
 // database is lost for good, then drains requests for ShutdownTimeout.
 func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "address to listen on (REGISTRY_LISTEN)")
-	fs.BoolVar(&cfg.Migrate, "migrate", cfg.Migrate, "apply pending migrations at start (REGISTRY_MIGRATE)")
-	if err := fs.Parse(args); err != nil {
-		return errUsage
+	if err := serveFlags(&cfg).Parse(args); err != nil {
+		c, _ := findCommand("serve")
+		return usageError(stderr, c, err)
 	}
 	logger := newLogger(cfg, stderr)
 	// Cancelled on a signal, or when the embedded database is lost for

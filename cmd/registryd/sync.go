@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -78,16 +77,13 @@ func newSyncer(cfg config, st *store.Store, logger *slog.Logger, wait time.Durat
 // syncCmd is `registryd sync --once`: one pass of every enabled provider,
 // a summary each, and a non-zero exit if any failed.
 func syncCmd(ctx context.Context, cfg config, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("sync", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	once := fs.Bool("once", false, "run one pass of every configured provider and exit")
-	noWait := fs.Bool("no-wait", false, "while another registryd is in the middle of a pass, fail at once instead of waiting for it (at most REGISTRY_SYNC_TIMEOUT)")
+	fs, once, noWait := syncFlags()
+	c, _ := findCommand("sync")
 	if err := fs.Parse(args); err != nil {
-		return errUsage
+		return usageError(stderr, c, err)
 	}
 	if !*once || fs.NArg() > 0 {
-		fmt.Fprintln(stderr, "usage: registryd sync --once [--no-wait]   (serve runs the loop every REGISTRY_SYNC_INTERVAL)")
-		return errUsage
+		return usageError(stderr, c, errors.New("--once is required (serve runs the loop every REGISTRY_SYNC_INTERVAL)"))
 	}
 	logger := newLogger(cfg, stderr)
 	db, err := openMigrated(ctx, cfg, logger, "sync --once", nil)

@@ -74,7 +74,7 @@ func TestSyncConfigErrors(t *testing.T) {
 	}{
 		{map[string]string{"REGISTRY_SCP_ENDPOINT": "https://x"}, "REGISTRY_SCP_ACCESS_KEY, REGISTRY_SCP_SECRET_KEY are not set"},
 		{map[string]string{"REGISTRY_E2E_ENDPOINT": "https://x", "REGISTRY_E2E_API_KEY": "k"}, "REGISTRY_E2E_LOCATION, REGISTRY_E2E_PROJECT_ID, REGISTRY_E2E_TOKEN are not set"},
-		{map[string]string{"REGISTRY_SYNC_INTERVAL": "often"}, "REGISTRY_SYNC_INTERVAL"},
+		{map[string]string{"REGISTRY_SYNC_TIMEOUT": "often"}, "REGISTRY_SYNC_TIMEOUT"}, // sync --once reads no REGISTRY_SYNC_INTERVAL
 		{map[string]string{"REGISTRY_SCP_GPU_TABLE": "H100=lots"}, "REGISTRY_SCP_GPU_TABLE"},
 		{map[string]string{"REGISTRY_SCP_SECRET_KEY": "a", "REGISTRY_SCP_SECRET_KEY_FILE": "/nonexistent"}, "not both"},
 		{map[string]string{"REGISTRY_DATABASE_URL": db, "REGISTRY_MIGRATE": "true", "REGISTRY_JWT_SECRET": testSecret}, "no provider is configured"},

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os/user"
@@ -14,32 +13,21 @@ import (
 	"github.com/registryd/registryd/internal/registry"
 )
 
-const tokenUsage = `usage: registryd token --sub NAME --role admin|scheduler|agent|reader [--ttl 24h] [--ip ADDR|CIDR ...]
-       registryd token revoke --sub NAME | --jti ID [--until RFC3339]`
-
 // token prints a signed JWT. The last line of stdout is the token alone, so
 // scripts can take it with `| tail -n1`.
 func token(ctx context.Context, cfg config, args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == "revoke" {
 		return revokeCmd(ctx, cfg, args[1:], stdout, stderr)
 	}
-	fs := flag.NewFlagSet("token", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	sub := fs.String("sub", "", "the principal (token subject), e.g. agent-gpu-17")
-	role := fs.String("role", "", "admin, scheduler, agent or reader")
-	ttl := fs.Duration("ttl", 24*time.Hour, "how long the token is valid (at most REGISTRY_TOKEN_MAX_TTL, admins REGISTRY_ADMIN_TOKEN_MAX_TTL)")
-	var ips []string
-	fs.Func("ip", "agent tokens: an address or CIDR prefix the agent may register nodes at (repeatable)", func(v string) error {
-		ips = append(ips, v)
-		return nil
-	})
+	fs, o := tokenFlags()
+	c, _ := findCommand("token")
 	if err := fs.Parse(args); err != nil {
-		return errUsage
+		return usageError(stderr, c, err)
 	}
-	if *sub == "" || *role == "" || fs.NArg() > 0 {
-		fmt.Fprintln(stderr, tokenUsage)
-		return errUsage
+	if o.sub == "" || o.role == "" || fs.NArg() > 0 {
+		return usageError(stderr, c, errors.New("--sub and --role are required"))
 	}
+	sub, role, ttl, ips := &o.sub, &o.role, &o.ttl, o.ips
 	r, ok := registry.ParseRole(*role)
 	if !ok {
 		return fmt.Errorf("unknown role %q: want admin, scheduler, agent or reader", *role)
@@ -87,17 +75,14 @@ func token(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 // revokeCmd is `registryd token revoke`: it stores a revocation in the
 // database (audited, every replica refuses the tokens within seconds).
 func revokeCmd(ctx context.Context, cfg config, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("token revoke", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	sub := fs.String("sub", "", "revoke every token of this principal issued until now")
-	jti := fs.String("jti", "", "revoke the one token with this id (its jti)")
-	until := fs.String("until", "", "with --jti: when that token expires (RFC 3339), so the revocation can be forgotten after; default: kept for the longest token lifetime")
+	fs, o := revokeFlags()
+	c, _ := findCommand("token revoke")
 	if err := fs.Parse(args); err != nil {
-		return errUsage
+		return usageError(stderr, c, err)
 	}
+	sub, jti, until := &o.sub, &o.jti, &o.until
 	if (*sub == "") == (*jti == "") || fs.NArg() > 0 || (*until != "" && *jti == "") {
-		fmt.Fprintln(stderr, tokenUsage)
-		return errUsage
+		return usageError(stderr, c, errors.New("give --sub or --jti (one of them); --until goes with --jti"))
 	}
 	rev := registry.Revocation{Sub: *sub, JTI: *jti}
 	if *until != "" {

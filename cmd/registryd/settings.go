@@ -1,0 +1,211 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+)
+
+// cmdSet names the commands that read a setting.
+type cmdSet uint8
+
+const (
+	cmdServe cmdSet = 1 << iota
+	cmdMigrate
+	cmdToken  // registryd token (minting)
+	cmdRevoke // registryd token revoke
+	cmdSync
+	cmdAgent
+	cmdHealthcheck // registryd healthcheck
+
+	// cmdDB are the commands that open the database.
+	cmdDB = cmdServe | cmdMigrate | cmdRevoke | cmdSync
+	// cmdServer are the commands run where the server runs.
+	cmdServer = cmdDB | cmdToken
+	cmdAll    = cmdServer | cmdAgent | cmdHealthcheck
+)
+
+// setting is one environment variable registryd reads.
+type setting struct {
+	Name string
+	// Default is the default as README's configuration table words it
+	// (without its markdown); "" when there is none.
+	Default string
+	// value is what the configuration loader uses when the variable is
+	// unset (or not read by the command at hand): a literal in the
+	// variable's own syntax, "" when the default is derived at start.
+	value   string
+	Meaning string // one line, for --help
+	Cmds    cmdSet
+	// Secret values are never printed, not even in an error about them.
+	Secret bool
+}
+
+// settings is every environment variable registryd reads: configuration
+// loading takes defaults from it and shows each command only its own
+// variables, --help lists it, and tests check it against the sources and
+// against README's configuration table.
+var settings = []setting{
+	{Name: "REGISTRY_DATABASE_URL", Default: "(unset: embedded PostgreSQL)", Cmds: cmdServer, Secret: true,
+		Meaning: "PostgreSQL URL (postgres://USER:PASSWORD@HOST:5432/DB?sslmode=require) or key=value DSN"},
+	{Name: "REGISTRY_LISTEN", Default: "127.0.0.1:8080", value: "127.0.0.1:8080", Cmds: cmdServe | cmdHealthcheck,
+		Meaning: "address the HTTP server listens on"},
+	{Name: "REGISTRY_DATA_DIR", Default: "./.data", value: "./.data", Cmds: cmdServer,
+		Meaning: "the embedded default's data: its PostgreSQL cluster and token secret"},
+	{Name: "REGISTRY_EMBEDDED_WAIT", Default: "1m", value: "1m", Cmds: cmdDB,
+		Meaning: "how long a command waits for its turn on the embedded PostgreSQL (1s..1h)"},
+	{Name: "REGISTRY_MIGRATE", Default: "false", value: "false", Cmds: cmdServe | cmdRevoke | cmdSync,
+		Meaning: "migrate the database up at start"},
+	{Name: "REGISTRY_DB_MAX_CONNS", Default: "pgx default (max(4, CPUs))", Cmds: cmdDB,
+		Meaning: "connection pool size per replica"},
+	{Name: "REGISTRY_DB_ACQUIRE_TIMEOUT", Default: "10s", value: "10s", Cmds: cmdDB,
+		Meaning: "how long a request waits for a pooled connection before 503 (at least 10ms)"},
+	{Name: "REGISTRY_DB_STATEMENT_TIMEOUT", Default: "30s", value: "30s", Cmds: cmdDB,
+		Meaning: "how long one statement may take before it fails (100ms..1h)"},
+	{Name: "REGISTRY_LOG_LEVEL", Default: "info", value: "info", Cmds: cmdAll,
+		Meaning: "debug, info, warn or error"},
+	{Name: "REGISTRY_LOG_FORMAT", Default: "json for serve, text for every other command", Cmds: cmdAll,
+		Meaning: "json or text; logs go to stderr"},
+	{Name: "REGISTRY_SHUTDOWN_TIMEOUT", Default: "15s", value: "15s", Cmds: cmdServe,
+		Meaning: "how long in-flight requests may finish after SIGINT/SIGTERM"},
+	{Name: "PG_BINDIR", Default: "(discovered)", Cmds: cmdDB,
+		Meaning: "where the embedded default finds initdb and postgres"},
+	{Name: "REGISTRY_JWT_SECRET", Default: "(embedded default: generated)", Cmds: cmdServe | cmdToken, Secret: true,
+		Meaning: "HS256 token key, at least 32 bytes (openssl rand -hex 32); the same on every replica"},
+	{Name: "REGISTRY_JWT_SECRET_FILE", Cmds: cmdServe | cmdToken,
+		Meaning: "the JWT secret from a file (container secrets)"},
+	{Name: "REGISTRY_JWT_PUBLIC_KEYS", Cmds: cmdServe | cmdToken,
+		Meaning: "PEM file of public keys whose tokens are accepted too (an identity provider's)"},
+	{Name: "REGISTRY_JWT_ISSUER", Cmds: cmdServe | cmdToken,
+		Meaning: "when set, tokens must carry this iss"},
+	{Name: "REGISTRY_JWT_AUDIENCE", Cmds: cmdServe | cmdToken,
+		Meaning: "when set, tokens must carry this aud"},
+	{Name: "REGISTRY_TOKEN_MAX_TTL", Default: "2160h (90 days)", value: "2160h", Cmds: cmdServe | cmdToken,
+		Meaning: "the longest a reader, scheduler or agent token may live (1m..8760h)"},
+	{Name: "REGISTRY_ADMIN_TOKEN_MAX_TTL", Default: "24h", value: "24h", Cmds: cmdServe | cmdToken,
+		Meaning: "the longest an admin token may live (1m..8760h)"},
+	{Name: "REGISTRY_AGENT_REQUIRE_IP", Default: "false", value: "false", Cmds: cmdServe | cmdToken,
+		Meaning: "true: agent tokens must be bound to addresses (registryd token --ip)"},
+	{Name: "REGISTRY_WATCH_RETENTION", Default: "24h", value: "24h", Cmds: cmdServe,
+		Meaning: "how long node change events stay resumable (at least 1m)"},
+	{Name: "REGISTRY_MAX_CONNECTIONS", Default: "soft RLIMIT_NOFILE (raised to the hard limit at start) − (pool size + 64), at least 16", Cmds: cmdServe,
+		Meaning: "HTTP connections held at once"},
+	{Name: "REGISTRY_WATCH_MAX_STREAMS", Default: "half the connection limit, at most 10,000", Cmds: cmdServe,
+		Meaning: "watch streams per replica"},
+	{Name: "REGISTRY_WATCH_MAX_PER_PRINCIPAL", Default: "64", value: "64", Cmds: cmdServe,
+		Meaning: "watch streams of one principal per replica"},
+	{Name: "REGISTRY_WATCH_BUFFER_BYTES", Default: "1048576 (1 MiB)", value: "1048576", Cmds: cmdServe,
+		Meaning: "how far a watcher may lag, in bytes of events, before its stream ends (at least 16384)"},
+	{Name: "REGISTRY_WATCH_BACKFILL_CONCURRENCY", Default: "a quarter of the pool, at least 1", Cmds: cmdServe,
+		Meaning: "how many resuming watchers read the change log at once"},
+	{Name: "REGISTRY_SCP_ENDPOINT", Cmds: cmdServe | cmdSync,
+		Meaning: "Samsung SDS Cloud base URL; enables the SCP import"},
+	{Name: "REGISTRY_SCP_ACCESS_KEY", Cmds: cmdServe | cmdSync, Secret: true, Meaning: "SCP access key"},
+	{Name: "REGISTRY_SCP_ACCESS_KEY_FILE", Cmds: cmdServe | cmdSync, Meaning: "or a file holding it"},
+	{Name: "REGISTRY_SCP_SECRET_KEY", Cmds: cmdServe | cmdSync, Secret: true, Meaning: "SCP secret key"},
+	{Name: "REGISTRY_SCP_SECRET_KEY_FILE", Cmds: cmdServe | cmdSync, Meaning: "or a file holding it"},
+	{Name: "REGISTRY_SCP_ACCOUNT_ID", Cmds: cmdServe | cmdSync, Meaning: "SCP account id (optional)"},
+	{Name: "REGISTRY_SCP_GPU_TABLE", Default: "built in", Cmds: cmdServe | cmdSync,
+		Meaning: "GPU memory and count per model, e.g. H100=80x8,B300=268x8"},
+	{Name: "REGISTRY_E2E_ENDPOINT", Cmds: cmdServe | cmdSync,
+		Meaning: "E2E Networks base URL; enables the E2E import"},
+	{Name: "REGISTRY_E2E_API_KEY", Cmds: cmdServe | cmdSync, Secret: true, Meaning: "E2E apikey"},
+	{Name: "REGISTRY_E2E_API_KEY_FILE", Cmds: cmdServe | cmdSync, Meaning: "or a file holding it"},
+	{Name: "REGISTRY_E2E_TOKEN", Cmds: cmdServe | cmdSync, Secret: true, Meaning: "E2E bearer token"},
+	{Name: "REGISTRY_E2E_TOKEN_FILE", Cmds: cmdServe | cmdSync, Meaning: "or a file holding it"},
+	{Name: "REGISTRY_E2E_PROJECT_ID", Cmds: cmdServe | cmdSync, Meaning: "E2E project"},
+	{Name: "REGISTRY_E2E_LOCATION", Cmds: cmdServe | cmdSync, Meaning: "E2E location (Delhi, Chennai)"},
+	{Name: "REGISTRY_SYNC_INTERVAL", Default: "5m", value: "5m", Cmds: cmdServe,
+		Meaning: "how often serve imports when a provider is enabled"},
+	{Name: "REGISTRY_SYNC_TIMEOUT", Default: "10m", value: "10m", Cmds: cmdServe | cmdSync,
+		Meaning: "bound on one import pass"},
+	{Name: "REGISTRY_METRICS_LISTEN", Default: "(unset: on REGISTRY_LISTEN)", Cmds: cmdServe,
+		Meaning: "host:port of a separate listener for /metrics (then not served on the API port)"},
+	{Name: "REGISTRY_METRICS_FLEET_INTERVAL", Default: "15s", value: "15s", Cmds: cmdServe,
+		Meaning: "least time between two counts of the fleet for /metrics (15s..1h)"},
+	{Name: "REGISTRY_CORS_ORIGINS", Default: "(unset: CORS off)", Cmds: cmdServe,
+		Meaning: "origins whose browser pages may call the API, comma-separated; * for any"},
+	{Name: "REGISTRY_SERVER", Cmds: cmdAgent,
+		Meaning: "the registry's base URL (required), e.g. https://registry.example.com"},
+	{Name: "REGISTRY_TOKEN", Cmds: cmdAgent, Secret: true,
+		Meaning: "an agent token: registryd token --sub NAME --role agent --ip ADDR"},
+	{Name: "REGISTRY_TOKEN_FILE", Cmds: cmdAgent,
+		Meaning: "or a file holding it, read for every request (not both)"},
+	{Name: "REGISTRY_AGENT_IP", Default: "the local address of the route to REGISTRY_SERVER's host", Cmds: cmdAgent,
+		Meaning: "this host's address in the registry"},
+	{Name: "REGISTRY_AGENT_INTERVAL", Default: "10s", value: "10s", Cmds: cmdAgent,
+		Meaning: "time between passes, 1s..1h"},
+	{Name: "REGISTRY_AGENT_STATE", Default: defaultAgentState, value: defaultAgentState, Cmds: cmdAgent,
+		Meaning: "the file that remembers the nodes' pks"},
+	{Name: "PATH", Default: "(inherited)", Cmds: cmdAgent, Meaning: "where nvidia-smi is looked up"},
+}
+
+// lookupSetting finds a setting by its variable's name.
+func lookupSetting(name string) (setting, bool) {
+	i := slices.IndexFunc(settings, func(s setting) bool { return s.Name == name })
+	if i < 0 {
+		return setting{}, false
+	}
+	return settings[i], true
+}
+
+// settingsFor are the settings cmd reads, in the table's order.
+func settingsFor(cmd cmdSet) []setting {
+	var out []setting
+	for _, s := range settings {
+		if s.Cmds&cmd != 0 {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// commandEnv is getenv as cmd sees it: a setting cmd does not read is as
+// if unset, so a command neither depends on nor stops at another
+// command's variables; an unset setting reads as its default value.
+func commandEnv(cmd cmdSet, getenv func(string) string) func(string) string {
+	return func(name string) string {
+		s, ok := lookupSetting(name)
+		switch {
+		case !ok:
+			return getenv(name) // not in the table: a test fails
+		case s.Cmds&cmd == 0:
+			return s.value
+		}
+		if v := getenv(name); v != "" {
+			return v
+		}
+		return s.value
+	}
+}
+
+// printSettings writes the settings of cmd, for --help.
+func printSettings(w io.Writer, cmd cmdSet) {
+	fmt.Fprintln(w, "environment:")
+	for _, s := range settingsFor(cmd) {
+		fmt.Fprintf(w, "  %s%s\n      %s\n", s.Name, defaultNote(s), s.Meaning)
+	}
+}
+
+// defaultNote is s's default as --help shows it after the name.
+func defaultNote(s setting) string {
+	switch {
+	case strings.HasPrefix(s.Default, "("):
+		return " " + s.Default
+	case s.Default != "":
+		return " (default: " + s.Default + ")"
+	}
+	return ""
+}
+
+// redactSecrets replaces in msg every value of a secret setting that the
+// environment holds, for a message that might quote one.
+func redactSecrets(msg string, getenv func(string) string) string {
+	for _, s := range settings {
+		if v := getenv(s.Name); s.Secret && len(v) >= 4 {
+			msg = strings.ReplaceAll(msg, v, "[redacted]")
+		}
+	}
+	return msg
+}

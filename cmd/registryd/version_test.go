@@ -1,0 +1,150 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"strings"
+	"testing"
+)
+
+// goTool is the go command that runs these tests.
+func goTool(t *testing.T) string {
+	t.Helper()
+	if p, err := exec.LookPath("go"); err == nil {
+		return p
+	}
+	p := filepath.Join(runtime.GOROOT(), "bin", "go")
+	if _, err := os.Stat(p); err != nil {
+		t.Skip("no go command to build registryd with")
+	}
+	return p
+}
+
+// buildRegistryd builds the real binary from the module in dir into a
+// temp dir, with flags.
+// -trimpath lets the build cache serve every copy of the module.
+func buildRegistryd(t *testing.T, dir string, flags ...string) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "registryd")
+	cmd := exec.Command(goTool(t), append(append([]string{"build", "-trimpath"}, flags...), "-o", bin, "./cmd/registryd")...)
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build %v: %v\n%s", flags, err, out)
+	}
+	return bin
+}
+
+func runBinary(t *testing.T, bin string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("%s %v: %v", bin, args, err)
+	}
+	return string(out)
+}
+
+// gitRun runs git in dir.
+func gitRun(t *testing.T, dir string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command("git", append([]string{"-c", "user.name=t", "-c", "user.email=t@example.invalid", "-c", "commit.gpgsign=false", "-c", "tag.gpgsign=false"}, args...)...)
+	cmd.Dir = dir
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("git %v: %v", args, err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// checkoutCopy copies the module's files into a fresh git repository in a
+// temp dir, committed and tagged v1.2.3. (go stamps no VCS information in
+// a git worktree, whose .git is a file, so the tests' own checkout will
+// not do.)
+func checkoutCopy(t *testing.T) string {
+	t.Helper()
+	if _, err := exec.LookPath("git"); err != nil {
+		t.Skip("no git: the VCS stamping cannot be checked")
+	}
+	root, dir := moduleRoot(t), t.TempDir()
+	for _, f := range strings.Split(gitRun(t, root, "ls-files", "-z", "--cached", "--others", "--exclude-standard"), "\x00") {
+		b, err := os.ReadFile(filepath.Join(root, f))
+		if f == "" || os.IsNotExist(err) {
+			continue // deleted in the work tree
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(filepath.Join(dir, filepath.Dir(f)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gitRun(t, dir, "init", "-q")
+	gitRun(t, dir, "add", "-A")
+	gitRun(t, dir, "commit", "-q", "-m", "v1.2.3")
+	gitRun(t, dir, "tag", "v1.2.3")
+	return dir
+}
+
+// A real build from a checkout: `registryd version` and `--version` show
+// the module version, the revision and whether the tree had changes, the
+// commit time, the build time the build recorded, and the Go version. A
+// build without VCS information says "(devel)" and that the revision is
+// unknown.
+func TestVersionOfARealBuild(t *testing.T) {
+	t.Parallel()
+	src := checkoutCopy(t)
+	head := gitRun(t, src, "rev-parse", "HEAD")
+	const built = "2026-01-02T03:04:05Z"
+	// -buildvcs=true: the developer's GOFLAGS may turn stamping off.
+	bin := buildRegistryd(t, src, "-buildvcs=true", "-ldflags", "-X main.buildTime="+built)
+	for _, args := range [][]string{{"version"}, {"--version"}} {
+		out := runBinary(t, bin, args...)
+		want := "registryd v1.2.3\nrevision:  " + head + "\ncommitted: "
+		if !strings.HasPrefix(out, want) || !strings.Contains(out, "\nbuilt:     "+built+"\n") ||
+			!strings.Contains(out, "\ngo:        go1.") {
+			t.Errorf("%v: want it to start %q, and the build time and Go version:\n%s", args, want, out)
+		}
+	}
+
+	// An uncommitted change.
+	if err := os.WriteFile(filepath.Join(src, "CHANGED"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := runBinary(t, buildRegistryd(t, src, "-buildvcs=true"), "version")
+	if !strings.HasPrefix(out, "registryd v1.2.3+dirty\nrevision:  "+head+" (modified: built with uncommitted changes)\n") ||
+		strings.Contains(out, "built:") {
+		t.Errorf("modified tree:\n%s", out)
+	}
+
+	out = runBinary(t, buildRegistryd(t, src, "-buildvcs=false"), "version")
+	if !strings.HasPrefix(out, "registryd (devel): a development build") ||
+		!strings.Contains(out, "revision:  unknown (built outside a git checkout, or with -buildvcs=false)") {
+		t.Errorf("-buildvcs=false:\n%s", out)
+	}
+}
+
+// The cases a build from the checkout does not produce.
+func TestVersionText(t *testing.T) {
+	t.Parallel()
+	if out := versionText(nil); !strings.HasPrefix(out, "registryd (devel): this binary carries no build information") {
+		t.Errorf("no build info: %q", out)
+	}
+	installed := &debug.BuildInfo{GoVersion: "go1.26.0", Main: debug.Module{Path: "github.com/registryd/registryd", Version: "v1.4.0"}}
+	out := versionText(installed)
+	if !strings.HasPrefix(out, "registryd v1.4.0\n") || !strings.Contains(out, "revision:  not recorded (built from the module v1.4.0") ||
+		!strings.Contains(out, "go:        go1.26.0 ") {
+		t.Errorf("go install @v1.4.0:\n%s", out)
+	}
+	clean := &debug.BuildInfo{Main: debug.Module{Version: "v0.0.0-20261201070450-3b18206c0f1e"}, Settings: []debug.BuildSetting{
+		{Key: "vcs.revision", Value: "3b18206c0f1e"}, {Key: "vcs.modified", Value: "false"}, {Key: "vcs.time", Value: "2026-12-01T07:04:50Z"}}}
+	out = versionText(clean)
+	if !strings.Contains(out, "revision:  3b18206c0f1e\n") || !strings.Contains(out, "committed: 2026-12-01T07:04:50Z\n") {
+		t.Errorf("clean checkout:\n%s", out)
+	}
+}
