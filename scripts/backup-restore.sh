@@ -15,34 +15,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bindir=${PG_BINDIR:-$(pg_config --bindir 2>/dev/null || true)}
-if [ ! -x "$bindir/initdb" ]; then
-	bindir=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
-fi
-[ -x "$bindir/initdb" ] || { echo "no PostgreSQL server binaries (initdb); install postgresql or set PG_BINDIR" >&2; exit 1; }
-as_pg() {
-	if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
-}
-
-work=$(mktemp -d "${TMPDIR:-/tmp}/registryd-backup.XXXXXX")
-chmod 755 "$work"
+. scripts/lib/pgcluster.sh
+pg_workdir backup primary recovered
 [ "$(id -u)" = 0 ] && chown postgres "$work"
-pids=()
-cleanup() {
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-	for d in primary recovered; do
-		[ -f "$work/$d/postmaster.pid" ] && as_pg "$bindir/pg_ctl" -D "$work/$d" -m immediate stop >/dev/null 2>&1 || true
-	done
-	rm -rf "$work"
-}
-trap cleanup EXIT
-free_port() {
-	local p
-	while :; do
-		p=$((20000 + RANDOM % 30000))
-		ss -Hltn "sport = :$p" 2>/dev/null | grep -q . || { echo "$p"; return; }
-	done
-}
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
 go build -o "$work/registryd" ./cmd/registryd

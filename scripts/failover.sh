@@ -29,40 +29,8 @@ WORKERS=${WORKERS:-4}
 RETRY_INTERVAL=${RETRY_INTERVAL:-5s}
 KILL_AT=8
 
-bindir=${PG_BINDIR:-$(pg_config --bindir 2>/dev/null || true)}
-if [ ! -x "$bindir/initdb" ]; then
-	bindir=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
-fi
-[ -x "$bindir/initdb" ] || { echo "no PostgreSQL server binaries (initdb); install postgresql or set PG_BINDIR" >&2; exit 1; }
-
-# PostgreSQL refuses to run as root: run it as the postgres user then.
-as_pg() {
-	if [ "$(id -u)" = 0 ]; then
-		runuser -u postgres -- "$@"
-	else
-		"$@"
-	fi
-}
-
-work=$(mktemp -d "${TMPDIR:-/tmp}/registryd-failover.XXXXXX")
-chmod 755 "$work"
-pids=()
-cleanup() {
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-	for d in primary standby; do
-		[ -f "$work/$d/postmaster.pid" ] && as_pg "$bindir/pg_ctl" -D "$work/$d" -m immediate stop >/dev/null 2>&1 || true
-	done
-	rm -rf "$work"
-}
-trap cleanup EXIT
-
-free_port() {
-	local p
-	while :; do
-		p=$((20000 + RANDOM % 30000))
-		ss -Hltn "sport = :$p" 2>/dev/null | grep -q . || { echo "$p"; return; }
-	done
-}
+. scripts/lib/pgcluster.sh
+pg_workdir failover primary standby
 p1=$(free_port)
 p2=$(free_port)
 [ "$p1" != "$p2" ] || p2=$((p1 + 1))
