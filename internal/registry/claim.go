@@ -12,6 +12,9 @@ type Claim struct {
 	Count    int
 	SameHost bool
 	Filter   NodeFilter
+	// Lease, when set, ends the claim on each node by itself that long
+	// after it is made (see MaxLease); nil holds the nodes until released.
+	Lease *time.Duration
 }
 
 // Normalize validates the claim. Claims always take free nodes, so the
@@ -32,6 +35,9 @@ func (c *Claim) Normalize() error {
 	}
 	if c.Filter.Limit != 0 {
 		fe.Add("limit", "is a list option; a claim takes count nodes")
+	}
+	if c.Lease != nil {
+		checkLease(&fe, *c.Lease)
 	}
 	for _, e := range FieldsOf(c.Filter.Normalize()) {
 		if !fe.Has(e.Field) { // current_job and limit may already be refused above
