@@ -1,6 +1,9 @@
 package registry
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
 // MaxClaim is the most nodes one claim may take.
 const MaxClaim = 1000
@@ -43,6 +46,9 @@ func (c *Claim) Normalize() error {
 		if !fe.Has(e.Field) { // current_job and limit may already be refused above
 			fe = append(fe, e)
 		}
+	}
+	if len(c.Filter.State) > 0 && !fe.Has("state") && !slices.Contains(c.Filter.State, StateFree) {
+		fe.Add("state", "claims take free nodes only; leave it out or make it free")
 	}
 	return fe.Err()
 }
