@@ -46,7 +46,8 @@ type Event struct {
 	// ID is the event id: Watch resumes after it (WatchOptions.After).
 	ID int64
 	// Type is the SSE event name: a NodeEventKind (created, updated,
-	// deleted, claimed, released) or "reset".
+	// deleted, claimed, released, lost, found, cordoned, uncordoned,
+	// expired) or "reset".
 	Type string
 	// Node is the data of a node event.
 	Node *NodeEvent
@@ -273,7 +274,8 @@ func (s *stream) dispatch(typ string, rawID, data []byte) error {
 	case EventReset:
 		ev.Reset = new(WatchReset)
 		err = json.Unmarshal(data, ev.Reset)
-	case EventCreated, EventUpdated, EventDeleted, EventClaimed, EventReleased:
+	case EventCreated, EventUpdated, EventDeleted, EventClaimed, EventReleased,
+		EventLost, EventFound, EventCordoned, EventUncordoned, EventExpired:
 		ev.Node = new(NodeEvent)
 		err = json.Unmarshal(data, ev.Node)
 	}
