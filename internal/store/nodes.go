@@ -336,18 +336,24 @@ func (s *Store) ListNodes(ctx context.Context, f registry.NodeFilter) ([]registr
 	if err := f.Normalize(); err != nil {
 		return nil, err
 	}
+	sql, args := listQuery(f)
+	rows, _ := s.db.Query(ctx, sql, args...)
+	nodes, err := pgx.CollectRows(rows, scanNode)
+	if err != nil {
+		return nil, fmt.Errorf("store: list nodes: %w", translate(err))
+	}
+	return nodes, nil
+}
+
+// listQuery is the statement ListNodes runs for a normalized filter.
+func listQuery(f registry.NodeFilter) (string, []any) {
 	var q query
 	q.where(f)
 	sql := `SELECT ` + nodeColumns + ` FROM nodes WHERE ` + q.cond() + ` ORDER BY pk`
 	if f.Limit > 0 {
 		sql += " LIMIT " + q.arg(f.Limit)
 	}
-	rows, _ := s.db.Query(ctx, sql, q.args...)
-	nodes, err := pgx.CollectRows(rows, scanNode)
-	if err != nil {
-		return nil, fmt.Errorf("store: list nodes: %w", translate(err))
-	}
-	return nodes, nil
+	return sql, q.args
 }
 
 // query builds a WHERE clause from a filter, values always as placeholders.
