@@ -564,7 +564,7 @@ func TestStateFilter(t *testing.T) {
 	b.must(http.StatusConflict, b.do("POST", "/v1/nodes/claim", map[string]any{"job": 2, "count": 2, "state": []string{"free", "busy"}}))
 
 	w := watchStream(t, b.url, "?state=cordoned,draining", b.token)
-	b.must(http.StatusOK, b.do("POST", "/v1/nodes/claim", map[string]any{"job": 2}))                            // 3 busy: not sent
+	b.must(http.StatusOK, b.do("POST", "/v1/nodes/claim", map[string]any{"job": 2, "state": "free"}))           // 3 busy: not sent
 	b.must(http.StatusOK, b.do("POST", "/v1/nodes/uncordon", map[string]any{"nodes": pks[2:3]}))                // 2 free: not sent
 	b.must(http.StatusOK, b.do("POST", "/v1/nodes/cordon", map[string]any{"nodes": pks[3:4], "reason": "fan"})) // 3 draining: sent
 	e := w.next()
