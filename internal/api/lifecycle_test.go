@@ -274,6 +274,12 @@ func TestCordonByFilter(t *testing.T) {
 	if len(c.Cordoned) != 0 {
 		t.Errorf("an empty match cordoned %v", c.Cordoned)
 	}
+	// Every list filter works, seen_within (a subquery) too.
+	b.seen("-10 seconds", hosts[0][0])
+	b.must(http.StatusOK, b.do("POST", "/v1/nodes/cordon", map[string]any{"seen_within": 60, "min_gpu_mem": 1, "source": "api", "reason": "seen lately"})).json(t, &c)
+	if len(c.Cordoned) != 1 || c.Cordoned[0].PK != hosts[0][0] || *c.Cordoned[0].CordonReason != "seen lately" {
+		t.Errorf("cordon by seen_within: %+v", c.Cordoned)
+	}
 
 	// The bound: 1001 matching nodes is refused whole, 1000 is taken.
 	b.exec(`INSERT INTO nodes (ip, gpu_index, cpu_mem, driver_version) SELECT '10.20.0.1'::inet, g, 1, 'd' FROM generate_series(0, $1::int) g`, registry.MaxCordon)
