@@ -18,9 +18,10 @@
 // Calls that may be repeated without changing their effect are retried
 // with exponential backoff and full jitter when the server answers 503 or
 // 429 (honouring Retry-After) or the connection fails before an answer:
-// GET, HEAD, PUT and DELETE, and the three list operations, which are
-// POSTs that only read (nodes, hardware, audit). Create, claim, release,
-// revoke and PATCH are never retried: a create or claim that was applied
+// GET, HEAD, PUT and DELETE, the three list operations, which are
+// POSTs that only read (nodes, hardware, audit), and RenewLeases and
+// CordonNodes, whose repeat finds the work done. Create, claim, release,
+// uncordon, revoke and PATCH are never retried: a create or claim that was applied
 // before its answer was lost would be applied twice (a retried create
 // answers 409 with existing_pk; claims for one job add up). A retried
 // DELETE whose first attempt was applied answers 404; a PUT is the same

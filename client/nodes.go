@@ -159,3 +159,40 @@ func (c *Client) ReleaseNodes(ctx context.Context, r NodeRelease, opts ...CallOp
 	_, err = cl.finish(resp, err, &out, http.StatusOK)
 	return out, err
 }
+
+// RenewLeases extends every lease r.Job holds to r.LeaseSeconds from now
+// and returns every node the job holds (nodes held without a lease are
+// returned unchanged). A job that holds nothing, or only leases that ran
+// out, is an *Error with status 404 (ErrNotFound). Renewing twice is
+// harmless, so it is retried like a read.
+func (c *Client) RenewLeases(ctx context.Context, r NodeRenew, opts ...CallOption) (RenewResult, error) {
+	cl := newCall(opts)
+	var out RenewResult
+	resp, err := c.raw.RenewLeases(cl.ctx(ctx), &oapi.RenewLeasesParams{NodeID: cl.nodeID}, r, cl.editors()...)
+	_, err = cl.finish(resp, err, &out, http.StatusOK)
+	return out, err
+}
+
+// CordonNodes takes nodes out of scheduling (admins only): cd.Nodes, or
+// the nodes cd's filters match (at most 1000, or an *Error with status
+// 409). A node a job holds drains: the job keeps it, and it is cordoned,
+// never free, once released. Pks that name no node come back in
+// NotCordoned.
+func (c *Client) CordonNodes(ctx context.Context, cd NodeCordon, opts ...CallOption) (CordonResult, error) {
+	cl := newCall(opts)
+	var out CordonResult
+	resp, err := c.raw.CordonNodes(cl.ctx(ctx), &oapi.CordonNodesParams{NodeID: cl.nodeID}, cd, cl.editors()...)
+	_, err = cl.finish(resp, err, &out, http.StatusOK)
+	return out, err
+}
+
+// UncordonNodes puts u.Nodes back into scheduling (admins only). Pks that
+// name no node, or a node that is not cordoned, come back in
+// NotUncordoned.
+func (c *Client) UncordonNodes(ctx context.Context, u NodeUncordon, opts ...CallOption) (UncordonResult, error) {
+	cl := newCall(opts)
+	var out UncordonResult
+	resp, err := c.raw.UncordonNodes(cl.ctx(ctx), &oapi.UncordonNodesParams{NodeID: cl.nodeID}, u, cl.editors()...)
+	_, err = cl.finish(resp, err, &out, http.StatusOK)
+	return out, err
+}

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -75,6 +76,12 @@ type retrier struct {
 // filter in the body.
 var readOnlyPOSTs = []string{"/v1/nodes/list", "/v1/hardware/list", "/v1/audit/list"}
 
+// idempotentPOSTs are the POSTs whose repeat changes nothing more: a
+// renewal sets the leases from now again, a cordon finds its nodes
+// cordoned for that reason already. (An uncordon is not one: sent again,
+// it reports the nodes it uncordoned the first time as not cordoned.)
+var idempotentPOSTs = []string{"/v1/nodes/renew", "/v1/nodes/cordon"}
+
 // idempotent reports whether sending req twice has the effect of sending
 // it once.
 func idempotent(req *http.Request) bool {
@@ -82,7 +89,7 @@ func idempotent(req *http.Request) bool {
 	case http.MethodGet, http.MethodHead, http.MethodPut, http.MethodDelete:
 		return true
 	case http.MethodPost:
-		for _, p := range readOnlyPOSTs {
+		for _, p := range slices.Concat(readOnlyPOSTs, idempotentPOSTs) {
 			if strings.HasSuffix(req.URL.Path, p) {
 				return true
 			}

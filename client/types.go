@@ -30,6 +30,22 @@ type (
 	ReleaseResult = oapi.ReleaseResult
 	// NotReleased is a node a release named that the job does not hold.
 	NotReleased = oapi.NotReleased
+	// NodeRenew renews every lease of Job for LeaseSeconds from now.
+	NodeRenew = oapi.NodeRenew
+	// RenewResult is every node the job holds after a renewal.
+	RenewResult = oapi.RenewResult
+	// NodeCordon cordons Nodes, or the nodes the filters match, for Reason.
+	NodeCordon = oapi.NodeCordon
+	// CordonResult is what a cordon did.
+	CordonResult = oapi.CordonResult
+	// NodeUncordon uncordons Nodes.
+	NodeUncordon = oapi.NodeUncordon
+	// UncordonResult is what an uncordon did.
+	UncordonResult = oapi.UncordonResult
+	// NotDone is a node a cordon or uncordon named but did not act on.
+	NotDone = oapi.NotDone
+	// NodeStateFilter is the state filter of list and cordon: see States.
+	NodeStateFilter = oapi.NodeStateFilter
 	// NodeEvent is the data of a node event on the watch stream.
 	NodeEvent = oapi.NodeEvent
 	// NodeEventKind says what happened to the node of a NodeEvent.
@@ -111,6 +127,9 @@ const (
 	ActionNodeDelete     = oapi.AuditFilterActionNodeDelete
 	ActionNodeClaim      = oapi.AuditFilterActionNodeClaim
 	ActionNodeRelease    = oapi.AuditFilterActionNodeRelease
+	ActionNodeCordon     = oapi.AuditFilterActionNodeCordon
+	ActionNodeUncordon   = oapi.AuditFilterActionNodeUncordon
+	ActionNodeRenew      = oapi.AuditFilterActionNodeRenew
 	ActionHardwareCreate = oapi.AuditFilterActionHardwareCreate
 	ActionHardwareUpdate = oapi.AuditFilterActionHardwareUpdate
 	ActionHardwareDelete = oapi.AuditFilterActionHardwareDelete
@@ -122,6 +141,14 @@ const (
 	RoleReader    = oapi.AuditFilterRoleReader
 	RoleSystem    = oapi.AuditFilterRoleSystem
 )
+
+// States is the state filter of NodeFilter and NodeCordon selecting
+// nodes in any of states: client.NodeFilter{State: client.States(client.StateCordoned, client.StateDraining)}.
+func States(states ...NodeState) *NodeStateFilter {
+	var f NodeStateFilter
+	_ = f.FromNodeStateFilter1(states) // a slice of strings always encodes
+	return &f
+}
 
 // Ptr returns a pointer to v, for the optional members of filters and
 // requests: client.NodeFilter{Free: client.Ptr(true)}.

@@ -10,6 +10,7 @@ import (
 	"mime"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/registryd/registryd/client/internal/oapi"
@@ -23,6 +24,9 @@ type WatchOptions struct {
 	Node               *int64
 	Source             *Source
 	IP                 *string
+	// State selects events whose node is, after the change, in one of
+	// these states; empty does not filter.
+	State []NodeState
 	// After resumes after this event id: every later event is replayed
 	// first. Nil starts with the changes made once the stream is open
 	// (list the nodes first for the state before).
@@ -42,7 +46,8 @@ type Event struct {
 	// ID is the event id: Watch resumes after it (WatchOptions.After).
 	ID int64
 	// Type is the SSE event name: a NodeEventKind (created, updated,
-	// deleted, claimed, released) or "reset".
+	// deleted, claimed, released, lost, found, cordoned, uncordoned,
+	// expired) or "reset".
 	Type string
 	// Node is the data of a node event.
 	Node *NodeEvent
@@ -124,7 +129,7 @@ func (c *Client) HeadWatch(ctx context.Context, w WatchOptions, opts ...CallOpti
 	p := watchParams(w, cl)
 	resp, err := c.raw.HeadWatchNodes(cl.ctx(ctx), &oapi.HeadWatchNodesParams{
 		HardwareGeneration: p.HardwareGeneration, Index: p.Index, Node: p.Node, Source: p.Source, IP: p.IP,
-		NodeID: p.NodeID, LastEventID: p.LastEventID,
+		State: p.State, NodeID: p.NodeID, LastEventID: p.LastEventID,
 	}, cl.editors()...)
 	_, err = cl.finish(resp, err, nil, http.StatusOK)
 	return err
@@ -132,7 +137,20 @@ func (c *Client) HeadWatch(ctx context.Context, w WatchOptions, opts ...CallOpti
 
 func watchParams(w WatchOptions, cl *call) *oapi.WatchNodesParams {
 	return &oapi.WatchNodesParams{HardwareGeneration: w.HardwareGeneration, Index: w.Index, Node: w.Node,
-		Source: w.Source, IP: w.IP, NodeID: cl.nodeID, LastEventID: w.After}
+		Source: w.Source, IP: w.IP, State: watchStates(w.State), NodeID: cl.nodeID, LastEventID: w.After}
+}
+
+// watchStates is the state parameter: the states separated by commas.
+func watchStates(states []NodeState) *oapi.WatchState {
+	if len(states) == 0 {
+		return nil
+	}
+	names := make([]string, len(states))
+	for i, s := range states {
+		names[i] = string(s)
+	}
+	v := oapi.WatchState(strings.Join(names, ","))
+	return &v
 }
 
 // errProtocol is a stream this client cannot read.
@@ -256,7 +274,8 @@ func (s *stream) dispatch(typ string, rawID, data []byte) error {
 	case EventReset:
 		ev.Reset = new(WatchReset)
 		err = json.Unmarshal(data, ev.Reset)
-	case EventCreated, EventUpdated, EventDeleted, EventClaimed, EventReleased:
+	case EventCreated, EventUpdated, EventDeleted, EventClaimed, EventReleased,
+		EventLost, EventFound, EventCordoned, EventUncordoned, EventExpired:
 		ev.Node = new(NodeEvent)
 		err = json.Unmarshal(data, ev.Node)
 	}

@@ -223,6 +223,13 @@ func TestPermissionMatrix(t *testing.T) {
 			body: func(fixture) any { return map[string]any{"job": seq.Add(1)} }, ok: 200, perm: registry.PermClaim},
 		{name: "release", method: "POST", path: func(fixture, int64) string { return "/v1/nodes/release" },
 			body: func(fixture) any { return map[string]any{"job": seq.Add(1)} }, ok: 200, perm: registry.PermClaim},
+		// A job that holds nothing: the role may renew, and learns the job holds nothing.
+		{name: "renew", method: "POST", path: func(fixture, int64) string { return "/v1/nodes/renew" },
+			body: func(fixture) any { return map[string]any{"job": seq.Add(1), "lease_seconds": 60} }, ok: 404, perm: registry.PermClaim},
+		{name: "cordon", method: "POST", path: func(fixture, int64) string { return "/v1/nodes/cordon" },
+			body: func(f fixture) any { return map[string]any{"nodes": []int64{f.own, f.other}, "reason": "maintenance"} }, ok: 200, perm: registry.PermCordon},
+		{name: "uncordon", method: "POST", path: func(fixture, int64) string { return "/v1/nodes/uncordon" },
+			body: func(f fixture) any { return map[string]any{"nodes": []int64{f.own, f.other}} }, ok: 200, perm: registry.PermCordon},
 		{name: "list hardware", method: "POST", path: func(fixture, int64) string { return "/v1/hardware/list" }, ok: 200, perm: registry.PermRead},
 		{name: "retrieve hardware", method: "GET", path: hwPath, ok: 200, perm: registry.PermRead},
 		{name: "create hardware", method: "POST", path: func(fixture, int64) string { return "/v1/hardware/create" },
@@ -242,7 +249,7 @@ func TestPermissionMatrix(t *testing.T) {
 		registry.RoleScheduler: {registry.PermRead: true, registry.PermClaim: true},
 		registry.RoleAgent:     {registry.PermRead: true, registry.PermCreateNode: true, registry.PermWriteNode: true},
 		registry.RoleAdmin: {registry.PermRead: true, registry.PermCreateNode: true, registry.PermWriteNode: true, registry.PermClaim: true,
-			registry.PermWriteHardware: true, registry.PermReadAudit: true, registry.PermRevokeTokens: true},
+			registry.PermWriteHardware: true, registry.PermReadAudit: true, registry.PermRevokeTokens: true, registry.PermCordon: true},
 	}
 
 	expect := func(ep endpoint, p principal, rel string) int {

@@ -46,6 +46,10 @@ func (s *Server) claimNodes(w http.ResponseWriter, r *http.Request) error {
 		c.Count = int(min(max(o.Value, -1), registry.MaxClaim+1)) // out of range stays out of range
 	}
 	c.SameHost = f.bool("same_host").Value
+	if o := f.int64("lease_seconds", false); o.Set {
+		d := seconds(o.Value)
+		c.Lease = &d
+	}
 	c.Filter = readFilterFields(f)
 	f.require("job")
 	f.check(c.Normalize()) // skips the fields already refused above

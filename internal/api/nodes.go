@@ -212,6 +212,13 @@ func readFilterFields(f *fields) registry.NodeFilter {
 	if o := f.bool("free"); o.Set {
 		nf.Free = &o.Value
 	}
+	if raw, ok := f.raw("state"); ok {
+		states, msg := parseStates(raw)
+		if msg != "" {
+			f.errs.Add("state", "%s", msg)
+		}
+		nf.State = states
+	}
 	nf.CurrentJob = optPtr(f.int64("current_job", false))
 	nf.HardwareGeneration = optPtr(f.int64("hardware_generation", false))
 	nf.MinGPUMem = optPtr(f.int64("min_gpu_mem", false))

@@ -47,10 +47,11 @@ const (
 	PermWriteHardware                   // create, update, destroy hardware generations
 	PermReadAudit                       // read the audit log
 	PermRevokeTokens                    // revoke tokens before they expire
+	PermCordon                          // cordon and uncordon nodes (take them out of scheduling)
 )
 
 var matrix = map[Role][]Permission{
-	RoleAdmin:     {PermRead, PermCreateNode, PermWriteNode, PermClaim, PermWriteHardware, PermReadAudit, PermRevokeTokens},
+	RoleAdmin:     {PermRead, PermCreateNode, PermWriteNode, PermClaim, PermWriteHardware, PermReadAudit, PermRevokeTokens, PermCordon},
 	RoleScheduler: {PermRead, PermClaim},
 	RoleAgent:     {PermRead, PermCreateNode, PermWriteNode},
 	RoleReader:    {PermRead},
@@ -144,6 +145,9 @@ const (
 	ActionNodeDelete     = "node.delete"
 	ActionNodeClaim      = "node.claim"
 	ActionNodeRelease    = "node.release"
+	ActionNodeCordon     = "node.cordon"
+	ActionNodeUncordon   = "node.uncordon"
+	ActionNodeRenew      = "node.renew"
 	ActionHardwareCreate = "hardware.create"
 	ActionHardwareUpdate = "hardware.update"
 	ActionHardwareDelete = "hardware.delete"
@@ -153,6 +157,7 @@ const (
 // AuditActions lists every action an audit entry can record.
 var AuditActions = []string{
 	ActionNodeCreate, ActionNodeAdopt, ActionNodeUpdate, ActionNodeDelete, ActionNodeClaim, ActionNodeRelease,
+	ActionNodeCordon, ActionNodeUncordon, ActionNodeRenew,
 	ActionHardwareCreate, ActionHardwareUpdate, ActionHardwareDelete, ActionTokenRevoke,
 }
 

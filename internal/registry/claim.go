@@ -1,6 +1,9 @@
 package registry
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
 // MaxClaim is the most nodes one claim may take.
 const MaxClaim = 1000
@@ -12,6 +15,9 @@ type Claim struct {
 	Count    int
 	SameHost bool
 	Filter   NodeFilter
+	// Lease, when set, ends the claim on each node by itself that long
+	// after it is made (see MaxLease); nil holds the nodes until released.
+	Lease *time.Duration
 }
 
 // Normalize validates the claim. Claims always take free nodes, so the
@@ -33,10 +39,16 @@ func (c *Claim) Normalize() error {
 	if c.Filter.Limit != 0 {
 		fe.Add("limit", "is a list option; a claim takes count nodes")
 	}
+	if c.Lease != nil {
+		checkLease(&fe, *c.Lease)
+	}
 	for _, e := range FieldsOf(c.Filter.Normalize()) {
 		if !fe.Has(e.Field) { // current_job and limit may already be refused above
 			fe = append(fe, e)
 		}
+	}
+	if len(c.Filter.State) > 0 && !fe.Has("state") && !slices.Contains(c.Filter.State, StateFree) {
+		fe.Add("state", "claims take free nodes only; leave it out or make it free")
 	}
 	return fe.Err()
 }

@@ -90,7 +90,12 @@ func (e HardwareEcho) Check(cur Hardware) error {
 // Nil fields do not filter. List results are ordered by pk and start
 // after After.
 type NodeFilter struct {
-	Free               *bool
+	// Free true is State [free]; false is every other state. With State
+	// both apply (AND); a pair that no state passes is refused.
+	Free *bool
+	// State selects nodes in any of the listed states; nil or empty does
+	// not filter.
+	State              []State
 	CurrentJob         *int64
 	HardwareGeneration *int64
 	MinGPUMem          *int64
@@ -150,6 +155,16 @@ func (f *NodeFilter) Normalize() error {
 	if f.PK != nil && *f.PK <= 0 {
 		fe.Add("node", "must be a node pk (a positive integer)")
 	}
+	for _, st := range f.State {
+		if !st.Valid() {
+			fe.Add("state", "must be one of %s", joinStates(States))
+			break
+		}
+	}
+	if f.Free != nil && len(f.State) > 0 && !fe.Has("state") &&
+		!slices.ContainsFunc(f.State, func(st State) bool { return (st == StateFree) == *f.Free }) {
+		fe.Add("state", "selects no node together with free: %t (free: true is state free); leave one of them out", *f.Free)
+	}
 	if f.After < 0 {
 		fe.Add("after", "must not be negative")
 	}
@@ -175,5 +190,14 @@ func (f *NodeFilter) Match(n Node, now time.Time) bool {
 		(f.Index == nil || n.Index == *f.Index) &&
 		(f.SeenWithin == nil || n.LastSeen != nil && !n.LastSeen.Before(now.Add(-*f.SeenWithin))) &&
 		(f.Source == nil || n.Source == *f.Source) &&
-		(f.PK == nil || n.PK == *f.PK)
+		(f.PK == nil || n.PK == *f.PK) &&
+		(len(f.State) == 0 || slices.Contains(f.State, n.State))
+}
+
+func joinStates(states []State) string {
+	s := make([]string, len(states))
+	for i, st := range states {
+		s[i] = string(st)
+	}
+	return strings.Join(s, ", ")
 }

@@ -59,6 +59,8 @@ func TestListAgreesWithMatch(t *testing.T) {
 	exec(`UPDATE nodes SET source = 'e2e' WHERE pk = $1`, pks[9])
 	exec(`UPDATE nodes SET lost = true WHERE pk = ANY($1)`, []int64{pks[3], pks[4]})           // lost; lost and gone
 	exec(`UPDATE nodes SET cordon_reason = 'fan' WHERE pk = ANY($1)`, []int64{pks[7], pks[8]}) // draining; cordoned
+	exec(`UPDATE nodes SET cordon_reason = 'psu', current_job = 6 WHERE pk = $1`, pks[3])      // lost beats draining
+	exec(`UPDATE nodes SET cordon_reason = 'psu' WHERE pk = $1`, pks[2])                       // gone beats cordoned
 	exec(`INSERT INTO node_liveness (node_pk, last_seen) SELECT unnest($1::bigint[]), now() - interval '10 seconds'`, []int64{pks[0], pks[3], pks[5]})
 	exec(`INSERT INTO node_liveness (node_pk, last_seen) SELECT unnest($1::bigint[]), now() - interval '2 hours'`, []int64{pks[6], pks[10]})
 
@@ -91,6 +93,17 @@ func TestListAgreesWithMatch(t *testing.T) {
 		{Free: ptr(true), HardwareGeneration: &h1.PK, MinGPUMem: ptr[int64](1 << 30)},
 		{Free: ptr(false), Source: ptr("scp"), Index: ptr(2)},
 		{IP: ptr("10.0.0.0"), SeenWithin: ptr(time.Minute), Source: ptr("api")},
+		{State: []registry.State{registry.StateFree}},
+		{State: []registry.State{registry.StateBusy}},
+		{State: []registry.State{registry.StateGone}},
+		{State: []registry.State{registry.StateLost}},
+		{State: []registry.State{registry.StateDraining}},
+		{State: []registry.State{registry.StateCordoned}},
+		{State: []registry.State{registry.StateCordoned, registry.StateDraining}},
+		{State: []registry.State{registry.StateBusy, registry.StateFree, registry.StateBusy}},
+		{State: []registry.State{registry.StateLost, registry.StateGone}, Source: ptr("scp")},
+		{State: []registry.State{registry.StateBusy, registry.StateLost}, Free: ptr(false)},
+		{State: []registry.State{registry.StateFree, registry.StateCordoned}, Free: ptr(true)},
 	} {
 		list, err := st.ListNodes(ctx, f)
 		if err != nil {
@@ -116,6 +129,31 @@ func TestListAgreesWithMatch(t *testing.T) {
 		if len(want) == len(all) && f.Free == nil {
 			t.Errorf("filter %s selects every node: a weak case", describe(f))
 		}
+	}
+
+	// Each node is in exactly one state, the one its document shows, and
+	// every state has a node here (no state case is empty by accident).
+	inState := map[int64]registry.State{}
+	for _, state := range registry.States {
+		list, err := st.ListNodes(ctx, registry.NodeFilter{State: []registry.State{state}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(list) == 0 {
+			t.Errorf("no node in state %s: a weak fixture", state)
+		}
+		for _, n := range list {
+			if prev, ok := inState[n.PK]; ok {
+				t.Errorf("node %d listed in states %s and %s", n.PK, prev, state)
+			}
+			if n.State != state {
+				t.Errorf("node %d listed in state %s shows %s", n.PK, state, n.State)
+			}
+			inState[n.PK] = state
+		}
+	}
+	if len(inState) != len(all) {
+		t.Errorf("%d of %d nodes are in some state", len(inState), len(all))
 	}
 
 	// Claims take free nodes only: never a lost, cordoned, draining, busy
@@ -151,6 +189,9 @@ func describe(f registry.NodeFilter) string {
 	add := func(name string, v any) { s += fmt.Sprintf("%s=%v ", name, v) }
 	if f.Free != nil {
 		add("free", *f.Free)
+	}
+	if f.State != nil {
+		add("state", f.State)
 	}
 	if f.CurrentJob != nil {
 		add("current_job", *f.CurrentJob)

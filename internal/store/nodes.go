@@ -72,13 +72,18 @@ func columns(alias, lastSeen string) string {
 // scanNode reads a row of nodeFields, times in UTC, its state derived.
 func scanNode(row pgx.CollectableRow) (registry.Node, error) {
 	var n registry.Node
-	var dests [len(nodeFields)]any
-	for i, f := range nodeFields {
-		dests[i] = f.dest(&n)
-	}
-	err := row.Scan(dests[:]...)
+	err := row.Scan(nodeDests(&n)...)
 	n.State = n.DeriveState()
 	return n.UTC(), err
+}
+
+// nodeDests are the scan destinations of nodeFields in n, in order.
+func nodeDests(n *registry.Node) []any {
+	dests := make([]any, len(nodeFields), len(nodeFields)+1)
+	for i, f := range nodeFields {
+		dests[i] = f.dest(n)
+	}
+	return dests
 }
 
 // freeSQL is registry.StateFree in SQL, spelled exactly as the partial
@@ -331,18 +336,24 @@ func (s *Store) ListNodes(ctx context.Context, f registry.NodeFilter) ([]registr
 	if err := f.Normalize(); err != nil {
 		return nil, err
 	}
+	sql, args := listQuery(f)
+	rows, _ := s.db.Query(ctx, sql, args...)
+	nodes, err := pgx.CollectRows(rows, scanNode)
+	if err != nil {
+		return nil, fmt.Errorf("store: list nodes: %w", translate(err))
+	}
+	return nodes, nil
+}
+
+// listQuery is the statement ListNodes runs for a normalized filter.
+func listQuery(f registry.NodeFilter) (string, []any) {
 	var q query
 	q.where(f)
 	sql := `SELECT ` + nodeColumns + ` FROM nodes WHERE ` + q.cond() + ` ORDER BY pk`
 	if f.Limit > 0 {
 		sql += " LIMIT " + q.arg(f.Limit)
 	}
-	rows, _ := s.db.Query(ctx, sql, q.args...)
-	nodes, err := pgx.CollectRows(rows, scanNode)
-	if err != nil {
-		return nil, fmt.Errorf("store: list nodes: %w", translate(err))
-	}
-	return nodes, nil
+	return sql, q.args
 }
 
 // query builds a WHERE clause from a filter, values always as placeholders.
@@ -370,6 +381,9 @@ func (q *query) where(f registry.NodeFilter) {
 		} else {
 			q.add("NOT (" + freeSQL + ")")
 		}
+	}
+	if len(f.State) > 0 {
+		q.add(statesSQL(f.State))
 	}
 	if f.Source != nil {
 		q.add("source = " + q.arg(*f.Source))
@@ -431,9 +445,10 @@ func (s *Store) ClaimNodes(ctx context.Context, actor registry.Actor, c registry
 			return err
 		}
 		rows, _ := tx.db.Query(ctx, `
-			UPDATE nodes SET current_job = $2, updated_at = now(), version = version + 1
+			UPDATE nodes SET current_job = $2, lease_expires_at = now() + $3::bigint * interval '1 second',
+				updated_at = now(), version = version + 1
 			WHERE pk = ANY($1)
-			RETURNING `+nodeColumns, pks, c.Job)
+			RETURNING `+nodeColumns, pks, c.Job, leaseSeconds(c.Lease))
 		if out, err = pgx.CollectRows(rows, scanNode); err != nil {
 			return err
 		}
@@ -442,7 +457,7 @@ func (s *Store) ClaimNodes(ctx context.Context, actor registry.Actor, c registry
 			return err
 		}
 		return tx.auditNodes(ctx, actor, registry.ActionNodeClaim, out, func(n registry.Node) any {
-			n.CurrentJob = nil
+			n.CurrentJob, n.LeaseExpiresAt = nil, nil
 			return docOfNode(n)
 		})
 	})
@@ -548,7 +563,7 @@ func (s *Store) ReleaseNodes(ctx context.Context, actor registry.Actor, r regist
 			return nil
 		}
 		rows, _ := tx.db.Query(ctx, `
-			UPDATE nodes SET current_job = NULL, updated_at = now(), version = version + 1
+			UPDATE nodes SET current_job = NULL, lease_expires_at = NULL, updated_at = now(), version = version + 1
 			WHERE pk = ANY($1) RETURNING `+nodeColumns, pks)
 		var err error
 		if released, err = pgx.CollectRows(rows, scanNode); err != nil {

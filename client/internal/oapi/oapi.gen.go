@@ -26,9 +26,12 @@ const (
 	AuditFilterActionHardwareUpdate AuditFilterAction = "hardware.update"
 	AuditFilterActionNodeAdopt      AuditFilterAction = "node.adopt"
 	AuditFilterActionNodeClaim      AuditFilterAction = "node.claim"
+	AuditFilterActionNodeCordon     AuditFilterAction = "node.cordon"
 	AuditFilterActionNodeCreate     AuditFilterAction = "node.create"
 	AuditFilterActionNodeDelete     AuditFilterAction = "node.delete"
 	AuditFilterActionNodeRelease    AuditFilterAction = "node.release"
+	AuditFilterActionNodeRenew      AuditFilterAction = "node.renew"
+	AuditFilterActionNodeUncordon   AuditFilterAction = "node.uncordon"
 	AuditFilterActionNodeUpdate     AuditFilterAction = "node.update"
 	AuditFilterActionTokenRevoke    AuditFilterAction = "token.revoke"
 )
@@ -46,11 +49,17 @@ func (e AuditFilterAction) Valid() bool {
 		return true
 	case AuditFilterActionNodeClaim:
 		return true
+	case AuditFilterActionNodeCordon:
+		return true
 	case AuditFilterActionNodeCreate:
 		return true
 	case AuditFilterActionNodeDelete:
 		return true
 	case AuditFilterActionNodeRelease:
+		return true
+	case AuditFilterActionNodeRenew:
+		return true
+	case AuditFilterActionNodeUncordon:
 		return true
 	case AuditFilterActionNodeUpdate:
 		return true
@@ -271,7 +280,7 @@ type AuditEntry struct {
 	// Example: 42
 	ActingNode *int64 `json:"acting_node"`
 
-	// Action What was done: `node.create`, `node.update`, `node.delete`, `node.adopt` (an agent registered a node the sync worker had imported and became its owner), `node.claim`, `node.release`, `hardware.create`, `hardware.update`, `hardware.delete` or `token.revoke` (its target pk is the revocation's id, its `after` says what was revoked); more actions may appear later. The sync worker writes `node.create`, `node.update`, `node.delete` and `hardware.create`.
+	// Action What was done: `node.create`, `node.update`, `node.delete`, `node.adopt` (an agent registered a node the sync worker had imported and became its owner), `node.claim`, `node.release`, `node.cordon`, `node.uncordon`, `node.renew` (a lease renewed), `hardware.create`, `hardware.update`, `hardware.delete` or `token.revoke` (its target pk is the revocation's id, its `after` says what was revoked); more actions may appear later. The sync worker writes `node.create`, `node.update`, `node.delete` and `hardware.create`.
 	//
 	// Example: node.update
 	Action string `json:"action"`
@@ -368,6 +377,15 @@ type ClaimResult struct {
 
 	// Nodes The claimed nodes, ordered by pk; exactly `count` of them, each with `current_job` equal to `job`.
 	Nodes []Node `json:"nodes"`
+}
+
+// CordonResult What a cordon did.
+type CordonResult struct {
+	// Cordoned Every node the request leaves cordoned, ordered by pk (`state` cordoned, or draining while a job holds it), including those that were already cordoned for the same reason.
+	Cordoned []Node `json:"cordoned"`
+
+	// NotCordoned The listed pks that name no node, ordered by pk; always empty for a cordon by filters.
+	NotCordoned []NotDone `json:"not_cordoned"`
 }
 
 // EchoCordonReason Read-only and best left out; accepted only when it equals the stored value (cordon and uncordon change it).
@@ -625,7 +643,7 @@ type NodeClaim struct {
 	// Example: 8
 	Count *int `json:"count,omitempty"`
 
-	// Free May only be true (false is a 400): a claim always takes free nodes, whose `current_job` is null and which are `schedulable`.
+	// Free May only be true (false is a 400): a claim always takes free nodes (`state` free).
 	Free *NodeClaimFree `json:"free,omitempty"`
 
 	// HardwareGeneration Only nodes of this hardware generation (its pk, positive).
@@ -641,6 +659,11 @@ type NodeClaim struct {
 	//
 	// Example: 7001
 	Job int64 `json:"job"`
+
+	// LeaseSeconds Lease the nodes for this many seconds (1 to 86400): each node's `lease_expires_at` is then the database's clock at the claim plus this, and the registry releases it by itself once that passes unless the job renews it. Without it the nodes are held until released.
+	//
+	// Example: 600
+	LeaseSeconds *int64 `json:"lease_seconds,omitempty"`
 
 	// MinCPUMem Only nodes with at least this much CPU memory (bytes).
 	MinCPUMem *int64 `json:"min_cpu_mem,omitempty"`
@@ -658,10 +681,62 @@ type NodeClaim struct {
 	//
 	// Example: api
 	Source *Source `json:"source,omitempty"`
+
+	// State One node state, or an array of 1 to 6 of them: nodes in any of the given states. A value that is not a `NodeState` is a 400 naming `state`.
+	//
+	// Example: ["cordoned","draining"]
+	State *NodeStateFilter `json:"state,omitempty"`
 }
 
-// NodeClaimFree May only be true (false is a 400): a claim always takes free nodes, whose `current_job` is null and which are `schedulable`.
+// NodeClaimFree May only be true (false is a 400): a claim always takes free nodes (`state` free).
 type NodeClaimFree bool
+
+// NodeCordon A cordon: `reason`, and either `nodes` or at least one filter of list (ANDed), not both.
+type NodeCordon struct {
+	// CurrentJob Only nodes held by this job (a job's pk, positive).
+	CurrentJob *int64 `json:"current_job,omitempty"`
+
+	// Free Only free nodes (true) or only nodes that are not free (false).
+	Free *bool `json:"free,omitempty"`
+
+	// HardwareGeneration Only nodes of this hardware generation (its pk, positive).
+	HardwareGeneration *int64 `json:"hardware_generation,omitempty"`
+
+	// Index Only nodes with this GPU index.
+	Index *int32 `json:"index,omitempty"`
+
+	// IP Only nodes of this host (IPv4 or IPv6 address, compared in canonical form).
+	IP *string `json:"ip,omitempty"`
+
+	// MinCPUMem Only nodes with at least this much CPU memory (bytes).
+	MinCPUMem *int64 `json:"min_cpu_mem,omitempty"`
+
+	// MinGPUMem Only nodes with at least this much GPU memory (bytes); excludes nodes without a GPU.
+	MinGPUMem *int64 `json:"min_gpu_mem,omitempty"`
+
+	// Nodes The pks of the nodes to cordon (1 to 1000; duplicates count once). Absent or null selects by the filters instead.
+	//
+	// Example: [42,43]
+	Nodes *[]int64 `json:"nodes,omitempty"`
+
+	// Reason Why the nodes are cordoned (shown as `cordon_reason`): 1 to 200 characters, no control characters, no leading or trailing whitespace.
+	//
+	// Example: replacing a fan
+	Reason string `json:"reason"`
+
+	// SeenWithin Only nodes seen within this many seconds (at most 100 years).
+	SeenWithin *int64 `json:"seen_within,omitempty"`
+
+	// Source Where a node came from (server-managed): `api` when it was registered through this API, `scp` or `e2e` when the sync worker imported it from Samsung SDS Cloud or E2E Networks. As a filter (list, claim, watch), only nodes from this source. More sources may appear later.
+	//
+	// Example: api
+	Source *Source `json:"source,omitempty"`
+
+	// State One node state, or an array of 1 to 6 of them: nodes in any of the given states. A value that is not a `NodeState` is a 400 naming `state`.
+	//
+	// Example: ["cordoned","draining"]
+	State *NodeStateFilter `json:"state,omitempty"`
+}
 
 // NodeCreate The six writable fields of a new node, all required.
 //
@@ -732,7 +807,7 @@ type NodeFilter struct {
 	// CurrentJob Only nodes held by this job (a job's pk, positive).
 	CurrentJob *int64 `json:"current_job,omitempty"`
 
-	// Free true for free nodes, the ones a claim could take: `current_job` is null AND `schedulable` is true. false for every other node: holding a job, or not schedulable.
+	// Free true for free nodes (`state` free), the ones a claim could take. false for every other node: gone, lost, draining, cordoned or busy.
 	Free *bool `json:"free,omitempty"`
 
 	// HardwareGeneration Only nodes of this hardware generation (its pk, positive).
@@ -760,6 +835,11 @@ type NodeFilter struct {
 	//
 	// Example: api
 	Source *Source `json:"source,omitempty"`
+
+	// State One node state, or an array of 1 to 6 of them: nodes in any of the given states. A value that is not a `NodeState` is a 400 naming `state`.
+	//
+	// Example: ["cordoned","draining"]
+	State *NodeStateFilter `json:"state,omitempty"`
 }
 
 // NodeGPUMem GPU memory in bytes, or null when the node has no GPU.
@@ -869,10 +949,41 @@ type NodeRelease struct {
 	Nodes *[]int64 `json:"nodes,omitempty"`
 }
 
+// NodeRenew A renewal of every lease the job `job` holds. Both members are required.
+type NodeRenew struct {
+	// Job The job whose leases to renew (its pk).
+	//
+	// Example: 7003
+	Job int64 `json:"job"`
+
+	// LeaseSeconds The new lease, in seconds from now (1 to 86400).
+	//
+	// Example: 600
+	LeaseSeconds int64 `json:"lease_seconds"`
+}
+
 // NodeState The node's lifecycle state (server-managed), the first that applies: `gone` (its provider reports the host stopped or vanished: `schedulable` is false), `lost` (it has an agent or has heartbeated, and has not been seen for the node TTL), `draining` (cordoned while a job holds it), `cordoned` (taken out of scheduling by an admin), `busy` (a job holds it), `free` (none of these: the only state claims take). More states may appear later.
 //
 // Example: free
 type NodeState string
+
+// NodeStateFilter One node state, or an array of 1 to 6 of them: nodes in any of the given states. A value that is not a `NodeState` is a 400 naming `state`.
+//
+// Example: ["cordoned","draining"]
+type NodeStateFilter struct {
+	union json.RawMessage
+}
+
+// NodeStateFilter1 defines model for NodeStateFilter.1.
+type NodeStateFilter1 = []NodeState
+
+// NodeUncordon An uncordon of the listed nodes.
+type NodeUncordon struct {
+	// Nodes The pks of the nodes to uncordon (1 to 1000; duplicates count once).
+	//
+	// Example: [42,43]
+	Nodes []int64 `json:"nodes"`
+}
 
 // NodeUpdate A full update (PUT): the six writable fields are required. The read-only fields are best left out; they may be echoed back with the values last read, and a different value is a 400 (`last_seen` may be older than the stored one; `created_at` and `updated_at` count at the precision sent).
 //
@@ -946,6 +1057,19 @@ type NodeUpdate struct {
 
 	// UpdatedAt Read-only and best left out; accepted when it is the stored instant written at the precision sent, as `created_at`. A different value means the row changed since it was read (a write within the same second goes unnoticed at second precision: use `If-Match` to guard against concurrent writes).
 	UpdatedAt *EchoUpdatedAt `json:"updated_at,omitempty"`
+}
+
+// NotDone A node a cordon or uncordon named but did not act on, and why.
+type NotDone struct {
+	// PK The pk named in `nodes`.
+	//
+	// Example: 43
+	PK int64 `json:"pk"`
+
+	// Reason Why (`no such node`, `not cordoned`).
+	//
+	// Example: no such node
+	Reason string `json:"reason"`
 }
 
 // NotReleased A node a release named but the job does not hold.
@@ -1032,6 +1156,17 @@ type ReleaseResult struct {
 	Released []Node `json:"released"`
 }
 
+// RenewResult Every node the job holds after a renewal.
+type RenewResult struct {
+	// Job The renewing job.
+	//
+	// Example: 7003
+	Job int64 `json:"job"`
+
+	// Nodes Every node the job holds, ordered by pk: the leased ones with their new `lease_expires_at`, the others (held until released) unchanged.
+	Nodes []Node `json:"nodes"`
+}
+
 // Revocation A stored revocation: `sub` with `revoked_before`, or `jti` with `until` when its expiry is known.
 //
 // Example: {"revoked_before":"2026-11-29T16:20:02Z","sub":"agent-gpu-17"}
@@ -1067,6 +1202,15 @@ type RevokeRequest struct {
 //
 // Example: api
 type Source string
+
+// UncordonResult What an uncordon did.
+type UncordonResult struct {
+	// NotUncordoned The listed pks that name no node or a node that is not cordoned, ordered by pk.
+	NotUncordoned []NotDone `json:"not_uncordoned"`
+
+	// Uncordoned The nodes uncordoned, ordered by pk.
+	Uncordoned []Node `json:"uncordoned"`
+}
 
 // WatchReset The `data` of a `reset` event on the watch stream: the requested `Last-Event-ID` cannot be replayed, because retention already removed events after it or because it is ahead of this registry's events. Re-list the nodes (`POST /v1/nodes/list`); the stream goes on live after `last_event_id`, which is also the event's SSE `id:`.
 type WatchReset struct {
@@ -1121,6 +1265,9 @@ type WatchNode = int64
 //
 // Example: api
 type WatchSource = Source
+
+// WatchState defines model for WatchState.
+type WatchState = string
 
 // BadRequest An RFC 9457 problem details document.
 type BadRequest = Problem
@@ -1236,6 +1383,12 @@ type ClaimNodesParams struct {
 	NodeID *NodeID `json:"Node-Id,omitempty"`
 }
 
+// CordonNodesParams defines parameters for CordonNodes.
+type CordonNodesParams struct {
+	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
+	NodeID *NodeID `json:"Node-Id,omitempty"`
+}
+
 // CreateNodeParams defines parameters for CreateNode.
 type CreateNodeParams struct {
 	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
@@ -1266,6 +1419,18 @@ type ReleaseNodesParams struct {
 	NodeID *NodeID `json:"Node-Id,omitempty"`
 }
 
+// RenewLeasesParams defines parameters for RenewLeases.
+type RenewLeasesParams struct {
+	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
+	NodeID *NodeID `json:"Node-Id,omitempty"`
+}
+
+// UncordonNodesParams defines parameters for UncordonNodes.
+type UncordonNodesParams struct {
+	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
+	NodeID *NodeID `json:"Node-Id,omitempty"`
+}
+
 // WatchNodesParams defines parameters for WatchNodes.
 type WatchNodesParams struct {
 	// LastEventIDQuery The same as `Last-Event-Id`, for clients that cannot set headers; ignored when the header is sent. Empty means absent.
@@ -1285,6 +1450,9 @@ type WatchNodesParams struct {
 
 	// IP Only events whose node has this `ip`, an IPv4 or IPv6 address (such as 10.0.0.7) compared in canonical form (`2001:DB8::1` matches `2001:db8::1`). An invalid address is a 400.
 	IP *WatchIP `form:"ip,omitempty" json:"ip,omitempty"`
+
+	// State Only events whose node is, after the change, in one of these states: one `NodeState`, or several separated by commas (`cordoned,draining`). Any other value is a 400. A change that takes a node out of these states (a claim of a free node, for `state=free`) is not sent to that watch.
+	State *WatchState `form:"state,omitempty" json:"state,omitempty"`
 
 	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
 	NodeID *NodeID `json:"Node-Id,omitempty"`
@@ -1312,6 +1480,9 @@ type HeadWatchNodesParams struct {
 
 	// IP Only events whose node has this `ip`, an IPv4 or IPv6 address (such as 10.0.0.7) compared in canonical form (`2001:DB8::1` matches `2001:db8::1`). An invalid address is a 400.
 	IP *WatchIP `form:"ip,omitempty" json:"ip,omitempty"`
+
+	// State Only events whose node is, after the change, in one of these states: one `NodeState`, or several separated by commas (`cordoned,draining`). Any other value is a 400. A change that takes a node out of these states (a claim of a free node, for `state=free`) is not sent to that watch.
+	State *WatchState `form:"state,omitempty" json:"state,omitempty"`
 
 	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
 	NodeID *NodeID `json:"Node-Id,omitempty"`
@@ -1395,6 +1566,9 @@ type UpdateHardwareJSONRequestBody = HardwareUpdate
 // ClaimNodesJSONRequestBody defines body for ClaimNodes for application/json ContentType.
 type ClaimNodesJSONRequestBody = NodeClaim
 
+// CordonNodesJSONRequestBody defines body for CordonNodes for application/json ContentType.
+type CordonNodesJSONRequestBody = NodeCordon
+
 // CreateNodeJSONRequestBody defines body for CreateNode for application/json ContentType.
 type CreateNodeJSONRequestBody = NodeCreate
 
@@ -1403,6 +1577,12 @@ type ListNodesJSONRequestBody = NodeFilter
 
 // ReleaseNodesJSONRequestBody defines body for ReleaseNodes for application/json ContentType.
 type ReleaseNodesJSONRequestBody = NodeRelease
+
+// RenewLeasesJSONRequestBody defines body for RenewLeases for application/json ContentType.
+type RenewLeasesJSONRequestBody = NodeRenew
+
+// UncordonNodesJSONRequestBody defines body for UncordonNodes for application/json ContentType.
+type UncordonNodesJSONRequestBody = NodeUncordon
 
 // PatchNodeJSONRequestBody defines body for PatchNode for application/json ContentType.
 type PatchNodeJSONRequestBody = NodePatch
@@ -1415,6 +1595,68 @@ type UpdateNodeJSONRequestBody = NodeUpdate
 
 // RevokeTokensJSONRequestBody defines body for RevokeTokens for application/json ContentType.
 type RevokeTokensJSONRequestBody = RevokeRequest
+
+// AsNodeState returns the union data inside the NodeStateFilter as a NodeState
+func (t NodeStateFilter) AsNodeState() (NodeState, error) {
+	var body NodeState
+	err := json.Unmarshal(t.union, &body)
+	return body, err
+}
+
+// FromNodeState overwrites any union data inside the NodeStateFilter as the provided NodeState
+func (t *NodeStateFilter) FromNodeState(v NodeState) error {
+	b, err := json.Marshal(v)
+	t.union = b
+	return err
+}
+
+// MergeNodeState performs a merge with any union data inside the NodeStateFilter, using the provided NodeState
+func (t *NodeStateFilter) MergeNodeState(v NodeState) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+
+	merged, err := runtime.JSONMerge(t.union, b)
+	t.union = merged
+	return err
+}
+
+// AsNodeStateFilter1 returns the union data inside the NodeStateFilter as a NodeStateFilter1
+func (t NodeStateFilter) AsNodeStateFilter1() (NodeStateFilter1, error) {
+	var body NodeStateFilter1
+	err := json.Unmarshal(t.union, &body)
+	return body, err
+}
+
+// FromNodeStateFilter1 overwrites any union data inside the NodeStateFilter as the provided NodeStateFilter1
+func (t *NodeStateFilter) FromNodeStateFilter1(v NodeStateFilter1) error {
+	b, err := json.Marshal(v)
+	t.union = b
+	return err
+}
+
+// MergeNodeStateFilter1 performs a merge with any union data inside the NodeStateFilter, using the provided NodeStateFilter1
+func (t *NodeStateFilter) MergeNodeStateFilter1(v NodeStateFilter1) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+
+	merged, err := runtime.JSONMerge(t.union, b)
+	t.union = merged
+	return err
+}
+
+func (t NodeStateFilter) MarshalJSON() ([]byte, error) {
+	b, err := t.union.MarshalJSON()
+	return b, err
+}
+
+func (t *NodeStateFilter) UnmarshalJSON(b []byte) error {
+	err := t.union.UnmarshalJSON(b)
+	return err
+}
 
 // RequestEditorFn is the function signature for the RequestEditor callback function
 type RequestEditorFn func(ctx context.Context, req *http.Request) error
@@ -1668,7 +1910,8 @@ type ClientInterface interface {
 
 	// ClaimNodesWithBody Claim free nodes for a job
 	//
-	// Gives `count` (default 1) free, schedulable nodes that match every filter in the body to the job `job` and answers 200 with them, ordered by `pk`: their `current_job` is now `job`. With `same_host` all of them are on one host (the same `ip`). A node is free when its `current_job` is null and it is `schedulable`; nodes whose provider reports the host stopped or gone are never claimed. The filters are those of list (`free`, which may only be true, `hardware_generation`, `min_gpu_mem`, `min_cpu_mem`, `ip`, `index`, `seen_within`, `source`, `after`); `limit` and `current_job` are refused with 400 (a claim always takes `count` free nodes). Nodes are taken lowest `pk` first.
+	// Gives `count` (default 1) free, schedulable nodes that match every filter in the body to the job `job` and answers 200 with them, ordered by `pk`: their `current_job` is now `job`. With `same_host` all of them are on one host (the same `ip`). A node is free when its `state` is `free`: no job holds it, it is `schedulable`, not lost and not cordoned; no other node is ever claimed. The filters are those of list (`free`, which may only be true, `state`, which must include `free`, `hardware_generation`, `min_gpu_mem`, `min_cpu_mem`, `ip`, `index`, `seen_within`, `source`, `after`); `limit` and `current_job` are refused with 400 (a claim always takes `count` free nodes). Nodes are taken lowest `pk` first.
+	// With `lease_seconds` (1 to 86400) the claim is leased: each node shows `lease_expires_at`, the database's clock at the claim plus the lease, and the registry releases it by itself once that passes unless the job renews it (`POST /v1/nodes/renew`). Without it the nodes are held until released. A release clears `lease_expires_at`.
 	// A claim is all or nothing: when fewer than `count` free matching nodes can be had (or, with `same_host`, no single host has `count` of them) it answers 409 and holds nothing. It never waits for nodes other claims are taking at the same moment (`FOR UPDATE SKIP LOCKED`): those are skipped, so concurrent claims never get the same node and may get 409 while another claim is in flight. Each claimed node gets a `node.claim` audit entry, and its version (`ETag`) changes.
 	// 400 for a malformed body or a missing, unknown or invalid field (the bad fields are listed, at most 20); 409 when not enough nodes match; 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 	// Roles: scheduler and admin (the "claim" permission); reader and agent get 403.
@@ -1680,7 +1923,8 @@ type ClientInterface interface {
 
 	// ClaimNodes Claim free nodes for a job
 	//
-	// Gives `count` (default 1) free, schedulable nodes that match every filter in the body to the job `job` and answers 200 with them, ordered by `pk`: their `current_job` is now `job`. With `same_host` all of them are on one host (the same `ip`). A node is free when its `current_job` is null and it is `schedulable`; nodes whose provider reports the host stopped or gone are never claimed. The filters are those of list (`free`, which may only be true, `hardware_generation`, `min_gpu_mem`, `min_cpu_mem`, `ip`, `index`, `seen_within`, `source`, `after`); `limit` and `current_job` are refused with 400 (a claim always takes `count` free nodes). Nodes are taken lowest `pk` first.
+	// Gives `count` (default 1) free, schedulable nodes that match every filter in the body to the job `job` and answers 200 with them, ordered by `pk`: their `current_job` is now `job`. With `same_host` all of them are on one host (the same `ip`). A node is free when its `state` is `free`: no job holds it, it is `schedulable`, not lost and not cordoned; no other node is ever claimed. The filters are those of list (`free`, which may only be true, `state`, which must include `free`, `hardware_generation`, `min_gpu_mem`, `min_cpu_mem`, `ip`, `index`, `seen_within`, `source`, `after`); `limit` and `current_job` are refused with 400 (a claim always takes `count` free nodes). Nodes are taken lowest `pk` first.
+	// With `lease_seconds` (1 to 86400) the claim is leased: each node shows `lease_expires_at`, the database's clock at the claim plus the lease, and the registry releases it by itself once that passes unless the job renews it (`POST /v1/nodes/renew`). Without it the nodes are held until released. A release clears `lease_expires_at`.
 	// A claim is all or nothing: when fewer than `count` free matching nodes can be had (or, with `same_host`, no single host has `count` of them) it answers 409 and holds nothing. It never waits for nodes other claims are taking at the same moment (`FOR UPDATE SKIP LOCKED`): those are skipped, so concurrent claims never get the same node and may get 409 while another claim is in flight. Each claimed node gets a `node.claim` audit entry, and its version (`ETag`) changes.
 	// 400 for a malformed body or a missing, unknown or invalid field (the bad fields are listed, at most 20); 409 when not enough nodes match; 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 	// Roles: scheduler and admin (the "claim" permission); reader and agent get 403.
@@ -1689,6 +1933,30 @@ type ClientInterface interface {
 	//
 	// Corresponds with POST /v1/nodes/claim (the `ClaimNodes` operationId).
 	ClaimNodes(ctx context.Context, params *ClaimNodesParams, body ClaimNodesJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CordonNodesWithBody Take nodes out of scheduling
+	//
+	// Cordons nodes for `reason` (required: 1 to 200 characters, no control characters, not starting or ending with whitespace) and answers 200: `cordoned` lists every node the request leaves cordoned, ordered by `pk`. The nodes are either listed in `nodes` (1 to 1000 pks; duplicates count once), or selected by the filters of list (`free`, `state`, `current_job`, `hardware_generation`, `min_gpu_mem`, `min_cpu_mem`, `ip`, `index`, `seen_within`, `source`; ANDed). Both at once, or neither (no `nodes` and no filter), is a 400 naming `nodes`: a cordon never selects the whole fleet by omission. Filters are bounded, not paged: when they match more than 1000 nodes the answer is 409 and nothing is cordoned (narrow them, or cordon by pks in batches); `after` and `limit` are refused with 400.
+	// A cordoned node is never claimed. A node a job holds keeps its job (and lease): it is `draining`, and once the job releases it, it is `cordoned`, never free, until an admin uncordons it. Cordoning a node already cordoned for the same reason changes nothing (it is listed, its version stays); for another reason, the reason is replaced. A pk that names no node is not an error: it is listed in `not_cordoned` with the reason `no such node`. Each node changed gets a `node.cordon` audit entry and a `cordoned` event, and its version (`ETag`) changes, in one transaction. The cordon waits for claims in flight on the same nodes: a node it cordons is never handed out by a claim that ends after it.
+	// 400 for a malformed body or a missing, unknown or invalid field (the bad fields are listed, at most 20); 409 when the filters match more than 1000 nodes; 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+	// Roles: admin only; reader, scheduler and agent get 403.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/nodes/cordon (the `CordonNodes` operationId).
+	CordonNodesWithBody(ctx context.Context, params *CordonNodesParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CordonNodes Take nodes out of scheduling
+	//
+	// Cordons nodes for `reason` (required: 1 to 200 characters, no control characters, not starting or ending with whitespace) and answers 200: `cordoned` lists every node the request leaves cordoned, ordered by `pk`. The nodes are either listed in `nodes` (1 to 1000 pks; duplicates count once), or selected by the filters of list (`free`, `state`, `current_job`, `hardware_generation`, `min_gpu_mem`, `min_cpu_mem`, `ip`, `index`, `seen_within`, `source`; ANDed). Both at once, or neither (no `nodes` and no filter), is a 400 naming `nodes`: a cordon never selects the whole fleet by omission. Filters are bounded, not paged: when they match more than 1000 nodes the answer is 409 and nothing is cordoned (narrow them, or cordon by pks in batches); `after` and `limit` are refused with 400.
+	// A cordoned node is never claimed. A node a job holds keeps its job (and lease): it is `draining`, and once the job releases it, it is `cordoned`, never free, until an admin uncordons it. Cordoning a node already cordoned for the same reason changes nothing (it is listed, its version stays); for another reason, the reason is replaced. A pk that names no node is not an error: it is listed in `not_cordoned` with the reason `no such node`. Each node changed gets a `node.cordon` audit entry and a `cordoned` event, and its version (`ETag`) changes, in one transaction. The cordon waits for claims in flight on the same nodes: a node it cordons is never handed out by a claim that ends after it.
+	// 400 for a malformed body or a missing, unknown or invalid field (the bad fields are listed, at most 20); 409 when the filters match more than 1000 nodes; 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+	// Roles: admin only; reader, scheduler and agent get 403.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/nodes/cordon (the `CordonNodes` operationId).
+	CordonNodes(ctx context.Context, params *CordonNodesParams, body CordonNodesJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// CreateNodeWithBody Create a node
 	//
@@ -1716,7 +1984,7 @@ type ClientInterface interface {
 
 	// ListNodesWithBody List nodes
 	//
-	// Answers 200 with a JSON array of the nodes that match every filter in the optional body, ordered by `pk` ascending. No body (or `{}`) lists every node. `free: true` selects the nodes a claim could take: `current_job` is null AND `schedulable` is true; `free: false` selects every other node (holding a job, or not schedulable). Filters are ANDed; `after` and `limit` page through the registry by keyset: pass the last `pk` you received as `after`. Without `limit` every matching node is returned; the array is streamed, and a failure after the first node was sent aborts the connection rather than ending the array early. 400 for a malformed body, an unknown filter or a value out of range (the bad fields are listed, at most 20), 413 for a body over 1 MiB, 415 for a non-JSON `Content-Type`, 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+	// Answers 200 with a JSON array of the nodes that match every filter in the optional body, ordered by `pk` ascending. No body (or `{}`) lists every node. `state` selects nodes in any of the given states (one `NodeState` or an array of them); `free: true` selects the nodes a claim could take, those in state `free`, and `free: false` every other node. With both, both apply (ANDed, like every filter); a pair that no state passes (`free: true` with `state: busy`) is a 400 naming `state`, as is a state that is not one of `NodeState`. Filters are ANDed; `after` and `limit` page through the registry by keyset: pass the last `pk` you received as `after`. Without `limit` every matching node is returned; the array is streamed, and a failure after the first node was sent aborts the connection rather than ending the array early. 400 for a malformed body, an unknown filter or a value out of range (the bad fields are listed, at most 20), 413 for a body over 1 MiB, 415 for a non-JSON `Content-Type`, 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 	// Roles: reader, scheduler, agent, admin (everyone).
 	//
 	// Takes any type of body and a specified content type.
@@ -1726,7 +1994,7 @@ type ClientInterface interface {
 
 	// ListNodes List nodes
 	//
-	// Answers 200 with a JSON array of the nodes that match every filter in the optional body, ordered by `pk` ascending. No body (or `{}`) lists every node. `free: true` selects the nodes a claim could take: `current_job` is null AND `schedulable` is true; `free: false` selects every other node (holding a job, or not schedulable). Filters are ANDed; `after` and `limit` page through the registry by keyset: pass the last `pk` you received as `after`. Without `limit` every matching node is returned; the array is streamed, and a failure after the first node was sent aborts the connection rather than ending the array early. 400 for a malformed body, an unknown filter or a value out of range (the bad fields are listed, at most 20), 413 for a body over 1 MiB, 415 for a non-JSON `Content-Type`, 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+	// Answers 200 with a JSON array of the nodes that match every filter in the optional body, ordered by `pk` ascending. No body (or `{}`) lists every node. `state` selects nodes in any of the given states (one `NodeState` or an array of them); `free: true` selects the nodes a claim could take, those in state `free`, and `free: false` every other node. With both, both apply (ANDed, like every filter); a pair that no state passes (`free: true` with `state: busy`) is a 400 naming `state`, as is a state that is not one of `NodeState`. Filters are ANDed; `after` and `limit` page through the registry by keyset: pass the last `pk` you received as `after`. Without `limit` every matching node is returned; the array is streamed, and a failure after the first node was sent aborts the connection rather than ending the array early. 400 for a malformed body, an unknown filter or a value out of range (the bad fields are listed, at most 20), 413 for a body over 1 MiB, 415 for a non-JSON `Content-Type`, 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 	// Roles: reader, scheduler, agent, admin (everyone).
 	//
 	// Takes a body of the `application/json` content type.
@@ -1772,6 +2040,50 @@ type ClientInterface interface {
 	// Corresponds with POST /v1/nodes/release (the `ReleaseNodes` operationId).
 	ReleaseNodes(ctx context.Context, params *ReleaseNodesParams, body ReleaseNodesJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// RenewLeasesWithBody Renew the leases a job holds
+	//
+	// Sets the lease of every node the job `job` holds with a lease to `lease_seconds` (1 to 86400) from now (the database's clock) and answers 200 with every node the job holds, ordered by `pk`. Nodes the job holds without a lease (claimed without `lease_seconds`) are listed unchanged: a renewal never gives a lease to a claim that is held until released. A lease that has already run out is not renewed and its node is not listed, even when the registry has not released it yet: the job no longer holds it. Each renewed node gets a `node.renew` audit entry, an `updated` event, and its version (`ETag`) changes.
+	// 404 when the job holds no node (or only nodes whose lease ran out); 400 for a malformed body or a missing, unknown or invalid field (`lease_seconds` out of range names it); 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+	// Roles: scheduler and admin (the "claim" permission); reader and agent get 403.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/nodes/renew (the `RenewLeases` operationId).
+	RenewLeasesWithBody(ctx context.Context, params *RenewLeasesParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// RenewLeases Renew the leases a job holds
+	//
+	// Sets the lease of every node the job `job` holds with a lease to `lease_seconds` (1 to 86400) from now (the database's clock) and answers 200 with every node the job holds, ordered by `pk`. Nodes the job holds without a lease (claimed without `lease_seconds`) are listed unchanged: a renewal never gives a lease to a claim that is held until released. A lease that has already run out is not renewed and its node is not listed, even when the registry has not released it yet: the job no longer holds it. Each renewed node gets a `node.renew` audit entry, an `updated` event, and its version (`ETag`) changes.
+	// 404 when the job holds no node (or only nodes whose lease ran out); 400 for a malformed body or a missing, unknown or invalid field (`lease_seconds` out of range names it); 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+	// Roles: scheduler and admin (the "claim" permission); reader and agent get 403.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/nodes/renew (the `RenewLeases` operationId).
+	RenewLeases(ctx context.Context, params *RenewLeasesParams, body RenewLeasesJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// UncordonNodesWithBody Put cordoned nodes back into scheduling
+	//
+	// Clears the cordon of the nodes listed in `nodes` (1 to 1000 pks; duplicates count once) and answers 200: `uncordoned` lists the nodes it uncordoned, ordered by `pk` (free again, or `busy` for a node a job still holds). A pk that names no node, or a node that is not cordoned, is not an error: it is listed in `not_uncordoned` with the reason (`no such node`, `not cordoned`). Each node uncordoned gets a `node.uncordon` audit entry and an `uncordoned` event, and its version (`ETag`) changes.
+	// 400 for a malformed body or a missing, unknown or invalid field; 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+	// Roles: admin only; reader, scheduler and agent get 403.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/nodes/uncordon (the `UncordonNodes` operationId).
+	UncordonNodesWithBody(ctx context.Context, params *UncordonNodesParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// UncordonNodes Put cordoned nodes back into scheduling
+	//
+	// Clears the cordon of the nodes listed in `nodes` (1 to 1000 pks; duplicates count once) and answers 200: `uncordoned` lists the nodes it uncordoned, ordered by `pk` (free again, or `busy` for a node a job still holds). A pk that names no node, or a node that is not cordoned, is not an error: it is listed in `not_uncordoned` with the reason (`no such node`, `not cordoned`). Each node uncordoned gets a `node.uncordon` audit entry and an `uncordoned` event, and its version (`ETag`) changes.
+	// 400 for a malformed body or a missing, unknown or invalid field; 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+	// Roles: admin only; reader, scheduler and agent get 403.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/nodes/uncordon (the `UncordonNodes` operationId).
+	UncordonNodes(ctx context.Context, params *UncordonNodesParams, body UncordonNodesJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// WatchNodes Watch node changes
 	//
 	// Answers 200 with a Server-Sent Events stream
@@ -1785,10 +2097,12 @@ type ClientInterface interface {
 	// | `event:`   | when                                         | `data:` |
 	// |------------|----------------------------------------------|---------|
 	// | `created`  | a node was registered or imported            | `NodeEvent` |
-	// | `updated`  | a PUT or PATCH changed a node, an agent adopted it, or a sync pass changed it | `NodeEvent` |
+	// | `updated`  | a PUT or PATCH changed a node, an agent adopted it, a sync pass changed it, or a renewal moved its `lease_expires_at` | `NodeEvent` |
 	// | `deleted`  | a node was deleted (also by a sync pass)     | `NodeEvent`, `node` as it was before deletion |
 	// | `claimed`  | a claim gave the node a job                  | `NodeEvent` |
 	// | `released` | a release freed the node                     | `NodeEvent` |
+	// | `cordoned` | an admin cordoned the node (or changed its reason) | `NodeEvent` |
+	// | `uncordoned` | an admin uncordoned the node               | `NodeEvent` |
 	// | `reset`    | the client must re-list (see below)          | `WatchReset` |
 	//
 	// Each event is sent as
@@ -1847,7 +2161,9 @@ type ClientInterface interface {
 	// carry, that is the node after the change: `hardware_generation` and
 	// `node` (a node pk) take positive integers, `index` an integer from 0
 	// to 2147483647, `source` a source name (`api`, `scp`, `e2e`), `ip` an
-	// IPv4 or IPv6 address (compared in canonical form). They are the
+	// IPv4 or IPv6 address (compared in canonical form), `state` one node
+	// state or several separated by commas (`state=cordoned,draining`).
+	// They are the
 	// filters of `POST /v1/nodes/list`, validated and matched the same way.
 	// A change that moves a node out of a filter (say, to another hardware
 	// generation) is not sent to that watch. A `reset` is sent whatever the
@@ -2350,7 +2666,8 @@ func (c *Client) UpdateHardware(ctx context.Context, pk HardwarePK, params *Upda
 
 // ClaimNodesWithBody Claim free nodes for a job
 //
-// Gives `count` (default 1) free, schedulable nodes that match every filter in the body to the job `job` and answers 200 with them, ordered by `pk`: their `current_job` is now `job`. With `same_host` all of them are on one host (the same `ip`). A node is free when its `current_job` is null and it is `schedulable`; nodes whose provider reports the host stopped or gone are never claimed. The filters are those of list (`free`, which may only be true, `hardware_generation`, `min_gpu_mem`, `min_cpu_mem`, `ip`, `index`, `seen_within`, `source`, `after`); `limit` and `current_job` are refused with 400 (a claim always takes `count` free nodes). Nodes are taken lowest `pk` first.
+// Gives `count` (default 1) free, schedulable nodes that match every filter in the body to the job `job` and answers 200 with them, ordered by `pk`: their `current_job` is now `job`. With `same_host` all of them are on one host (the same `ip`). A node is free when its `state` is `free`: no job holds it, it is `schedulable`, not lost and not cordoned; no other node is ever claimed. The filters are those of list (`free`, which may only be true, `state`, which must include `free`, `hardware_generation`, `min_gpu_mem`, `min_cpu_mem`, `ip`, `index`, `seen_within`, `source`, `after`); `limit` and `current_job` are refused with 400 (a claim always takes `count` free nodes). Nodes are taken lowest `pk` first.
+// With `lease_seconds` (1 to 86400) the claim is leased: each node shows `lease_expires_at`, the database's clock at the claim plus the lease, and the registry releases it by itself once that passes unless the job renews it (`POST /v1/nodes/renew`). Without it the nodes are held until released. A release clears `lease_expires_at`.
 // A claim is all or nothing: when fewer than `count` free matching nodes can be had (or, with `same_host`, no single host has `count` of them) it answers 409 and holds nothing. It never waits for nodes other claims are taking at the same moment (`FOR UPDATE SKIP LOCKED`): those are skipped, so concurrent claims never get the same node and may get 409 while another claim is in flight. Each claimed node gets a `node.claim` audit entry, and its version (`ETag`) changes.
 // 400 for a malformed body or a missing, unknown or invalid field (the bad fields are listed, at most 20); 409 when not enough nodes match; 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 // Roles: scheduler and admin (the "claim" permission); reader and agent get 403.
@@ -2372,7 +2689,8 @@ func (c *Client) ClaimNodesWithBody(ctx context.Context, params *ClaimNodesParam
 
 // ClaimNodes Claim free nodes for a job
 //
-// Gives `count` (default 1) free, schedulable nodes that match every filter in the body to the job `job` and answers 200 with them, ordered by `pk`: their `current_job` is now `job`. With `same_host` all of them are on one host (the same `ip`). A node is free when its `current_job` is null and it is `schedulable`; nodes whose provider reports the host stopped or gone are never claimed. The filters are those of list (`free`, which may only be true, `hardware_generation`, `min_gpu_mem`, `min_cpu_mem`, `ip`, `index`, `seen_within`, `source`, `after`); `limit` and `current_job` are refused with 400 (a claim always takes `count` free nodes). Nodes are taken lowest `pk` first.
+// Gives `count` (default 1) free, schedulable nodes that match every filter in the body to the job `job` and answers 200 with them, ordered by `pk`: their `current_job` is now `job`. With `same_host` all of them are on one host (the same `ip`). A node is free when its `state` is `free`: no job holds it, it is `schedulable`, not lost and not cordoned; no other node is ever claimed. The filters are those of list (`free`, which may only be true, `state`, which must include `free`, `hardware_generation`, `min_gpu_mem`, `min_cpu_mem`, `ip`, `index`, `seen_within`, `source`, `after`); `limit` and `current_job` are refused with 400 (a claim always takes `count` free nodes). Nodes are taken lowest `pk` first.
+// With `lease_seconds` (1 to 86400) the claim is leased: each node shows `lease_expires_at`, the database's clock at the claim plus the lease, and the registry releases it by itself once that passes unless the job renews it (`POST /v1/nodes/renew`). Without it the nodes are held until released. A release clears `lease_expires_at`.
 // A claim is all or nothing: when fewer than `count` free matching nodes can be had (or, with `same_host`, no single host has `count` of them) it answers 409 and holds nothing. It never waits for nodes other claims are taking at the same moment (`FOR UPDATE SKIP LOCKED`): those are skipped, so concurrent claims never get the same node and may get 409 while another claim is in flight. Each claimed node gets a `node.claim` audit entry, and its version (`ETag`) changes.
 // 400 for a malformed body or a missing, unknown or invalid field (the bad fields are listed, at most 20); 409 when not enough nodes match; 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 // Roles: scheduler and admin (the "claim" permission); reader and agent get 403.
@@ -2382,6 +2700,50 @@ func (c *Client) ClaimNodesWithBody(ctx context.Context, params *ClaimNodesParam
 // Corresponds with POST /v1/nodes/claim (the `ClaimNodes` operationId).
 func (c *Client) ClaimNodes(ctx context.Context, params *ClaimNodesParams, body ClaimNodesJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewClaimNodesRequest(c.Server, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CordonNodesWithBody Take nodes out of scheduling
+//
+// Cordons nodes for `reason` (required: 1 to 200 characters, no control characters, not starting or ending with whitespace) and answers 200: `cordoned` lists every node the request leaves cordoned, ordered by `pk`. The nodes are either listed in `nodes` (1 to 1000 pks; duplicates count once), or selected by the filters of list (`free`, `state`, `current_job`, `hardware_generation`, `min_gpu_mem`, `min_cpu_mem`, `ip`, `index`, `seen_within`, `source`; ANDed). Both at once, or neither (no `nodes` and no filter), is a 400 naming `nodes`: a cordon never selects the whole fleet by omission. Filters are bounded, not paged: when they match more than 1000 nodes the answer is 409 and nothing is cordoned (narrow them, or cordon by pks in batches); `after` and `limit` are refused with 400.
+// A cordoned node is never claimed. A node a job holds keeps its job (and lease): it is `draining`, and once the job releases it, it is `cordoned`, never free, until an admin uncordons it. Cordoning a node already cordoned for the same reason changes nothing (it is listed, its version stays); for another reason, the reason is replaced. A pk that names no node is not an error: it is listed in `not_cordoned` with the reason `no such node`. Each node changed gets a `node.cordon` audit entry and a `cordoned` event, and its version (`ETag`) changes, in one transaction. The cordon waits for claims in flight on the same nodes: a node it cordons is never handed out by a claim that ends after it.
+// 400 for a malformed body or a missing, unknown or invalid field (the bad fields are listed, at most 20); 409 when the filters match more than 1000 nodes; 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+// Roles: admin only; reader, scheduler and agent get 403.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/nodes/cordon (the `CordonNodes` operationId).
+func (c *Client) CordonNodesWithBody(ctx context.Context, params *CordonNodesParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCordonNodesRequestWithBody(c.Server, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CordonNodes Take nodes out of scheduling
+//
+// Cordons nodes for `reason` (required: 1 to 200 characters, no control characters, not starting or ending with whitespace) and answers 200: `cordoned` lists every node the request leaves cordoned, ordered by `pk`. The nodes are either listed in `nodes` (1 to 1000 pks; duplicates count once), or selected by the filters of list (`free`, `state`, `current_job`, `hardware_generation`, `min_gpu_mem`, `min_cpu_mem`, `ip`, `index`, `seen_within`, `source`; ANDed). Both at once, or neither (no `nodes` and no filter), is a 400 naming `nodes`: a cordon never selects the whole fleet by omission. Filters are bounded, not paged: when they match more than 1000 nodes the answer is 409 and nothing is cordoned (narrow them, or cordon by pks in batches); `after` and `limit` are refused with 400.
+// A cordoned node is never claimed. A node a job holds keeps its job (and lease): it is `draining`, and once the job releases it, it is `cordoned`, never free, until an admin uncordons it. Cordoning a node already cordoned for the same reason changes nothing (it is listed, its version stays); for another reason, the reason is replaced. A pk that names no node is not an error: it is listed in `not_cordoned` with the reason `no such node`. Each node changed gets a `node.cordon` audit entry and a `cordoned` event, and its version (`ETag`) changes, in one transaction. The cordon waits for claims in flight on the same nodes: a node it cordons is never handed out by a claim that ends after it.
+// 400 for a malformed body or a missing, unknown or invalid field (the bad fields are listed, at most 20); 409 when the filters match more than 1000 nodes; 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+// Roles: admin only; reader, scheduler and agent get 403.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/nodes/cordon (the `CordonNodes` operationId).
+func (c *Client) CordonNodes(ctx context.Context, params *CordonNodesParams, body CordonNodesJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCordonNodesRequest(c.Server, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2438,7 +2800,7 @@ func (c *Client) CreateNode(ctx context.Context, params *CreateNodeParams, body 
 
 // ListNodesWithBody List nodes
 //
-// Answers 200 with a JSON array of the nodes that match every filter in the optional body, ordered by `pk` ascending. No body (or `{}`) lists every node. `free: true` selects the nodes a claim could take: `current_job` is null AND `schedulable` is true; `free: false` selects every other node (holding a job, or not schedulable). Filters are ANDed; `after` and `limit` page through the registry by keyset: pass the last `pk` you received as `after`. Without `limit` every matching node is returned; the array is streamed, and a failure after the first node was sent aborts the connection rather than ending the array early. 400 for a malformed body, an unknown filter or a value out of range (the bad fields are listed, at most 20), 413 for a body over 1 MiB, 415 for a non-JSON `Content-Type`, 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+// Answers 200 with a JSON array of the nodes that match every filter in the optional body, ordered by `pk` ascending. No body (or `{}`) lists every node. `state` selects nodes in any of the given states (one `NodeState` or an array of them); `free: true` selects the nodes a claim could take, those in state `free`, and `free: false` every other node. With both, both apply (ANDed, like every filter); a pair that no state passes (`free: true` with `state: busy`) is a 400 naming `state`, as is a state that is not one of `NodeState`. Filters are ANDed; `after` and `limit` page through the registry by keyset: pass the last `pk` you received as `after`. Without `limit` every matching node is returned; the array is streamed, and a failure after the first node was sent aborts the connection rather than ending the array early. 400 for a malformed body, an unknown filter or a value out of range (the bad fields are listed, at most 20), 413 for a body over 1 MiB, 415 for a non-JSON `Content-Type`, 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 // Roles: reader, scheduler, agent, admin (everyone).
 //
 // Takes any type of body and a specified content type.
@@ -2458,7 +2820,7 @@ func (c *Client) ListNodesWithBody(ctx context.Context, params *ListNodesParams,
 
 // ListNodes List nodes
 //
-// Answers 200 with a JSON array of the nodes that match every filter in the optional body, ordered by `pk` ascending. No body (or `{}`) lists every node. `free: true` selects the nodes a claim could take: `current_job` is null AND `schedulable` is true; `free: false` selects every other node (holding a job, or not schedulable). Filters are ANDed; `after` and `limit` page through the registry by keyset: pass the last `pk` you received as `after`. Without `limit` every matching node is returned; the array is streamed, and a failure after the first node was sent aborts the connection rather than ending the array early. 400 for a malformed body, an unknown filter or a value out of range (the bad fields are listed, at most 20), 413 for a body over 1 MiB, 415 for a non-JSON `Content-Type`, 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+// Answers 200 with a JSON array of the nodes that match every filter in the optional body, ordered by `pk` ascending. No body (or `{}`) lists every node. `state` selects nodes in any of the given states (one `NodeState` or an array of them); `free: true` selects the nodes a claim could take, those in state `free`, and `free: false` every other node. With both, both apply (ANDed, like every filter); a pair that no state passes (`free: true` with `state: busy`) is a 400 naming `state`, as is a state that is not one of `NodeState`. Filters are ANDed; `after` and `limit` page through the registry by keyset: pass the last `pk` you received as `after`. Without `limit` every matching node is returned; the array is streamed, and a failure after the first node was sent aborts the connection rather than ending the array early. 400 for a malformed body, an unknown filter or a value out of range (the bad fields are listed, at most 20), 413 for a body over 1 MiB, 415 for a non-JSON `Content-Type`, 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 // Roles: reader, scheduler, agent, admin (everyone).
 //
 // Takes a body of the `application/json` content type.
@@ -2554,6 +2916,90 @@ func (c *Client) ReleaseNodes(ctx context.Context, params *ReleaseNodesParams, b
 	return c.Client.Do(req)
 }
 
+// RenewLeasesWithBody Renew the leases a job holds
+//
+// Sets the lease of every node the job `job` holds with a lease to `lease_seconds` (1 to 86400) from now (the database's clock) and answers 200 with every node the job holds, ordered by `pk`. Nodes the job holds without a lease (claimed without `lease_seconds`) are listed unchanged: a renewal never gives a lease to a claim that is held until released. A lease that has already run out is not renewed and its node is not listed, even when the registry has not released it yet: the job no longer holds it. Each renewed node gets a `node.renew` audit entry, an `updated` event, and its version (`ETag`) changes.
+// 404 when the job holds no node (or only nodes whose lease ran out); 400 for a malformed body or a missing, unknown or invalid field (`lease_seconds` out of range names it); 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+// Roles: scheduler and admin (the "claim" permission); reader and agent get 403.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/nodes/renew (the `RenewLeases` operationId).
+func (c *Client) RenewLeasesWithBody(ctx context.Context, params *RenewLeasesParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewRenewLeasesRequestWithBody(c.Server, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// RenewLeases Renew the leases a job holds
+//
+// Sets the lease of every node the job `job` holds with a lease to `lease_seconds` (1 to 86400) from now (the database's clock) and answers 200 with every node the job holds, ordered by `pk`. Nodes the job holds without a lease (claimed without `lease_seconds`) are listed unchanged: a renewal never gives a lease to a claim that is held until released. A lease that has already run out is not renewed and its node is not listed, even when the registry has not released it yet: the job no longer holds it. Each renewed node gets a `node.renew` audit entry, an `updated` event, and its version (`ETag`) changes.
+// 404 when the job holds no node (or only nodes whose lease ran out); 400 for a malformed body or a missing, unknown or invalid field (`lease_seconds` out of range names it); 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+// Roles: scheduler and admin (the "claim" permission); reader and agent get 403.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/nodes/renew (the `RenewLeases` operationId).
+func (c *Client) RenewLeases(ctx context.Context, params *RenewLeasesParams, body RenewLeasesJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewRenewLeasesRequest(c.Server, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// UncordonNodesWithBody Put cordoned nodes back into scheduling
+//
+// Clears the cordon of the nodes listed in `nodes` (1 to 1000 pks; duplicates count once) and answers 200: `uncordoned` lists the nodes it uncordoned, ordered by `pk` (free again, or `busy` for a node a job still holds). A pk that names no node, or a node that is not cordoned, is not an error: it is listed in `not_uncordoned` with the reason (`no such node`, `not cordoned`). Each node uncordoned gets a `node.uncordon` audit entry and an `uncordoned` event, and its version (`ETag`) changes.
+// 400 for a malformed body or a missing, unknown or invalid field; 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+// Roles: admin only; reader, scheduler and agent get 403.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/nodes/uncordon (the `UncordonNodes` operationId).
+func (c *Client) UncordonNodesWithBody(ctx context.Context, params *UncordonNodesParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewUncordonNodesRequestWithBody(c.Server, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// UncordonNodes Put cordoned nodes back into scheduling
+//
+// Clears the cordon of the nodes listed in `nodes` (1 to 1000 pks; duplicates count once) and answers 200: `uncordoned` lists the nodes it uncordoned, ordered by `pk` (free again, or `busy` for a node a job still holds). A pk that names no node, or a node that is not cordoned, is not an error: it is listed in `not_uncordoned` with the reason (`no such node`, `not cordoned`). Each node uncordoned gets a `node.uncordon` audit entry and an `uncordoned` event, and its version (`ETag`) changes.
+// 400 for a malformed body or a missing, unknown or invalid field; 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+// Roles: admin only; reader, scheduler and agent get 403.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/nodes/uncordon (the `UncordonNodes` operationId).
+func (c *Client) UncordonNodes(ctx context.Context, params *UncordonNodesParams, body UncordonNodesJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewUncordonNodesRequest(c.Server, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // WatchNodes Watch node changes
 //
 // Answers 200 with a Server-Sent Events stream
@@ -2567,10 +3013,12 @@ func (c *Client) ReleaseNodes(ctx context.Context, params *ReleaseNodesParams, b
 // | `event:`   | when                                         | `data:` |
 // |------------|----------------------------------------------|---------|
 // | `created`  | a node was registered or imported            | `NodeEvent` |
-// | `updated`  | a PUT or PATCH changed a node, an agent adopted it, or a sync pass changed it | `NodeEvent` |
+// | `updated`  | a PUT or PATCH changed a node, an agent adopted it, a sync pass changed it, or a renewal moved its `lease_expires_at` | `NodeEvent` |
 // | `deleted`  | a node was deleted (also by a sync pass)     | `NodeEvent`, `node` as it was before deletion |
 // | `claimed`  | a claim gave the node a job                  | `NodeEvent` |
 // | `released` | a release freed the node                     | `NodeEvent` |
+// | `cordoned` | an admin cordoned the node (or changed its reason) | `NodeEvent` |
+// | `uncordoned` | an admin uncordoned the node               | `NodeEvent` |
 // | `reset`    | the client must re-list (see below)          | `WatchReset` |
 //
 // # Each event is sent as
@@ -2629,7 +3077,9 @@ func (c *Client) ReleaseNodes(ctx context.Context, params *ReleaseNodesParams, b
 // carry, that is the node after the change: `hardware_generation` and
 // `node` (a node pk) take positive integers, `index` an integer from 0
 // to 2147483647, `source` a source name (`api`, `scp`, `e2e`), `ip` an
-// IPv4 or IPv6 address (compared in canonical form). They are the
+// IPv4 or IPv6 address (compared in canonical form), `state` one node
+// state or several separated by commas (`state=cordoned,draining`).
+// They are the
 // filters of `POST /v1/nodes/list`, validated and matched the same way.
 // A change that moves a node out of a filter (say, to another hardware
 // generation) is not sent to that watch. A `reset` is sent whatever the
@@ -3592,6 +4042,61 @@ func NewClaimNodesRequestWithBody(server string, params *ClaimNodesParams, conte
 	return req, nil
 }
 
+// NewCordonNodesRequest calls the generic CordonNodes builder with application/json body
+func NewCordonNodesRequest(server string, params *CordonNodesParams, body CordonNodesJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewCordonNodesRequestWithBody(server, params, "application/json", bodyReader)
+}
+
+// NewCordonNodesRequestWithBody constructs an http.Request for the CordonNodes method, with any body, and a specified content type
+func NewCordonNodesRequestWithBody(server string, params *CordonNodesParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/nodes/cordon")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.NodeID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Node-Id", *params.NodeID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "integer", Format: "int64"})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Node-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
 // NewCreateNodeRequest calls the generic CreateNode builder with application/json body
 func NewCreateNodeRequest(server string, params *CreateNodeParams, body CreateNodeJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
@@ -3841,6 +4346,116 @@ func NewReleaseNodesRequestWithBody(server string, params *ReleaseNodesParams, c
 	return req, nil
 }
 
+// NewRenewLeasesRequest calls the generic RenewLeases builder with application/json body
+func NewRenewLeasesRequest(server string, params *RenewLeasesParams, body RenewLeasesJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewRenewLeasesRequestWithBody(server, params, "application/json", bodyReader)
+}
+
+// NewRenewLeasesRequestWithBody constructs an http.Request for the RenewLeases method, with any body, and a specified content type
+func NewRenewLeasesRequestWithBody(server string, params *RenewLeasesParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/nodes/renew")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.NodeID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Node-Id", *params.NodeID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "integer", Format: "int64"})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Node-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewUncordonNodesRequest calls the generic UncordonNodes builder with application/json body
+func NewUncordonNodesRequest(server string, params *UncordonNodesParams, body UncordonNodesJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewUncordonNodesRequestWithBody(server, params, "application/json", bodyReader)
+}
+
+// NewUncordonNodesRequestWithBody constructs an http.Request for the UncordonNodes method, with any body, and a specified content type
+func NewUncordonNodesRequestWithBody(server string, params *UncordonNodesParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/nodes/uncordon")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.NodeID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Node-Id", *params.NodeID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "integer", Format: "int64"})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Node-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
 // NewWatchNodesRequest constructs an http.Request for the WatchNodes method
 func NewWatchNodesRequest(server string, params *WatchNodesParams) (*http.Request, error) {
 	var err error
@@ -3932,6 +4547,18 @@ func NewWatchNodesRequest(server string, params *WatchNodesParams) (*http.Reques
 		if params.IP != nil {
 
 			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "ip", *params.IP, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.State != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "state", *params.State, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			} else {
 				for _, qp := range strings.Split(queryFrag, "&") {
@@ -4072,6 +4699,18 @@ func NewHeadWatchNodesRequest(server string, params *HeadWatchNodesParams) (*htt
 		if params.IP != nil {
 
 			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "ip", *params.IP, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.State != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "state", *params.State, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			} else {
 				for _, qp := range strings.Split(queryFrag, "&") {
@@ -4780,7 +5419,8 @@ type ClientWithResponsesInterface interface {
 
 	// ClaimNodesWithBodyWithResponse Claim free nodes for a job
 	//
-	// Gives `count` (default 1) free, schedulable nodes that match every filter in the body to the job `job` and answers 200 with them, ordered by `pk`: their `current_job` is now `job`. With `same_host` all of them are on one host (the same `ip`). A node is free when its `current_job` is null and it is `schedulable`; nodes whose provider reports the host stopped or gone are never claimed. The filters are those of list (`free`, which may only be true, `hardware_generation`, `min_gpu_mem`, `min_cpu_mem`, `ip`, `index`, `seen_within`, `source`, `after`); `limit` and `current_job` are refused with 400 (a claim always takes `count` free nodes). Nodes are taken lowest `pk` first.
+	// Gives `count` (default 1) free, schedulable nodes that match every filter in the body to the job `job` and answers 200 with them, ordered by `pk`: their `current_job` is now `job`. With `same_host` all of them are on one host (the same `ip`). A node is free when its `state` is `free`: no job holds it, it is `schedulable`, not lost and not cordoned; no other node is ever claimed. The filters are those of list (`free`, which may only be true, `state`, which must include `free`, `hardware_generation`, `min_gpu_mem`, `min_cpu_mem`, `ip`, `index`, `seen_within`, `source`, `after`); `limit` and `current_job` are refused with 400 (a claim always takes `count` free nodes). Nodes are taken lowest `pk` first.
+	// With `lease_seconds` (1 to 86400) the claim is leased: each node shows `lease_expires_at`, the database's clock at the claim plus the lease, and the registry releases it by itself once that passes unless the job renews it (`POST /v1/nodes/renew`). Without it the nodes are held until released. A release clears `lease_expires_at`.
 	// A claim is all or nothing: when fewer than `count` free matching nodes can be had (or, with `same_host`, no single host has `count` of them) it answers 409 and holds nothing. It never waits for nodes other claims are taking at the same moment (`FOR UPDATE SKIP LOCKED`): those are skipped, so concurrent claims never get the same node and may get 409 while another claim is in flight. Each claimed node gets a `node.claim` audit entry, and its version (`ETag`) changes.
 	// 400 for a malformed body or a missing, unknown or invalid field (the bad fields are listed, at most 20); 409 when not enough nodes match; 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 	// Roles: scheduler and admin (the "claim" permission); reader and agent get 403.
@@ -4792,7 +5432,8 @@ type ClientWithResponsesInterface interface {
 
 	// ClaimNodesWithResponse Claim free nodes for a job
 	//
-	// Gives `count` (default 1) free, schedulable nodes that match every filter in the body to the job `job` and answers 200 with them, ordered by `pk`: their `current_job` is now `job`. With `same_host` all of them are on one host (the same `ip`). A node is free when its `current_job` is null and it is `schedulable`; nodes whose provider reports the host stopped or gone are never claimed. The filters are those of list (`free`, which may only be true, `hardware_generation`, `min_gpu_mem`, `min_cpu_mem`, `ip`, `index`, `seen_within`, `source`, `after`); `limit` and `current_job` are refused with 400 (a claim always takes `count` free nodes). Nodes are taken lowest `pk` first.
+	// Gives `count` (default 1) free, schedulable nodes that match every filter in the body to the job `job` and answers 200 with them, ordered by `pk`: their `current_job` is now `job`. With `same_host` all of them are on one host (the same `ip`). A node is free when its `state` is `free`: no job holds it, it is `schedulable`, not lost and not cordoned; no other node is ever claimed. The filters are those of list (`free`, which may only be true, `state`, which must include `free`, `hardware_generation`, `min_gpu_mem`, `min_cpu_mem`, `ip`, `index`, `seen_within`, `source`, `after`); `limit` and `current_job` are refused with 400 (a claim always takes `count` free nodes). Nodes are taken lowest `pk` first.
+	// With `lease_seconds` (1 to 86400) the claim is leased: each node shows `lease_expires_at`, the database's clock at the claim plus the lease, and the registry releases it by itself once that passes unless the job renews it (`POST /v1/nodes/renew`). Without it the nodes are held until released. A release clears `lease_expires_at`.
 	// A claim is all or nothing: when fewer than `count` free matching nodes can be had (or, with `same_host`, no single host has `count` of them) it answers 409 and holds nothing. It never waits for nodes other claims are taking at the same moment (`FOR UPDATE SKIP LOCKED`): those are skipped, so concurrent claims never get the same node and may get 409 while another claim is in flight. Each claimed node gets a `node.claim` audit entry, and its version (`ETag`) changes.
 	// 400 for a malformed body or a missing, unknown or invalid field (the bad fields are listed, at most 20); 409 when not enough nodes match; 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 	// Roles: scheduler and admin (the "claim" permission); reader and agent get 403.
@@ -4801,6 +5442,30 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with POST /v1/nodes/claim (the `ClaimNodes` operationId).
 	ClaimNodesWithResponse(ctx context.Context, params *ClaimNodesParams, body ClaimNodesJSONRequestBody, reqEditors ...RequestEditorFn) (*ClaimNodesResponse, error)
+
+	// CordonNodesWithBodyWithResponse Take nodes out of scheduling
+	//
+	// Cordons nodes for `reason` (required: 1 to 200 characters, no control characters, not starting or ending with whitespace) and answers 200: `cordoned` lists every node the request leaves cordoned, ordered by `pk`. The nodes are either listed in `nodes` (1 to 1000 pks; duplicates count once), or selected by the filters of list (`free`, `state`, `current_job`, `hardware_generation`, `min_gpu_mem`, `min_cpu_mem`, `ip`, `index`, `seen_within`, `source`; ANDed). Both at once, or neither (no `nodes` and no filter), is a 400 naming `nodes`: a cordon never selects the whole fleet by omission. Filters are bounded, not paged: when they match more than 1000 nodes the answer is 409 and nothing is cordoned (narrow them, or cordon by pks in batches); `after` and `limit` are refused with 400.
+	// A cordoned node is never claimed. A node a job holds keeps its job (and lease): it is `draining`, and once the job releases it, it is `cordoned`, never free, until an admin uncordons it. Cordoning a node already cordoned for the same reason changes nothing (it is listed, its version stays); for another reason, the reason is replaced. A pk that names no node is not an error: it is listed in `not_cordoned` with the reason `no such node`. Each node changed gets a `node.cordon` audit entry and a `cordoned` event, and its version (`ETag`) changes, in one transaction. The cordon waits for claims in flight on the same nodes: a node it cordons is never handed out by a claim that ends after it.
+	// 400 for a malformed body or a missing, unknown or invalid field (the bad fields are listed, at most 20); 409 when the filters match more than 1000 nodes; 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+	// Roles: admin only; reader, scheduler and agent get 403.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/nodes/cordon (the `CordonNodes` operationId).
+	CordonNodesWithBodyWithResponse(ctx context.Context, params *CordonNodesParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CordonNodesResponse, error)
+
+	// CordonNodesWithResponse Take nodes out of scheduling
+	//
+	// Cordons nodes for `reason` (required: 1 to 200 characters, no control characters, not starting or ending with whitespace) and answers 200: `cordoned` lists every node the request leaves cordoned, ordered by `pk`. The nodes are either listed in `nodes` (1 to 1000 pks; duplicates count once), or selected by the filters of list (`free`, `state`, `current_job`, `hardware_generation`, `min_gpu_mem`, `min_cpu_mem`, `ip`, `index`, `seen_within`, `source`; ANDed). Both at once, or neither (no `nodes` and no filter), is a 400 naming `nodes`: a cordon never selects the whole fleet by omission. Filters are bounded, not paged: when they match more than 1000 nodes the answer is 409 and nothing is cordoned (narrow them, or cordon by pks in batches); `after` and `limit` are refused with 400.
+	// A cordoned node is never claimed. A node a job holds keeps its job (and lease): it is `draining`, and once the job releases it, it is `cordoned`, never free, until an admin uncordons it. Cordoning a node already cordoned for the same reason changes nothing (it is listed, its version stays); for another reason, the reason is replaced. A pk that names no node is not an error: it is listed in `not_cordoned` with the reason `no such node`. Each node changed gets a `node.cordon` audit entry and a `cordoned` event, and its version (`ETag`) changes, in one transaction. The cordon waits for claims in flight on the same nodes: a node it cordons is never handed out by a claim that ends after it.
+	// 400 for a malformed body or a missing, unknown or invalid field (the bad fields are listed, at most 20); 409 when the filters match more than 1000 nodes; 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+	// Roles: admin only; reader, scheduler and agent get 403.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/nodes/cordon (the `CordonNodes` operationId).
+	CordonNodesWithResponse(ctx context.Context, params *CordonNodesParams, body CordonNodesJSONRequestBody, reqEditors ...RequestEditorFn) (*CordonNodesResponse, error)
 
 	// CreateNodeWithBodyWithResponse Create a node
 	//
@@ -4828,7 +5493,7 @@ type ClientWithResponsesInterface interface {
 
 	// ListNodesWithBodyWithResponse List nodes
 	//
-	// Answers 200 with a JSON array of the nodes that match every filter in the optional body, ordered by `pk` ascending. No body (or `{}`) lists every node. `free: true` selects the nodes a claim could take: `current_job` is null AND `schedulable` is true; `free: false` selects every other node (holding a job, or not schedulable). Filters are ANDed; `after` and `limit` page through the registry by keyset: pass the last `pk` you received as `after`. Without `limit` every matching node is returned; the array is streamed, and a failure after the first node was sent aborts the connection rather than ending the array early. 400 for a malformed body, an unknown filter or a value out of range (the bad fields are listed, at most 20), 413 for a body over 1 MiB, 415 for a non-JSON `Content-Type`, 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+	// Answers 200 with a JSON array of the nodes that match every filter in the optional body, ordered by `pk` ascending. No body (or `{}`) lists every node. `state` selects nodes in any of the given states (one `NodeState` or an array of them); `free: true` selects the nodes a claim could take, those in state `free`, and `free: false` every other node. With both, both apply (ANDed, like every filter); a pair that no state passes (`free: true` with `state: busy`) is a 400 naming `state`, as is a state that is not one of `NodeState`. Filters are ANDed; `after` and `limit` page through the registry by keyset: pass the last `pk` you received as `after`. Without `limit` every matching node is returned; the array is streamed, and a failure after the first node was sent aborts the connection rather than ending the array early. 400 for a malformed body, an unknown filter or a value out of range (the bad fields are listed, at most 20), 413 for a body over 1 MiB, 415 for a non-JSON `Content-Type`, 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 	// Roles: reader, scheduler, agent, admin (everyone).
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
@@ -4838,7 +5503,7 @@ type ClientWithResponsesInterface interface {
 
 	// ListNodesWithResponse List nodes
 	//
-	// Answers 200 with a JSON array of the nodes that match every filter in the optional body, ordered by `pk` ascending. No body (or `{}`) lists every node. `free: true` selects the nodes a claim could take: `current_job` is null AND `schedulable` is true; `free: false` selects every other node (holding a job, or not schedulable). Filters are ANDed; `after` and `limit` page through the registry by keyset: pass the last `pk` you received as `after`. Without `limit` every matching node is returned; the array is streamed, and a failure after the first node was sent aborts the connection rather than ending the array early. 400 for a malformed body, an unknown filter or a value out of range (the bad fields are listed, at most 20), 413 for a body over 1 MiB, 415 for a non-JSON `Content-Type`, 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+	// Answers 200 with a JSON array of the nodes that match every filter in the optional body, ordered by `pk` ascending. No body (or `{}`) lists every node. `state` selects nodes in any of the given states (one `NodeState` or an array of them); `free: true` selects the nodes a claim could take, those in state `free`, and `free: false` every other node. With both, both apply (ANDed, like every filter); a pair that no state passes (`free: true` with `state: busy`) is a 400 naming `state`, as is a state that is not one of `NodeState`. Filters are ANDed; `after` and `limit` page through the registry by keyset: pass the last `pk` you received as `after`. Without `limit` every matching node is returned; the array is streamed, and a failure after the first node was sent aborts the connection rather than ending the array early. 400 for a malformed body, an unknown filter or a value out of range (the bad fields are listed, at most 20), 413 for a body over 1 MiB, 415 for a non-JSON `Content-Type`, 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 	// Roles: reader, scheduler, agent, admin (everyone).
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
@@ -4888,6 +5553,50 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with POST /v1/nodes/release (the `ReleaseNodes` operationId).
 	ReleaseNodesWithResponse(ctx context.Context, params *ReleaseNodesParams, body ReleaseNodesJSONRequestBody, reqEditors ...RequestEditorFn) (*ReleaseNodesResponse, error)
 
+	// RenewLeasesWithBodyWithResponse Renew the leases a job holds
+	//
+	// Sets the lease of every node the job `job` holds with a lease to `lease_seconds` (1 to 86400) from now (the database's clock) and answers 200 with every node the job holds, ordered by `pk`. Nodes the job holds without a lease (claimed without `lease_seconds`) are listed unchanged: a renewal never gives a lease to a claim that is held until released. A lease that has already run out is not renewed and its node is not listed, even when the registry has not released it yet: the job no longer holds it. Each renewed node gets a `node.renew` audit entry, an `updated` event, and its version (`ETag`) changes.
+	// 404 when the job holds no node (or only nodes whose lease ran out); 400 for a malformed body or a missing, unknown or invalid field (`lease_seconds` out of range names it); 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+	// Roles: scheduler and admin (the "claim" permission); reader and agent get 403.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/nodes/renew (the `RenewLeases` operationId).
+	RenewLeasesWithBodyWithResponse(ctx context.Context, params *RenewLeasesParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*RenewLeasesResponse, error)
+
+	// RenewLeasesWithResponse Renew the leases a job holds
+	//
+	// Sets the lease of every node the job `job` holds with a lease to `lease_seconds` (1 to 86400) from now (the database's clock) and answers 200 with every node the job holds, ordered by `pk`. Nodes the job holds without a lease (claimed without `lease_seconds`) are listed unchanged: a renewal never gives a lease to a claim that is held until released. A lease that has already run out is not renewed and its node is not listed, even when the registry has not released it yet: the job no longer holds it. Each renewed node gets a `node.renew` audit entry, an `updated` event, and its version (`ETag`) changes.
+	// 404 when the job holds no node (or only nodes whose lease ran out); 400 for a malformed body or a missing, unknown or invalid field (`lease_seconds` out of range names it); 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+	// Roles: scheduler and admin (the "claim" permission); reader and agent get 403.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/nodes/renew (the `RenewLeases` operationId).
+	RenewLeasesWithResponse(ctx context.Context, params *RenewLeasesParams, body RenewLeasesJSONRequestBody, reqEditors ...RequestEditorFn) (*RenewLeasesResponse, error)
+
+	// UncordonNodesWithBodyWithResponse Put cordoned nodes back into scheduling
+	//
+	// Clears the cordon of the nodes listed in `nodes` (1 to 1000 pks; duplicates count once) and answers 200: `uncordoned` lists the nodes it uncordoned, ordered by `pk` (free again, or `busy` for a node a job still holds). A pk that names no node, or a node that is not cordoned, is not an error: it is listed in `not_uncordoned` with the reason (`no such node`, `not cordoned`). Each node uncordoned gets a `node.uncordon` audit entry and an `uncordoned` event, and its version (`ETag`) changes.
+	// 400 for a malformed body or a missing, unknown or invalid field; 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+	// Roles: admin only; reader, scheduler and agent get 403.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/nodes/uncordon (the `UncordonNodes` operationId).
+	UncordonNodesWithBodyWithResponse(ctx context.Context, params *UncordonNodesParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*UncordonNodesResponse, error)
+
+	// UncordonNodesWithResponse Put cordoned nodes back into scheduling
+	//
+	// Clears the cordon of the nodes listed in `nodes` (1 to 1000 pks; duplicates count once) and answers 200: `uncordoned` lists the nodes it uncordoned, ordered by `pk` (free again, or `busy` for a node a job still holds). A pk that names no node, or a node that is not cordoned, is not an error: it is listed in `not_uncordoned` with the reason (`no such node`, `not cordoned`). Each node uncordoned gets a `node.uncordon` audit entry and an `uncordoned` event, and its version (`ETag`) changes.
+	// 400 for a malformed body or a missing, unknown or invalid field; 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+	// Roles: admin only; reader, scheduler and agent get 403.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/nodes/uncordon (the `UncordonNodes` operationId).
+	UncordonNodesWithResponse(ctx context.Context, params *UncordonNodesParams, body UncordonNodesJSONRequestBody, reqEditors ...RequestEditorFn) (*UncordonNodesResponse, error)
+
 	// WatchNodesWithResponse Watch node changes
 	//
 	// Answers 200 with a Server-Sent Events stream
@@ -4901,10 +5610,12 @@ type ClientWithResponsesInterface interface {
 	// | `event:`   | when                                         | `data:` |
 	// |------------|----------------------------------------------|---------|
 	// | `created`  | a node was registered or imported            | `NodeEvent` |
-	// | `updated`  | a PUT or PATCH changed a node, an agent adopted it, or a sync pass changed it | `NodeEvent` |
+	// | `updated`  | a PUT or PATCH changed a node, an agent adopted it, a sync pass changed it, or a renewal moved its `lease_expires_at` | `NodeEvent` |
 	// | `deleted`  | a node was deleted (also by a sync pass)     | `NodeEvent`, `node` as it was before deletion |
 	// | `claimed`  | a claim gave the node a job                  | `NodeEvent` |
 	// | `released` | a release freed the node                     | `NodeEvent` |
+	// | `cordoned` | an admin cordoned the node (or changed its reason) | `NodeEvent` |
+	// | `uncordoned` | an admin uncordoned the node               | `NodeEvent` |
 	// | `reset`    | the client must re-list (see below)          | `WatchReset` |
 	//
 	// Each event is sent as
@@ -4963,7 +5674,9 @@ type ClientWithResponsesInterface interface {
 	// carry, that is the node after the change: `hardware_generation` and
 	// `node` (a node pk) take positive integers, `index` an integer from 0
 	// to 2147483647, `source` a source name (`api`, `scp`, `e2e`), `ip` an
-	// IPv4 or IPv6 address (compared in canonical form). They are the
+	// IPv4 or IPv6 address (compared in canonical form), `state` one node
+	// state or several separated by commas (`state=cordoned,draining`).
+	// They are the
 	// filters of `POST /v1/nodes/list`, validated and matched the same way.
 	// A change that moves a node out of a filter (say, to another hardware
 	// generation) is not sent to that watch. A `reset` is sent whatever the
@@ -7253,6 +7966,196 @@ func (r ClaimNodesResponse) ContentType() string {
 	return ""
 }
 
+// CordonNodesResponse200Headers the declared response headers of an HTTP 200 response for CordonNodes
+type CordonNodesResponse200Headers struct {
+	XRequestID string
+}
+
+// CordonNodesResponse400Headers the declared response headers of an HTTP 400 response for CordonNodes
+type CordonNodesResponse400Headers struct {
+	XRequestID string
+}
+
+// CordonNodesResponse401Headers the declared response headers of an HTTP 401 response for CordonNodes
+type CordonNodesResponse401Headers struct {
+	WwwAuthenticate string
+	XRequestID      string
+}
+
+// CordonNodesResponse403Headers the declared response headers of an HTTP 403 response for CordonNodes
+type CordonNodesResponse403Headers struct {
+	XRequestID string
+}
+
+// CordonNodesResponse404Headers the declared response headers of an HTTP 404 response for CordonNodes
+type CordonNodesResponse404Headers struct {
+	XRequestID string
+}
+
+// CordonNodesResponse409Headers the declared response headers of an HTTP 409 response for CordonNodes
+type CordonNodesResponse409Headers struct {
+	XRequestID string
+}
+
+// CordonNodesResponse413Headers the declared response headers of an HTTP 413 response for CordonNodes
+type CordonNodesResponse413Headers struct {
+	XRequestID string
+}
+
+// CordonNodesResponse415Headers the declared response headers of an HTTP 415 response for CordonNodes
+type CordonNodesResponse415Headers struct {
+	XRequestID string
+}
+
+// CordonNodesResponse500Headers the declared response headers of an HTTP 500 response for CordonNodes
+type CordonNodesResponse500Headers struct {
+	XRequestID string
+}
+
+// CordonNodesResponse503Headers the declared response headers of an HTTP 503 response for CordonNodes
+type CordonNodesResponse503Headers struct {
+	RetryAfter int
+	XRequestID string
+}
+
+// CordonNodesResponseDefaultHeaders the declared response headers of an HTTP default response for CordonNodes
+type CordonNodesResponseDefaultHeaders struct {
+	XRequestID string
+}
+
+type CordonNodesResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *CordonResult
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationProblemJSON409 *Conflict
+	// ApplicationProblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationProblemJSON413 *PayloadTooLarge
+	// ApplicationProblemJSON415 the response for an HTTP 415 `application/problem+json` response
+	ApplicationProblemJSON415 *UnsupportedMediaType
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
+	// ApplicationProblemJSONDefault the response for an HTTP default `application/problem+json` response
+	ApplicationProblemJSONDefault *Error
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *CordonNodesResponse200Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *CordonNodesResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *CordonNodesResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *CordonNodesResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *CordonNodesResponse404Headers
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *CordonNodesResponse409Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *CordonNodesResponse413Headers
+	// Headers415 the parsed response headers for an HTTP 415 response
+	Headers415 *CordonNodesResponse415Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *CordonNodesResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *CordonNodesResponse503Headers
+	// HeadersDefault the parsed response headers for an HTTP default response
+	HeadersDefault *CordonNodesResponseDefaultHeaders
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r CordonNodesResponse) GetJSON200() *CordonResult {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r CordonNodesResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r CordonNodesResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r CordonNodesResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r CordonNodesResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r CordonNodesResponse) GetApplicationProblemJSON409() *Conflict {
+	return r.ApplicationProblemJSON409
+}
+
+// GetApplicationProblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r CordonNodesResponse) GetApplicationProblemJSON413() *PayloadTooLarge {
+	return r.ApplicationProblemJSON413
+}
+
+// GetApplicationProblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
+func (r CordonNodesResponse) GetApplicationProblemJSON415() *UnsupportedMediaType {
+	return r.ApplicationProblemJSON415
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r CordonNodesResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r CordonNodesResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
+}
+
+// GetApplicationProblemJSONDefault returns the response for an HTTP default `application/problem+json` response
+func (r CordonNodesResponse) GetApplicationProblemJSONDefault() *Error {
+	return r.ApplicationProblemJSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r CordonNodesResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r CordonNodesResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r CordonNodesResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r CordonNodesResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // CreateNodeResponse200Headers the declared response headers of an HTTP 200 response for CreateNode
 type CreateNodeResponse200Headers struct {
 	Etag       string
@@ -8096,6 +8999,358 @@ func (r ReleaseNodesResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r ReleaseNodesResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// RenewLeasesResponse200Headers the declared response headers of an HTTP 200 response for RenewLeases
+type RenewLeasesResponse200Headers struct {
+	XRequestID string
+}
+
+// RenewLeasesResponse400Headers the declared response headers of an HTTP 400 response for RenewLeases
+type RenewLeasesResponse400Headers struct {
+	XRequestID string
+}
+
+// RenewLeasesResponse401Headers the declared response headers of an HTTP 401 response for RenewLeases
+type RenewLeasesResponse401Headers struct {
+	WwwAuthenticate string
+	XRequestID      string
+}
+
+// RenewLeasesResponse403Headers the declared response headers of an HTTP 403 response for RenewLeases
+type RenewLeasesResponse403Headers struct {
+	XRequestID string
+}
+
+// RenewLeasesResponse404Headers the declared response headers of an HTTP 404 response for RenewLeases
+type RenewLeasesResponse404Headers struct {
+	XRequestID string
+}
+
+// RenewLeasesResponse413Headers the declared response headers of an HTTP 413 response for RenewLeases
+type RenewLeasesResponse413Headers struct {
+	XRequestID string
+}
+
+// RenewLeasesResponse415Headers the declared response headers of an HTTP 415 response for RenewLeases
+type RenewLeasesResponse415Headers struct {
+	XRequestID string
+}
+
+// RenewLeasesResponse500Headers the declared response headers of an HTTP 500 response for RenewLeases
+type RenewLeasesResponse500Headers struct {
+	XRequestID string
+}
+
+// RenewLeasesResponse503Headers the declared response headers of an HTTP 503 response for RenewLeases
+type RenewLeasesResponse503Headers struct {
+	RetryAfter int
+	XRequestID string
+}
+
+// RenewLeasesResponseDefaultHeaders the declared response headers of an HTTP default response for RenewLeases
+type RenewLeasesResponseDefaultHeaders struct {
+	XRequestID string
+}
+
+type RenewLeasesResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *RenewResult
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationProblemJSON413 *PayloadTooLarge
+	// ApplicationProblemJSON415 the response for an HTTP 415 `application/problem+json` response
+	ApplicationProblemJSON415 *UnsupportedMediaType
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
+	// ApplicationProblemJSONDefault the response for an HTTP default `application/problem+json` response
+	ApplicationProblemJSONDefault *Error
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *RenewLeasesResponse200Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *RenewLeasesResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *RenewLeasesResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *RenewLeasesResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *RenewLeasesResponse404Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *RenewLeasesResponse413Headers
+	// Headers415 the parsed response headers for an HTTP 415 response
+	Headers415 *RenewLeasesResponse415Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *RenewLeasesResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *RenewLeasesResponse503Headers
+	// HeadersDefault the parsed response headers for an HTTP default response
+	HeadersDefault *RenewLeasesResponseDefaultHeaders
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r RenewLeasesResponse) GetJSON200() *RenewResult {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r RenewLeasesResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r RenewLeasesResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r RenewLeasesResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r RenewLeasesResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r RenewLeasesResponse) GetApplicationProblemJSON413() *PayloadTooLarge {
+	return r.ApplicationProblemJSON413
+}
+
+// GetApplicationProblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
+func (r RenewLeasesResponse) GetApplicationProblemJSON415() *UnsupportedMediaType {
+	return r.ApplicationProblemJSON415
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r RenewLeasesResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r RenewLeasesResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
+}
+
+// GetApplicationProblemJSONDefault returns the response for an HTTP default `application/problem+json` response
+func (r RenewLeasesResponse) GetApplicationProblemJSONDefault() *Error {
+	return r.ApplicationProblemJSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r RenewLeasesResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r RenewLeasesResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r RenewLeasesResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r RenewLeasesResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// UncordonNodesResponse200Headers the declared response headers of an HTTP 200 response for UncordonNodes
+type UncordonNodesResponse200Headers struct {
+	XRequestID string
+}
+
+// UncordonNodesResponse400Headers the declared response headers of an HTTP 400 response for UncordonNodes
+type UncordonNodesResponse400Headers struct {
+	XRequestID string
+}
+
+// UncordonNodesResponse401Headers the declared response headers of an HTTP 401 response for UncordonNodes
+type UncordonNodesResponse401Headers struct {
+	WwwAuthenticate string
+	XRequestID      string
+}
+
+// UncordonNodesResponse403Headers the declared response headers of an HTTP 403 response for UncordonNodes
+type UncordonNodesResponse403Headers struct {
+	XRequestID string
+}
+
+// UncordonNodesResponse404Headers the declared response headers of an HTTP 404 response for UncordonNodes
+type UncordonNodesResponse404Headers struct {
+	XRequestID string
+}
+
+// UncordonNodesResponse413Headers the declared response headers of an HTTP 413 response for UncordonNodes
+type UncordonNodesResponse413Headers struct {
+	XRequestID string
+}
+
+// UncordonNodesResponse415Headers the declared response headers of an HTTP 415 response for UncordonNodes
+type UncordonNodesResponse415Headers struct {
+	XRequestID string
+}
+
+// UncordonNodesResponse500Headers the declared response headers of an HTTP 500 response for UncordonNodes
+type UncordonNodesResponse500Headers struct {
+	XRequestID string
+}
+
+// UncordonNodesResponse503Headers the declared response headers of an HTTP 503 response for UncordonNodes
+type UncordonNodesResponse503Headers struct {
+	RetryAfter int
+	XRequestID string
+}
+
+// UncordonNodesResponseDefaultHeaders the declared response headers of an HTTP default response for UncordonNodes
+type UncordonNodesResponseDefaultHeaders struct {
+	XRequestID string
+}
+
+type UncordonNodesResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *UncordonResult
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationProblemJSON413 *PayloadTooLarge
+	// ApplicationProblemJSON415 the response for an HTTP 415 `application/problem+json` response
+	ApplicationProblemJSON415 *UnsupportedMediaType
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
+	// ApplicationProblemJSONDefault the response for an HTTP default `application/problem+json` response
+	ApplicationProblemJSONDefault *Error
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *UncordonNodesResponse200Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *UncordonNodesResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *UncordonNodesResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *UncordonNodesResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *UncordonNodesResponse404Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *UncordonNodesResponse413Headers
+	// Headers415 the parsed response headers for an HTTP 415 response
+	Headers415 *UncordonNodesResponse415Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *UncordonNodesResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *UncordonNodesResponse503Headers
+	// HeadersDefault the parsed response headers for an HTTP default response
+	HeadersDefault *UncordonNodesResponseDefaultHeaders
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r UncordonNodesResponse) GetJSON200() *UncordonResult {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r UncordonNodesResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r UncordonNodesResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r UncordonNodesResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r UncordonNodesResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r UncordonNodesResponse) GetApplicationProblemJSON413() *PayloadTooLarge {
+	return r.ApplicationProblemJSON413
+}
+
+// GetApplicationProblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
+func (r UncordonNodesResponse) GetApplicationProblemJSON415() *UnsupportedMediaType {
+	return r.ApplicationProblemJSON415
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r UncordonNodesResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r UncordonNodesResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
+}
+
+// GetApplicationProblemJSONDefault returns the response for an HTTP default `application/problem+json` response
+func (r UncordonNodesResponse) GetApplicationProblemJSONDefault() *Error {
+	return r.ApplicationProblemJSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r UncordonNodesResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r UncordonNodesResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r UncordonNodesResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r UncordonNodesResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -9794,7 +11049,8 @@ func (c *ClientWithResponses) UpdateHardwareWithResponse(ctx context.Context, pk
 
 // ClaimNodesWithBodyWithResponse Claim free nodes for a job
 //
-// Gives `count` (default 1) free, schedulable nodes that match every filter in the body to the job `job` and answers 200 with them, ordered by `pk`: their `current_job` is now `job`. With `same_host` all of them are on one host (the same `ip`). A node is free when its `current_job` is null and it is `schedulable`; nodes whose provider reports the host stopped or gone are never claimed. The filters are those of list (`free`, which may only be true, `hardware_generation`, `min_gpu_mem`, `min_cpu_mem`, `ip`, `index`, `seen_within`, `source`, `after`); `limit` and `current_job` are refused with 400 (a claim always takes `count` free nodes). Nodes are taken lowest `pk` first.
+// Gives `count` (default 1) free, schedulable nodes that match every filter in the body to the job `job` and answers 200 with them, ordered by `pk`: their `current_job` is now `job`. With `same_host` all of them are on one host (the same `ip`). A node is free when its `state` is `free`: no job holds it, it is `schedulable`, not lost and not cordoned; no other node is ever claimed. The filters are those of list (`free`, which may only be true, `state`, which must include `free`, `hardware_generation`, `min_gpu_mem`, `min_cpu_mem`, `ip`, `index`, `seen_within`, `source`, `after`); `limit` and `current_job` are refused with 400 (a claim always takes `count` free nodes). Nodes are taken lowest `pk` first.
+// With `lease_seconds` (1 to 86400) the claim is leased: each node shows `lease_expires_at`, the database's clock at the claim plus the lease, and the registry releases it by itself once that passes unless the job renews it (`POST /v1/nodes/renew`). Without it the nodes are held until released. A release clears `lease_expires_at`.
 // A claim is all or nothing: when fewer than `count` free matching nodes can be had (or, with `same_host`, no single host has `count` of them) it answers 409 and holds nothing. It never waits for nodes other claims are taking at the same moment (`FOR UPDATE SKIP LOCKED`): those are skipped, so concurrent claims never get the same node and may get 409 while another claim is in flight. Each claimed node gets a `node.claim` audit entry, and its version (`ETag`) changes.
 // 400 for a malformed body or a missing, unknown or invalid field (the bad fields are listed, at most 20); 409 when not enough nodes match; 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 // Roles: scheduler and admin (the "claim" permission); reader and agent get 403.
@@ -9812,7 +11068,8 @@ func (c *ClientWithResponses) ClaimNodesWithBodyWithResponse(ctx context.Context
 
 // ClaimNodesWithResponse Claim free nodes for a job
 //
-// Gives `count` (default 1) free, schedulable nodes that match every filter in the body to the job `job` and answers 200 with them, ordered by `pk`: their `current_job` is now `job`. With `same_host` all of them are on one host (the same `ip`). A node is free when its `current_job` is null and it is `schedulable`; nodes whose provider reports the host stopped or gone are never claimed. The filters are those of list (`free`, which may only be true, `hardware_generation`, `min_gpu_mem`, `min_cpu_mem`, `ip`, `index`, `seen_within`, `source`, `after`); `limit` and `current_job` are refused with 400 (a claim always takes `count` free nodes). Nodes are taken lowest `pk` first.
+// Gives `count` (default 1) free, schedulable nodes that match every filter in the body to the job `job` and answers 200 with them, ordered by `pk`: their `current_job` is now `job`. With `same_host` all of them are on one host (the same `ip`). A node is free when its `state` is `free`: no job holds it, it is `schedulable`, not lost and not cordoned; no other node is ever claimed. The filters are those of list (`free`, which may only be true, `state`, which must include `free`, `hardware_generation`, `min_gpu_mem`, `min_cpu_mem`, `ip`, `index`, `seen_within`, `source`, `after`); `limit` and `current_job` are refused with 400 (a claim always takes `count` free nodes). Nodes are taken lowest `pk` first.
+// With `lease_seconds` (1 to 86400) the claim is leased: each node shows `lease_expires_at`, the database's clock at the claim plus the lease, and the registry releases it by itself once that passes unless the job renews it (`POST /v1/nodes/renew`). Without it the nodes are held until released. A release clears `lease_expires_at`.
 // A claim is all or nothing: when fewer than `count` free matching nodes can be had (or, with `same_host`, no single host has `count` of them) it answers 409 and holds nothing. It never waits for nodes other claims are taking at the same moment (`FOR UPDATE SKIP LOCKED`): those are skipped, so concurrent claims never get the same node and may get 409 while another claim is in flight. Each claimed node gets a `node.claim` audit entry, and its version (`ETag`) changes.
 // 400 for a malformed body or a missing, unknown or invalid field (the bad fields are listed, at most 20); 409 when not enough nodes match; 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 // Roles: scheduler and admin (the "claim" permission); reader and agent get 403.
@@ -9826,6 +11083,42 @@ func (c *ClientWithResponses) ClaimNodesWithResponse(ctx context.Context, params
 		return nil, err
 	}
 	return ParseClaimNodesResponse(rsp)
+}
+
+// CordonNodesWithBodyWithResponse Take nodes out of scheduling
+//
+// Cordons nodes for `reason` (required: 1 to 200 characters, no control characters, not starting or ending with whitespace) and answers 200: `cordoned` lists every node the request leaves cordoned, ordered by `pk`. The nodes are either listed in `nodes` (1 to 1000 pks; duplicates count once), or selected by the filters of list (`free`, `state`, `current_job`, `hardware_generation`, `min_gpu_mem`, `min_cpu_mem`, `ip`, `index`, `seen_within`, `source`; ANDed). Both at once, or neither (no `nodes` and no filter), is a 400 naming `nodes`: a cordon never selects the whole fleet by omission. Filters are bounded, not paged: when they match more than 1000 nodes the answer is 409 and nothing is cordoned (narrow them, or cordon by pks in batches); `after` and `limit` are refused with 400.
+// A cordoned node is never claimed. A node a job holds keeps its job (and lease): it is `draining`, and once the job releases it, it is `cordoned`, never free, until an admin uncordons it. Cordoning a node already cordoned for the same reason changes nothing (it is listed, its version stays); for another reason, the reason is replaced. A pk that names no node is not an error: it is listed in `not_cordoned` with the reason `no such node`. Each node changed gets a `node.cordon` audit entry and a `cordoned` event, and its version (`ETag`) changes, in one transaction. The cordon waits for claims in flight on the same nodes: a node it cordons is never handed out by a claim that ends after it.
+// 400 for a malformed body or a missing, unknown or invalid field (the bad fields are listed, at most 20); 409 when the filters match more than 1000 nodes; 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+// Roles: admin only; reader, scheduler and agent get 403.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/nodes/cordon (the `CordonNodes` operationId).
+func (c *ClientWithResponses) CordonNodesWithBodyWithResponse(ctx context.Context, params *CordonNodesParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CordonNodesResponse, error) {
+	rsp, err := c.CordonNodesWithBody(ctx, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCordonNodesResponse(rsp)
+}
+
+// CordonNodesWithResponse Take nodes out of scheduling
+//
+// Cordons nodes for `reason` (required: 1 to 200 characters, no control characters, not starting or ending with whitespace) and answers 200: `cordoned` lists every node the request leaves cordoned, ordered by `pk`. The nodes are either listed in `nodes` (1 to 1000 pks; duplicates count once), or selected by the filters of list (`free`, `state`, `current_job`, `hardware_generation`, `min_gpu_mem`, `min_cpu_mem`, `ip`, `index`, `seen_within`, `source`; ANDed). Both at once, or neither (no `nodes` and no filter), is a 400 naming `nodes`: a cordon never selects the whole fleet by omission. Filters are bounded, not paged: when they match more than 1000 nodes the answer is 409 and nothing is cordoned (narrow them, or cordon by pks in batches); `after` and `limit` are refused with 400.
+// A cordoned node is never claimed. A node a job holds keeps its job (and lease): it is `draining`, and once the job releases it, it is `cordoned`, never free, until an admin uncordons it. Cordoning a node already cordoned for the same reason changes nothing (it is listed, its version stays); for another reason, the reason is replaced. A pk that names no node is not an error: it is listed in `not_cordoned` with the reason `no such node`. Each node changed gets a `node.cordon` audit entry and a `cordoned` event, and its version (`ETag`) changes, in one transaction. The cordon waits for claims in flight on the same nodes: a node it cordons is never handed out by a claim that ends after it.
+// 400 for a malformed body or a missing, unknown or invalid field (the bad fields are listed, at most 20); 409 when the filters match more than 1000 nodes; 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+// Roles: admin only; reader, scheduler and agent get 403.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/nodes/cordon (the `CordonNodes` operationId).
+func (c *ClientWithResponses) CordonNodesWithResponse(ctx context.Context, params *CordonNodesParams, body CordonNodesJSONRequestBody, reqEditors ...RequestEditorFn) (*CordonNodesResponse, error) {
+	rsp, err := c.CordonNodes(ctx, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCordonNodesResponse(rsp)
 }
 
 // CreateNodeWithBodyWithResponse Create a node
@@ -9866,7 +11159,7 @@ func (c *ClientWithResponses) CreateNodeWithResponse(ctx context.Context, params
 
 // ListNodesWithBodyWithResponse List nodes
 //
-// Answers 200 with a JSON array of the nodes that match every filter in the optional body, ordered by `pk` ascending. No body (or `{}`) lists every node. `free: true` selects the nodes a claim could take: `current_job` is null AND `schedulable` is true; `free: false` selects every other node (holding a job, or not schedulable). Filters are ANDed; `after` and `limit` page through the registry by keyset: pass the last `pk` you received as `after`. Without `limit` every matching node is returned; the array is streamed, and a failure after the first node was sent aborts the connection rather than ending the array early. 400 for a malformed body, an unknown filter or a value out of range (the bad fields are listed, at most 20), 413 for a body over 1 MiB, 415 for a non-JSON `Content-Type`, 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+// Answers 200 with a JSON array of the nodes that match every filter in the optional body, ordered by `pk` ascending. No body (or `{}`) lists every node. `state` selects nodes in any of the given states (one `NodeState` or an array of them); `free: true` selects the nodes a claim could take, those in state `free`, and `free: false` every other node. With both, both apply (ANDed, like every filter); a pair that no state passes (`free: true` with `state: busy`) is a 400 naming `state`, as is a state that is not one of `NodeState`. Filters are ANDed; `after` and `limit` page through the registry by keyset: pass the last `pk` you received as `after`. Without `limit` every matching node is returned; the array is streamed, and a failure after the first node was sent aborts the connection rather than ending the array early. 400 for a malformed body, an unknown filter or a value out of range (the bad fields are listed, at most 20), 413 for a body over 1 MiB, 415 for a non-JSON `Content-Type`, 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 // Roles: reader, scheduler, agent, admin (everyone).
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
@@ -9882,7 +11175,7 @@ func (c *ClientWithResponses) ListNodesWithBodyWithResponse(ctx context.Context,
 
 // ListNodesWithResponse List nodes
 //
-// Answers 200 with a JSON array of the nodes that match every filter in the optional body, ordered by `pk` ascending. No body (or `{}`) lists every node. `free: true` selects the nodes a claim could take: `current_job` is null AND `schedulable` is true; `free: false` selects every other node (holding a job, or not schedulable). Filters are ANDed; `after` and `limit` page through the registry by keyset: pass the last `pk` you received as `after`. Without `limit` every matching node is returned; the array is streamed, and a failure after the first node was sent aborts the connection rather than ending the array early. 400 for a malformed body, an unknown filter or a value out of range (the bad fields are listed, at most 20), 413 for a body over 1 MiB, 415 for a non-JSON `Content-Type`, 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+// Answers 200 with a JSON array of the nodes that match every filter in the optional body, ordered by `pk` ascending. No body (or `{}`) lists every node. `state` selects nodes in any of the given states (one `NodeState` or an array of them); `free: true` selects the nodes a claim could take, those in state `free`, and `free: false` every other node. With both, both apply (ANDed, like every filter); a pair that no state passes (`free: true` with `state: busy`) is a 400 naming `state`, as is a state that is not one of `NodeState`. Filters are ANDed; `after` and `limit` page through the registry by keyset: pass the last `pk` you received as `after`. Without `limit` every matching node is returned; the array is streamed, and a failure after the first node was sent aborts the connection rather than ending the array early. 400 for a malformed body, an unknown filter or a value out of range (the bad fields are listed, at most 20), 413 for a body over 1 MiB, 415 for a non-JSON `Content-Type`, 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 // Roles: reader, scheduler, agent, admin (everyone).
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
@@ -9962,6 +11255,74 @@ func (c *ClientWithResponses) ReleaseNodesWithResponse(ctx context.Context, para
 	return ParseReleaseNodesResponse(rsp)
 }
 
+// RenewLeasesWithBodyWithResponse Renew the leases a job holds
+//
+// Sets the lease of every node the job `job` holds with a lease to `lease_seconds` (1 to 86400) from now (the database's clock) and answers 200 with every node the job holds, ordered by `pk`. Nodes the job holds without a lease (claimed without `lease_seconds`) are listed unchanged: a renewal never gives a lease to a claim that is held until released. A lease that has already run out is not renewed and its node is not listed, even when the registry has not released it yet: the job no longer holds it. Each renewed node gets a `node.renew` audit entry, an `updated` event, and its version (`ETag`) changes.
+// 404 when the job holds no node (or only nodes whose lease ran out); 400 for a malformed body or a missing, unknown or invalid field (`lease_seconds` out of range names it); 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+// Roles: scheduler and admin (the "claim" permission); reader and agent get 403.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/nodes/renew (the `RenewLeases` operationId).
+func (c *ClientWithResponses) RenewLeasesWithBodyWithResponse(ctx context.Context, params *RenewLeasesParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*RenewLeasesResponse, error) {
+	rsp, err := c.RenewLeasesWithBody(ctx, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseRenewLeasesResponse(rsp)
+}
+
+// RenewLeasesWithResponse Renew the leases a job holds
+//
+// Sets the lease of every node the job `job` holds with a lease to `lease_seconds` (1 to 86400) from now (the database's clock) and answers 200 with every node the job holds, ordered by `pk`. Nodes the job holds without a lease (claimed without `lease_seconds`) are listed unchanged: a renewal never gives a lease to a claim that is held until released. A lease that has already run out is not renewed and its node is not listed, even when the registry has not released it yet: the job no longer holds it. Each renewed node gets a `node.renew` audit entry, an `updated` event, and its version (`ETag`) changes.
+// 404 when the job holds no node (or only nodes whose lease ran out); 400 for a malformed body or a missing, unknown or invalid field (`lease_seconds` out of range names it); 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+// Roles: scheduler and admin (the "claim" permission); reader and agent get 403.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/nodes/renew (the `RenewLeases` operationId).
+func (c *ClientWithResponses) RenewLeasesWithResponse(ctx context.Context, params *RenewLeasesParams, body RenewLeasesJSONRequestBody, reqEditors ...RequestEditorFn) (*RenewLeasesResponse, error) {
+	rsp, err := c.RenewLeases(ctx, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseRenewLeasesResponse(rsp)
+}
+
+// UncordonNodesWithBodyWithResponse Put cordoned nodes back into scheduling
+//
+// Clears the cordon of the nodes listed in `nodes` (1 to 1000 pks; duplicates count once) and answers 200: `uncordoned` lists the nodes it uncordoned, ordered by `pk` (free again, or `busy` for a node a job still holds). A pk that names no node, or a node that is not cordoned, is not an error: it is listed in `not_uncordoned` with the reason (`no such node`, `not cordoned`). Each node uncordoned gets a `node.uncordon` audit entry and an `uncordoned` event, and its version (`ETag`) changes.
+// 400 for a malformed body or a missing, unknown or invalid field; 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+// Roles: admin only; reader, scheduler and agent get 403.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/nodes/uncordon (the `UncordonNodes` operationId).
+func (c *ClientWithResponses) UncordonNodesWithBodyWithResponse(ctx context.Context, params *UncordonNodesParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*UncordonNodesResponse, error) {
+	rsp, err := c.UncordonNodesWithBody(ctx, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseUncordonNodesResponse(rsp)
+}
+
+// UncordonNodesWithResponse Put cordoned nodes back into scheduling
+//
+// Clears the cordon of the nodes listed in `nodes` (1 to 1000 pks; duplicates count once) and answers 200: `uncordoned` lists the nodes it uncordoned, ordered by `pk` (free again, or `busy` for a node a job still holds). A pk that names no node, or a node that is not cordoned, is not an error: it is listed in `not_uncordoned` with the reason (`no such node`, `not cordoned`). Each node uncordoned gets a `node.uncordon` audit entry and an `uncordoned` event, and its version (`ETag`) changes.
+// 400 for a malformed body or a missing, unknown or invalid field; 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+// Roles: admin only; reader, scheduler and agent get 403.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/nodes/uncordon (the `UncordonNodes` operationId).
+func (c *ClientWithResponses) UncordonNodesWithResponse(ctx context.Context, params *UncordonNodesParams, body UncordonNodesJSONRequestBody, reqEditors ...RequestEditorFn) (*UncordonNodesResponse, error) {
+	rsp, err := c.UncordonNodes(ctx, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseUncordonNodesResponse(rsp)
+}
+
 // WatchNodesWithResponse Watch node changes
 //
 // Answers 200 with a Server-Sent Events stream
@@ -9975,10 +11336,12 @@ func (c *ClientWithResponses) ReleaseNodesWithResponse(ctx context.Context, para
 // | `event:`   | when                                         | `data:` |
 // |------------|----------------------------------------------|---------|
 // | `created`  | a node was registered or imported            | `NodeEvent` |
-// | `updated`  | a PUT or PATCH changed a node, an agent adopted it, or a sync pass changed it | `NodeEvent` |
+// | `updated`  | a PUT or PATCH changed a node, an agent adopted it, a sync pass changed it, or a renewal moved its `lease_expires_at` | `NodeEvent` |
 // | `deleted`  | a node was deleted (also by a sync pass)     | `NodeEvent`, `node` as it was before deletion |
 // | `claimed`  | a claim gave the node a job                  | `NodeEvent` |
 // | `released` | a release freed the node                     | `NodeEvent` |
+// | `cordoned` | an admin cordoned the node (or changed its reason) | `NodeEvent` |
+// | `uncordoned` | an admin uncordoned the node               | `NodeEvent` |
 // | `reset`    | the client must re-list (see below)          | `WatchReset` |
 //
 // # Each event is sent as
@@ -10037,7 +11400,9 @@ func (c *ClientWithResponses) ReleaseNodesWithResponse(ctx context.Context, para
 // carry, that is the node after the change: `hardware_generation` and
 // `node` (a node pk) take positive integers, `index` an integer from 0
 // to 2147483647, `source` a source name (`api`, `scp`, `e2e`), `ip` an
-// IPv4 or IPv6 address (compared in canonical form). They are the
+// IPv4 or IPv6 address (compared in canonical form), `state` one node
+// state or several separated by commas (`state=cordoned,draining`).
+// They are the
 // filters of `POST /v1/nodes/list`, validated and matched the same way.
 // A change that moves a node out of a filter (say, to another hardware
 // generation) is not sent to that watch. A `reset` is sent whatever the
@@ -12797,6 +14162,229 @@ func ParseClaimNodesResponse(rsp *http.Response) (*ClaimNodesResponse, error) {
 	return response, nil
 }
 
+// ParseCordonNodesResponse parses an HTTP response from a CordonNodesWithResponse call
+func ParseCordonNodesResponse(rsp *http.Response) (*CordonNodesResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &CordonNodesResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest CordonResult
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest UnsupportedMediaType
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON415 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSONDefault = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers CordonNodesResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 400:
+		var headers CordonNodesResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers CordonNodesResponse401Headers
+		if values := rsp.Header.Values("Www-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Www-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WwwAuthenticate = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers CordonNodesResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers CordonNodesResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 409:
+		var headers CordonNodesResponse409Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 413:
+		var headers CordonNodesResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers413 = &headers
+	case rsp.StatusCode == 415:
+		var headers CordonNodesResponse415Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers415 = &headers
+	case rsp.StatusCode == 500:
+		var headers CordonNodesResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers CordonNodesResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers503 = &headers
+	case true:
+		var headers CordonNodesResponseDefaultHeaders
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.HeadersDefault = &headers
+	}
+
+	return response, nil
+}
+
 // ParseCreateNodeResponse parses an HTTP response from a CreateNodeWithResponse call
 func ParseCreateNodeResponse(rsp *http.Response) (*CreateNodeResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -13804,6 +15392,418 @@ func ParseReleaseNodesResponse(rsp *http.Response) (*ReleaseNodesResponse, error
 		response.Headers503 = &headers
 	case true:
 		var headers ReleaseNodesResponseDefaultHeaders
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.HeadersDefault = &headers
+	}
+
+	return response, nil
+}
+
+// ParseRenewLeasesResponse parses an HTTP response from a RenewLeasesWithResponse call
+func ParseRenewLeasesResponse(rsp *http.Response) (*RenewLeasesResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &RenewLeasesResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest RenewResult
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest UnsupportedMediaType
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON415 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSONDefault = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers RenewLeasesResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 400:
+		var headers RenewLeasesResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers RenewLeasesResponse401Headers
+		if values := rsp.Header.Values("Www-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Www-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WwwAuthenticate = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers RenewLeasesResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers RenewLeasesResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 413:
+		var headers RenewLeasesResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers413 = &headers
+	case rsp.StatusCode == 415:
+		var headers RenewLeasesResponse415Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers415 = &headers
+	case rsp.StatusCode == 500:
+		var headers RenewLeasesResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers RenewLeasesResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers503 = &headers
+	case true:
+		var headers RenewLeasesResponseDefaultHeaders
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.HeadersDefault = &headers
+	}
+
+	return response, nil
+}
+
+// ParseUncordonNodesResponse parses an HTTP response from a UncordonNodesWithResponse call
+func ParseUncordonNodesResponse(rsp *http.Response) (*UncordonNodesResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &UncordonNodesResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest UncordonResult
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest UnsupportedMediaType
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON415 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSONDefault = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers UncordonNodesResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 400:
+		var headers UncordonNodesResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers UncordonNodesResponse401Headers
+		if values := rsp.Header.Values("Www-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Www-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WwwAuthenticate = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers UncordonNodesResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers UncordonNodesResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 413:
+		var headers UncordonNodesResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers413 = &headers
+	case rsp.StatusCode == 415:
+		var headers UncordonNodesResponse415Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers415 = &headers
+	case rsp.StatusCode == 500:
+		var headers UncordonNodesResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers UncordonNodesResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers503 = &headers
+	case true:
+		var headers UncordonNodesResponseDefaultHeaders
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
