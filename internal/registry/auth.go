@@ -144,6 +144,9 @@ const (
 	ActionNodeDelete     = "node.delete"
 	ActionNodeClaim      = "node.claim"
 	ActionNodeRelease    = "node.release"
+	ActionNodeLost       = "node.lost"   // the sweeper marked the node lost
+	ActionNodeFound      = "node.found"  // the sweeper cleared the lost mark
+	ActionNodeExpire     = "node.expire" // the registry released a claim whose lease ran out
 	ActionHardwareCreate = "hardware.create"
 	ActionHardwareUpdate = "hardware.update"
 	ActionHardwareDelete = "hardware.delete"
@@ -153,6 +156,7 @@ const (
 // AuditActions lists every action an audit entry can record.
 var AuditActions = []string{
 	ActionNodeCreate, ActionNodeAdopt, ActionNodeUpdate, ActionNodeDelete, ActionNodeClaim, ActionNodeRelease,
+	ActionNodeLost, ActionNodeFound, ActionNodeExpire,
 	ActionHardwareCreate, ActionHardwareUpdate, ActionHardwareDelete, ActionTokenRevoke,
 }
 

@@ -431,7 +431,7 @@ func (s *Store) ClaimNodes(ctx context.Context, actor registry.Actor, c registry
 			return err
 		}
 		rows, _ := tx.db.Query(ctx, `
-			UPDATE nodes SET current_job = $2, updated_at = now(), version = version + 1
+			UPDATE nodes SET current_job = $2, expired_job = NULL, updated_at = now(), version = version + 1
 			WHERE pk = ANY($1)
 			RETURNING `+nodeColumns, pks, c.Job)
 		if out, err = pgx.CollectRows(rows, scanNode); err != nil {
@@ -518,14 +518,24 @@ func (s *Store) ReleaseNodes(ctx context.Context, actor registry.Actor, r regist
 			if pks, err = pgx.CollectRows(rows, pgx.RowTo[int64]); err != nil {
 				return err
 			}
+			// The nodes whose lease of this job ran out: the job thinks it
+			// holds them, and is told it does not.
+			rows, _ = tx.db.Query(ctx, `SELECT pk FROM nodes WHERE expired_job = $1 ORDER BY pk`, r.Job)
+			lapsed, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+			if err != nil {
+				return err
+			}
+			for _, pk := range lapsed {
+				notReleased = append(notReleased, registry.NotReleased{PK: pk, Reason: registry.LeaseExpiredReason(r.Job)})
+			}
 		} else {
 			want := slices.Compact(slices.Sorted(slices.Values(r.Nodes)))
-			rows, _ := tx.db.Query(ctx, `SELECT pk, current_job FROM nodes WHERE pk = ANY($1) ORDER BY pk FOR UPDATE`, want)
-			held := map[int64]*int64{}
+			rows, _ := tx.db.Query(ctx, `SELECT pk, current_job, expired_job FROM nodes WHERE pk = ANY($1) ORDER BY pk FOR UPDATE`, want)
+			held, expired := map[int64]*int64{}, map[int64]*int64{}
 			var pk int64
-			var job *int64
-			if _, err := pgx.ForEachRow(rows, []any{&pk, &job}, func() error {
-				held[pk] = job
+			var job, expiredJob *int64
+			if _, err := pgx.ForEachRow(rows, []any{&pk, &job, &expiredJob}, func() error {
+				held[pk], expired[pk] = job, expiredJob
 				return nil
 			}); err != nil {
 				return err
@@ -535,6 +545,8 @@ func (s *Store) ReleaseNodes(ctx context.Context, actor registry.Actor, r regist
 				switch {
 				case !ok:
 					notReleased = append(notReleased, registry.NotReleased{PK: pk, Reason: "no such node"})
+				case job == nil && expired[pk] != nil && *expired[pk] == r.Job:
+					notReleased = append(notReleased, registry.NotReleased{PK: pk, Reason: registry.LeaseExpiredReason(r.Job)})
 				case job == nil:
 					notReleased = append(notReleased, registry.NotReleased{PK: pk, Reason: "not held by any job"})
 				case *job != r.Job:
