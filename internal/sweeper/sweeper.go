@@ -33,6 +33,9 @@ type Store interface {
 // ok is false when another replica holds the lock.
 type Locker func(ctx context.Context) (st Store, release func(), ok bool, err error)
 
+// LockKey keys the advisory lock that lets one replica sweep at a time.
+const LockKey = 0x7265676973747377
+
 // DefaultInterval is the time between passes, and between a follower's
 // attempts to take the lead.
 const DefaultInterval = time.Second
