@@ -18,21 +18,24 @@ import (
 // migration 00010 or 00011, so a pass reads the few nodes that may change,
 // never the whole fleet. Candidate rows are locked, skipping rows someone
 // else holds (a claim, a release, an edit): the sweep never waits for a
-// request, and a skipped node is looked at again on the next pass.
+// request, and a skipped node is looked at again on the next pass. The
+// small sides (silent heartbeats, unseen agents' nodes, lost nodes) are
+// collected first as arrays, so the planner probes the big tables by key
+// instead of hashing them whole.
 var sweepCandidates = `
 	WITH c AS (
 		-- heartbeated, silent past the TTL, not lost yet
-		SELECT l.node_pk AS pk FROM node_liveness l JOIN nodes n ON n.pk = l.node_pk
-		WHERE l.last_seen < $1 AND NOT n.lost
+		SELECT n.pk FROM nodes n
+		WHERE n.pk = ANY (ARRAY(SELECT node_pk FROM node_liveness WHERE last_seen < $1)) AND NOT n.lost
 		UNION
 		-- an agent's node that never heartbeated, untouched past the TTL
 		SELECT n.pk FROM nodes n
-		WHERE n.owner IS NOT NULL AND NOT n.lost AND n.updated_at < $1
-		  AND NOT EXISTS (SELECT 1 FROM node_liveness l WHERE l.node_pk = n.pk)
+		WHERE n.pk = ANY (ARRAY(SELECT node_pk FROM node_liveness WHERE last_seen IS NULL))
+		  AND n.owner IS NOT NULL AND NOT n.lost AND n.updated_at < $1
 		UNION
 		-- lost, and heard of again within the TTL
-		SELECT n.pk FROM nodes n JOIN node_liveness l ON l.node_pk = n.pk
-		WHERE n.lost AND l.last_seen >= $1
+		SELECT l.node_pk FROM node_liveness l
+		WHERE l.node_pk = ANY (ARRAY(SELECT pk FROM nodes WHERE lost)) AND l.last_seen >= $1
 		UNION
 		-- a lease run out
 		SELECT pk FROM nodes WHERE lease_expires_at <= $2

@@ -42,7 +42,11 @@ func TestSweepLifecycle(t *testing.T) {
 	)
 	var pks [count]int64
 	for i := range pks {
-		n, _, err := st.CreateNode(ctx, sys, registry.NodeSpec{IP: "10.1.0.1", Index: i, CPUMem: 1, DriverVersion: "d"})
+		actor := sys
+		if i == ownedSilent || i == ownedNew { // an agent registers it, and then never heartbeats
+			actor = registry.Actor{Principal: registry.Principal{Sub: "agent-1", Role: registry.RoleAgent}}
+		}
+		n, _, err := st.CreateNode(ctx, actor, registry.NodeSpec{IP: "10.1.0.1", Index: i, CPUMem: 1, DriverVersion: "d"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -55,7 +59,6 @@ func TestSweepLifecycle(t *testing.T) {
 		[]int64{pks[silent], pks[lostStill], pks[lockedSilent]})
 	exec(`INSERT INTO node_liveness (node_pk, last_seen) SELECT unnest($1::bigint[]), now()`,
 		[]int64{pks[alive], pks[lostBack], pks[leased], pks[unleased], pks[drainingLeased]})
-	exec(`UPDATE nodes SET owner = 'agent-1' WHERE pk = ANY($1)`, []int64{pks[ownedSilent], pks[ownedNew]})
 	exec(`UPDATE nodes SET source = 'scp' WHERE pk = $1`, pks[imported])
 	exec(`UPDATE nodes SET lost = true WHERE pk = ANY($1)`, []int64{pks[lostBack], pks[lostStill]})
 	exec(`UPDATE nodes SET current_job = 5, lease_expires_at = now() - interval '1 second' WHERE pk = $1`, pks[leased])

@@ -123,6 +123,9 @@ func (s *Store) CreateNode(ctx context.Context, actor registry.Actor, spec regis
 		if err := tx.recordChanges(ctx, "created", n); err != nil {
 			return err
 		}
+		if err := tx.expectHeartbeats(ctx, n); err != nil {
+			return err
+		}
 		return tx.audit(ctx, actor, registry.ActionNodeCreate, "node", n.PK, nil, docOfNode(n))
 	})
 	if err != nil {
@@ -171,6 +174,9 @@ func (s *Store) adopt(ctx context.Context, actor registry.Actor, cur registry.No
 	}
 	*out = n
 	if err := s.recordChanges(ctx, "updated", n); err != nil {
+		return err
+	}
+	if err := s.expectHeartbeats(ctx, n); err != nil {
 		return err
 	}
 	return s.audit(ctx, actor, registry.ActionNodeAdopt, "node", n.PK, docOfNode(cur), docOfNode(n))
@@ -585,6 +591,18 @@ func (s *Store) ReleaseNodes(ctx context.Context, actor registry.Actor, r regist
 	return released, notReleased, nil
 }
 
+// expectHeartbeats notes that an agent now owns node n and is expected to
+// heartbeat: a liveness row with no last_seen, which the lifecycle sweeper
+// times from the node's last write until the first heartbeat (see
+// registry.Node.Silent). Nodes without an owner get none.
+func (s *Store) expectHeartbeats(ctx context.Context, n registry.Node) error {
+	if n.Owner == nil {
+		return nil
+	}
+	_, err := s.db.Exec(ctx, `INSERT INTO node_liveness (node_pk, last_seen) VALUES ($1, NULL) ON CONFLICT (node_pk) DO NOTHING`, n.PK)
+	return err
+}
+
 // TouchNodes records heartbeats: each node's last_seen becomes the given
 // time unless it already holds a later one. Missing nodes are skipped. It
 // writes node_liveness only, so it never locks a node row a claim wants.
@@ -597,7 +615,7 @@ func (s *Store) TouchNodes(ctx context.Context, pks []int64, seen []time.Time) e
 		WHERE EXISTS (SELECT 1 FROM nodes n WHERE n.pk = u.pk)
 		ORDER BY u.pk
 		ON CONFLICT (node_pk) DO UPDATE SET last_seen = excluded.last_seen
-		WHERE node_liveness.last_seen < excluded.last_seen`, pks, seen)
+		WHERE node_liveness.last_seen IS NULL OR node_liveness.last_seen < excluded.last_seen`, pks, seen)
 	if err != nil {
 		return fmt.Errorf("store: touch nodes: %w", translate(err))
 	}
