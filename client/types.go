@@ -111,6 +111,9 @@ const (
 	ActionNodeDelete     = oapi.AuditFilterActionNodeDelete
 	ActionNodeClaim      = oapi.AuditFilterActionNodeClaim
 	ActionNodeRelease    = oapi.AuditFilterActionNodeRelease
+	ActionNodeLost       = oapi.AuditFilterActionNodeLost
+	ActionNodeFound      = oapi.AuditFilterActionNodeFound
+	ActionNodeExpire     = oapi.AuditFilterActionNodeExpire
 	ActionHardwareCreate = oapi.AuditFilterActionHardwareCreate
 	ActionHardwareUpdate = oapi.AuditFilterActionHardwareUpdate
 	ActionHardwareDelete = oapi.AuditFilterActionHardwareDelete
