@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -70,6 +71,7 @@ func TestSweepLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op once rolled back below
 	if _, err := tx.Exec(ctx, `SELECT 1 FROM nodes WHERE pk = $1 FOR UPDATE`, pks[lockedSilent]); err != nil {
 		t.Fatal(err)
 	}
@@ -200,5 +202,96 @@ func TestSweepLifecycle(t *testing.T) {
 	}
 	if _, nr, err := st.ReleaseNodes(ctx, sys, registry.Release{Job: 5}); err != nil || len(nr) != 0 {
 		t.Errorf("whole job after a new claim: %+v %v", nr, err)
+	}
+}
+
+// While a pass is in its transaction it holds the row locks of its
+// candidates (the candidate query's, which its UPDATEs then reuse; its
+// change-log and audit rows are inserts that lock nothing others read).
+// Heartbeats are written and claims take the free nodes meanwhile: neither
+// waits for the sweep, and no claim takes a node being marked lost.
+func TestSweepBlocksNeitherHeartbeatsNorClaims(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := pgtest.New(t)
+	st := pgtest.Open(t, dbURL, store.Options{})
+	var pks []int64
+	for i := range 4 {
+		n, _, err := st.CreateNode(ctx, sys, registry.NodeSpec{IP: "10.4.0.1", Index: i, CPUMem: 1, DriverVersion: "d"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pks = append(pks, n.PK)
+	}
+	// Two silent nodes the pass locks; two healthy ones to claim.
+	if _, err := st.Pool().Exec(ctx, `INSERT INTO node_liveness (node_pk, last_seen)
+		SELECT pk, CASE WHEN pk <= $1 THEN now() - interval '1 hour' ELSE now() END FROM unnest($2::bigint[]) AS pk`, pks[1], pks); err != nil {
+		t.Fatal(err)
+	}
+	pass, err := st.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pass.Rollback(ctx) //nolint:errcheck
+	rows, _ := pass.Query(ctx, store.SweepCandidates, time.Now().Add(-time.Minute), time.Now())
+	var locked int
+	for rows.Next() {
+		locked++
+	}
+	if rows.Err() != nil || locked != 2 {
+		t.Fatalf("the candidate query locked %d rows (%v), want the 2 silent nodes", locked, rows.Err())
+	}
+	if _, err := pass.Exec(ctx, `UPDATE nodes SET lost = true, version = version + 1 WHERE pk = ANY($1)`, pks[:2]); err != nil {
+		t.Fatal(err)
+	}
+
+	// A statement timeout of 2s makes a wait on the pass fail these
+	// instead of hanging the test.
+	quick := pgtest.Open(t, dbURL, store.Options{StatementTimeout: 2 * time.Second})
+	// Another pass meanwhile (a second sweeper that broke the lock) skips
+	// the locked rows rather than waiting or doing them twice.
+	if done, err := quick.SweepLifecycle(ctx, time.Minute); err != nil || !done.Empty() {
+		t.Errorf("a pass during a pass: %+v, %v", done, err)
+	}
+	now := time.Now()
+	if err := quick.TouchNodes(ctx, pks, []time.Time{now, now, now, now}); err != nil {
+		t.Errorf("a heartbeat flush during a sweep: %v", err)
+	}
+	claimed, err := quick.ClaimNodes(ctx, sys, registry.Claim{Job: 5, Count: 2})
+	if err != nil || len(claimed) != 2 || claimed[0].PK != pks[2] || claimed[1].PK != pks[3] {
+		t.Errorf("a claim during a sweep took %v, %v; want the two healthy nodes", claimed, err)
+	}
+	if _, err := quick.ClaimNodes(ctx, sys, registry.Claim{Job: 6, Count: 1}); !errors.Is(err, registry.ErrConflict) {
+		t.Errorf("a claim with only nodes being marked lost left: %v, want a conflict at once", err)
+	}
+	if err := pass.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Heard of during the pass: found on the next one.
+	if done, err := st.SweepLifecycle(ctx, time.Minute); err != nil || !slices.Equal(done.Found, pks[:2]) {
+		t.Errorf("next pass %+v, %v; want both found", done, err)
+	}
+}
+
+// An agent's node starts with a liveness row without last_seen; its first
+// heartbeat fills it in.
+func TestAgentNodeFirstHeartbeat(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st := pgtest.Open(t, pgtest.New(t), store.Options{})
+	agent := registry.Actor{Principal: registry.Principal{Sub: "agent-9", Role: registry.RoleAgent}}
+	n, _, err := st.CreateNode(ctx, agent, registry.NodeSpec{IP: "10.5.0.1", CPUMem: 1, DriverVersion: "d"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.LastSeen != nil || n.Owner == nil {
+		t.Fatalf("registered: last_seen %v, owner %v", n.LastSeen, n.Owner)
+	}
+	at := time.Now().Truncate(time.Microsecond)
+	if err := st.TouchNodes(ctx, []int64{n.PK}, []time.Time{at}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err = st.GetNode(ctx, n.PK); err != nil || n.LastSeen == nil || !n.LastSeen.Equal(at) {
+		t.Fatalf("after the first heartbeat: last_seen %v, %v; want %v", n.LastSeen, err, at)
 	}
 }
