@@ -46,6 +46,7 @@ var layers = map[string][]string{
 	"internal/revoke":                {"internal/registry", "internal/lifecycle"},
 	"internal/watch":                 {"internal/registry", "internal/lifecycle"},
 	"internal/syncer":                {"internal/registry", "internal/provider"},
+	"internal/sweeper":               {"internal/registry", "internal/lifecycle"},
 	"internal/store":                 {"internal/registry", "migrations"},
 	"internal/agent":                 {"internal/registry", "internal/lifecycle"},
 	"internal/agent/agenttest":       {""},
