@@ -46,6 +46,7 @@ var layers = map[string][]string{
 	"internal/revoke":                {"internal/registry", "internal/lifecycle"},
 	"internal/watch":                 {"internal/registry", "internal/lifecycle"},
 	"internal/syncer":                {"internal/registry", "internal/provider"},
+	"internal/sweeper":               {"internal/registry", "internal/lifecycle"},
 	"internal/store":                 {"internal/registry", "migrations"},
 	"internal/metrics":               {"internal/registry"}, // consumers reach it through interfaces they declare
 	"internal/agent":                 {"internal/registry", "internal/lifecycle"},

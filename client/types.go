@@ -130,6 +130,9 @@ const (
 	ActionNodeCordon     = oapi.AuditFilterActionNodeCordon
 	ActionNodeUncordon   = oapi.AuditFilterActionNodeUncordon
 	ActionNodeRenew      = oapi.AuditFilterActionNodeRenew
+	ActionNodeLost       = oapi.AuditFilterActionNodeLost
+	ActionNodeFound      = oapi.AuditFilterActionNodeFound
+	ActionNodeExpire     = oapi.AuditFilterActionNodeExpire
 	ActionHardwareCreate = oapi.AuditFilterActionHardwareCreate
 	ActionHardwareUpdate = oapi.AuditFilterActionHardwareUpdate
 	ActionHardwareDelete = oapi.AuditFilterActionHardwareDelete

@@ -13,6 +13,7 @@ import (
 	"github.com/registryd/registryd/internal/api"
 	"github.com/registryd/registryd/internal/auth"
 	"github.com/registryd/registryd/internal/provider"
+	"github.com/registryd/registryd/internal/registry"
 	"github.com/registryd/registryd/internal/watch"
 )
 
@@ -52,6 +53,8 @@ type config struct {
 	E2E          e2eConfig
 	SyncInterval time.Duration // REGISTRY_SYNC_INTERVAL
 	SyncTimeout  time.Duration // REGISTRY_SYNC_TIMEOUT
+
+	NodeTTL time.Duration // REGISTRY_NODE_TTL: silence after which a watched node is lost
 
 	embedded embeddedTuning // tests only; not from the environment
 	// observeQuery is told of every statement the store runs (metrics);
@@ -192,6 +195,7 @@ func loadCommandConfig(cmd cmdSet, rawenv func(string) string) (config, error) {
 			*dst = d
 		}
 	}
+	c.NodeTTL = loadNodeTTL(getenv, &errs)
 	c.SCP = scpConfig{
 		Endpoint:  getenv("REGISTRY_SCP_ENDPOINT"),
 		AccessKey: secret(getenv, "REGISTRY_SCP_ACCESS_KEY", &errs),
@@ -291,6 +295,25 @@ func loadLogging(getenv func(string) string, def string, errs *[]string) (level 
 		*errs = append(*errs, fmt.Sprintf("REGISTRY_LOG_FORMAT=%q: want json or text", format))
 	}
 	return level, format
+}
+
+// maxNodeTTL bounds REGISTRY_NODE_TTL: a host silent for a day is lost by
+// any measure.
+const maxNodeTTL = 24 * time.Hour
+
+// loadNodeTTL reads REGISTRY_NODE_TTL: how long a node with an agent (or
+// that has heartbeated) may stay silent before the sweeper marks it lost.
+func loadNodeTTL(getenv func(string) string, errs *[]string) time.Duration {
+	v := getenv("REGISTRY_NODE_TTL")
+	if v == "" {
+		return registry.DefaultNodeTTL
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < registry.MinNodeTTL || d > maxNodeTTL {
+		*errs = append(*errs, fmt.Sprintf("REGISTRY_NODE_TTL=%q: want a duration between %s and %s, such as 60s",
+			v, registry.MinNodeTTL, auth.FormatDuration(maxNodeTTL)))
+	}
+	return d
 }
 
 // maxTokenTTL bounds the token lifetime caps: a year is already more than

@@ -250,8 +250,8 @@ func prepareSchema(ctx context.Context, db *database, migrate bool, logger *slog
 }
 
 // serve is `registryd serve`: it listens, opens (or starts) the database,
-// starts the background loops (revocation list, heartbeats, sync, watch
-// hub; each stopped by a deferred stop, whichever way serve returns),
+// starts the background loops (revocation list, heartbeats, sync, the
+// lifecycle sweeper, watch hub; each stopped by a deferred stop, whichever way serve returns),
 // waits for the revocation list and serves until ctx ends or the embedded
 // database is lost for good, then drains requests for ShutdownTimeout.
 func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Writer) error {
@@ -336,6 +336,14 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 	if syncWorker != nil {
 		defer lifecycle.Go(ctx, syncWorker.Run)()
 	}
+
+	// The lifecycle sweeper (lost, found, expired leases): one replica at
+	// a time, through an advisory lock.
+	sweep, err := newSweeper(cfg, db.store, logger)
+	if err != nil {
+		return err
+	}
+	defer lifecycle.Go(ctx, sweep.Run)()
 
 	lim := deriveLimits(cfg.limits, int(db.store.Pool().Config().MaxConns), logger)
 

@@ -148,6 +148,9 @@ const (
 	ActionNodeCordon     = "node.cordon"
 	ActionNodeUncordon   = "node.uncordon"
 	ActionNodeRenew      = "node.renew"
+	ActionNodeLost       = "node.lost"   // the sweeper marked the node lost
+	ActionNodeFound      = "node.found"  // the sweeper cleared the lost mark
+	ActionNodeExpire     = "node.expire" // the registry released a claim whose lease ran out
 	ActionHardwareCreate = "hardware.create"
 	ActionHardwareUpdate = "hardware.update"
 	ActionHardwareDelete = "hardware.delete"
@@ -158,6 +161,7 @@ const (
 var AuditActions = []string{
 	ActionNodeCreate, ActionNodeAdopt, ActionNodeUpdate, ActionNodeDelete, ActionNodeClaim, ActionNodeRelease,
 	ActionNodeCordon, ActionNodeUncordon, ActionNodeRenew,
+	ActionNodeLost, ActionNodeFound, ActionNodeExpire,
 	ActionHardwareCreate, ActionHardwareUpdate, ActionHardwareDelete, ActionTokenRevoke,
 }
 

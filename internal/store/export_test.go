@@ -6,3 +6,6 @@ var Translate = translate
 
 // AuditQuery exposes the statement ListAudit runs, for plans.
 var AuditQuery = auditQuery
+
+// SweepCandidates exposes the sweeper's candidate query, for plans.
+var SweepCandidates = sweepCandidates

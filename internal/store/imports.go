@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -16,11 +15,6 @@ import (
 // importLocks key the per-provider advisory locks that serialize applies
 // of one provider's inventory, whichever replica runs them.
 var importLocks = map[string]int64{"scp": 0x7265676973740001, "e2e": 0x7265676973740002}
-
-type pairKey struct {
-	ip    string
-	index int
-}
 
 // ApplyImport makes the nodes of provider source match an inventory, in one
 // transaction, with batch statements rather than a round trip per node:
@@ -57,11 +51,11 @@ func (s *Store) ApplyImport(ctx context.Context, actor registry.Actor, source st
 		if err != nil {
 			return err
 		}
-		want := make(map[pairKey]registry.ImportedNode, len(nodes))
+		want := make(map[registry.ImportKey]registry.ImportedNode, len(nodes))
 		ips := make([]string, 0, len(nodes))
 		idxs := make([]int32, 0, len(nodes))
 		for _, n := range nodes {
-			k := pairKey{n.IP, n.Index}
+			k := registry.ImportKey{IP: n.IP, Index: n.Index}
 			if _, dup := want[k]; dup {
 				continue // a provider listing a host twice must not double a GPU
 			}
@@ -82,15 +76,15 @@ func (s *Store) ApplyImport(ctx context.Context, actor registry.Actor, source st
 		if err != nil {
 			return err
 		}
-		p := importPlan{source: source, want: want, skipped: skipped, hw: hw}
-		have := make(map[pairKey]bool, len(existing))
+		p := registry.ImportPlan{Source: source, Want: want, Skipped: skipped, HW: hw}
+		have := make(map[registry.ImportKey]bool, len(existing))
 		var candidates []int64
 		for _, n := range existing {
-			have[pairKey{n.IP, n.Index}] = true
-			if d := p.decide(n); d.writes() {
+			have[registry.ImportKey{IP: n.IP, Index: n.Index}] = true
+			if d := p.Decide(n); d.Writes() {
 				candidates = append(candidates, n.PK)
 			} else {
-				d.count(&res)
+				d.Count(&res)
 			}
 		}
 		var inserts []registry.ImportedNode
@@ -108,19 +102,19 @@ func (s *Store) ApplyImport(ctx context.Context, actor registry.Actor, source st
 		if err != nil {
 			return err
 		}
-		var updates []importUpdate
+		var updates []registry.ImportUpdate
 		var gone, remove []int64
 		before := make(map[int64]registry.Node, len(locked))
 		for _, n := range locked {
 			before[n.PK] = n
-			d := p.decide(n)
-			d.count(&res)
-			switch d.kind {
-			case decideUpdate:
-				updates = append(updates, d.update)
-			case decideGone:
+			d := p.Decide(n)
+			d.Count(&res)
+			switch d.Kind {
+			case registry.ImportUpdateNode:
+				updates = append(updates, d.Update)
+			case registry.ImportMarkGone:
 				gone = append(gone, n.PK)
-			case decideRemove:
+			case registry.ImportRemove:
 				remove = append(remove, n.PK)
 			}
 		}
@@ -141,92 +135,6 @@ func (s *Store) ApplyImport(ctx context.Context, actor registry.Actor, source st
 	return res, nil
 }
 
-// importPlan decides, node by node, what a pass does.
-type importPlan struct {
-	source  string
-	want    map[pairKey]registry.ImportedNode
-	skipped []string
-	hw      map[string]int64
-}
-
-type decisionKind int
-
-const (
-	decideNothing     decisionKind = iota // another source's node the inventory does not name
-	decideUnchanged                       // holds what the provider says
-	decideUpdate                          // provider-owned fields differ
-	decideConflict                        // the pair belongs to another provider
-	decideKeptSkipped                     // vanished from the mapping, but its host was skipped
-	decideKeptBusy                        // vanished, holds a job, already marked gone
-	decideGone                            // vanished, holds a job: mark gone
-	decideRemove                          // vanished and free
-)
-
-type decision struct {
-	kind     decisionKind
-	update   importUpdate
-	conflict string
-}
-
-func (d decision) writes() bool {
-	return d.kind == decideUpdate || d.kind == decideGone || d.kind == decideRemove
-}
-
-// count adds a decision that writes nothing (or a final one) to res;
-// writes are counted by the statements that make them.
-func (d decision) count(res *registry.ImportResult) {
-	switch d.kind {
-	case decideUnchanged:
-		res.Unchanged++
-	case decideConflict:
-		res.Conflicts = append(res.Conflicts, d.conflict)
-	case decideKeptSkipped:
-		res.KeptSkipped++
-	case decideKeptBusy, decideGone:
-		res.KeptBusy++
-	}
-}
-
-func (p importPlan) decide(n registry.Node) decision {
-	k := pairKey{n.IP, n.Index}
-	if in, ok := p.want[k]; ok {
-		if n.Source != p.source && n.Source != "api" {
-			return decision{kind: decideConflict,
-				conflict: fmt.Sprintf("%s index %d is already imported from %s (node %d)", k.ip, k.index, n.Source, n.PK)}
-		}
-		u := importUpdate{pk: n.PK, cpuMem: in.CPUMem, gpuMem: in.GPUMem, hw: hwOf(p.hw, in.GPUModel),
-			schedulable: in.Running, state: in.State, externalID: in.ExternalID}
-		if u.same(n, p.source) {
-			return decision{kind: decideUnchanged}
-		}
-		return decision{kind: decideUpdate, update: u}
-	}
-	switch {
-	case n.Source != p.source:
-		return decision{kind: decideNothing}
-	case underAny(n.ExternalID, p.skipped):
-		return decision{kind: decideKeptSkipped}
-	case n.CurrentJob == nil:
-		return decision{kind: decideRemove}
-	case n.ProviderState == nil || *n.ProviderState != registry.ProviderGone || n.Schedulable:
-		return decision{kind: decideGone}
-	}
-	return decision{kind: decideKeptBusy}
-}
-
-// underAny reports whether id is one of ids or below one ("c" covers "c/w").
-func underAny(id *string, ids []string) bool {
-	if id == nil {
-		return false
-	}
-	for _, k := range ids {
-		if k != "" && (*id == k || strings.HasPrefix(*id, k+"/")) {
-			return true
-		}
-	}
-	return false
-}
-
 func mapsKeys[K comparable, V any](m map[K]V) func(yield func(K) bool) {
 	return func(yield func(K) bool) {
 		for k := range m {
@@ -237,19 +145,11 @@ func mapsKeys[K comparable, V any](m map[K]V) func(yield func(K) bool) {
 	}
 }
 
-func comparePairs(a, b pairKey) int {
-	if c := cmp.Compare(a.ip, b.ip); c != 0 {
+func comparePairs(a, b registry.ImportKey) int {
+	if c := cmp.Compare(a.IP, b.IP); c != 0 {
 		return c
 	}
-	return cmp.Compare(a.index, b.index)
-}
-
-func hwOf(hw map[string]int64, model string) *int64 {
-	if model == "" {
-		return nil
-	}
-	pk := hw[model]
-	return &pk
+	return cmp.Compare(a.Index, b.Index)
 }
 
 // ensureHardware creates a hardware generation for every GPU model that has
@@ -288,24 +188,6 @@ func (s *Store) ensureHardware(ctx context.Context, actor registry.Actor, nodes 
 	return hw, nil
 }
 
-type importUpdate struct {
-	pk          int64
-	cpuMem      int64
-	gpuMem      *int64
-	hw          *int64
-	schedulable bool
-	state       string
-	externalID  string
-}
-
-// same reports whether cur already holds everything the provider says.
-func (u importUpdate) same(cur registry.Node, source string) bool {
-	return cur.Source == source && cur.CPUMem == u.cpuMem && sameInt(cur.GPUMem, u.gpuMem) &&
-		sameInt(cur.HardwareGeneration, u.hw) && cur.Schedulable == u.schedulable &&
-		cur.ProviderState != nil && *cur.ProviderState == u.state &&
-		cur.ExternalID != nil && *cur.ExternalID == u.externalID
-}
-
 func (s *Store) importInsert(ctx context.Context, actor registry.Actor, source string, hw map[string]int64, in []registry.ImportedNode, res *registry.ImportResult) error {
 	if len(in) == 0 {
 		return nil
@@ -319,7 +201,7 @@ func (s *Store) importInsert(ctx context.Context, actor registry.Actor, source s
 	state := make([]string, len(in))
 	ext := make([]string, len(in))
 	for i, n := range in {
-		ips[i], idxs[i], cpu[i], gpu[i], hws[i] = n.IP, int32(n.Index), n.CPUMem, n.GPUMem, hwOf(hw, n.GPUModel)
+		ips[i], idxs[i], cpu[i], gpu[i], hws[i] = n.IP, int32(n.Index), n.CPUMem, n.GPUMem, registry.HardwareOf(hw, n.GPUModel)
 		run[i], state[i], ext[i] = n.Running, n.State, n.ExternalID
 	}
 	rows, _ := s.db.Query(ctx, `
@@ -341,7 +223,7 @@ func (s *Store) importInsert(ctx context.Context, actor registry.Actor, source s
 	return s.auditEach(ctx, actor, registry.ActionNodeCreate, added, nil)
 }
 
-func (s *Store) importUpdate(ctx context.Context, actor registry.Actor, source string, ups []importUpdate, before map[int64]registry.Node, res *registry.ImportResult) error {
+func (s *Store) importUpdate(ctx context.Context, actor registry.Actor, source string, ups []registry.ImportUpdate, before map[int64]registry.Node, res *registry.ImportResult) error {
 	if len(ups) == 0 {
 		return nil
 	}
@@ -353,7 +235,7 @@ func (s *Store) importUpdate(ctx context.Context, actor registry.Actor, source s
 	state := make([]string, len(ups))
 	ext := make([]string, len(ups))
 	for i, u := range ups {
-		pks[i], cpu[i], gpu[i], hws[i], run[i], state[i], ext[i] = u.pk, u.cpuMem, u.gpuMem, u.hw, u.schedulable, u.state, u.externalID
+		pks[i], cpu[i], gpu[i], hws[i], run[i], state[i], ext[i] = u.PK, u.CPUMem, u.GPUMem, u.HW, u.Schedulable, u.State, u.ExternalID
 	}
 	// The rows are locked (ApplyImport); the update is in pk order too.
 	rows, _ := s.db.Query(ctx, `

@@ -128,6 +128,9 @@ func (s *Store) CreateNode(ctx context.Context, actor registry.Actor, spec regis
 		if err := tx.recordChanges(ctx, "created", n); err != nil {
 			return err
 		}
+		if err := tx.expectHeartbeats(ctx, n); err != nil {
+			return err
+		}
 		return tx.audit(ctx, actor, registry.ActionNodeCreate, "node", n.PK, nil, docOfNode(n))
 	})
 	if err != nil {
@@ -176,6 +179,9 @@ func (s *Store) adopt(ctx context.Context, actor registry.Actor, cur registry.No
 	}
 	*out = n
 	if err := s.recordChanges(ctx, "updated", n); err != nil {
+		return err
+	}
+	if err := s.expectHeartbeats(ctx, n); err != nil {
 		return err
 	}
 	return s.audit(ctx, actor, registry.ActionNodeAdopt, "node", n.PK, docOfNode(cur), docOfNode(n))
@@ -445,7 +451,7 @@ func (s *Store) ClaimNodes(ctx context.Context, actor registry.Actor, c registry
 			return err
 		}
 		rows, _ := tx.db.Query(ctx, `
-			UPDATE nodes SET current_job = $2, lease_expires_at = now() + $3::bigint * interval '1 second',
+			UPDATE nodes SET current_job = $2, expired_job = NULL, lease_expires_at = now() + $3::bigint * interval '1 second',
 				updated_at = now(), version = version + 1
 			WHERE pk = ANY($1)
 			RETURNING `+nodeColumns, pks, c.Job, leaseSeconds(c.Lease))
@@ -533,14 +539,24 @@ func (s *Store) ReleaseNodes(ctx context.Context, actor registry.Actor, r regist
 			if pks, err = pgx.CollectRows(rows, pgx.RowTo[int64]); err != nil {
 				return err
 			}
+			// The nodes whose lease of this job ran out: the job thinks it
+			// holds them, and is told it does not.
+			rows, _ = tx.db.Query(ctx, `SELECT pk FROM nodes WHERE expired_job = $1 ORDER BY pk`, r.Job)
+			lapsed, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+			if err != nil {
+				return err
+			}
+			for _, pk := range lapsed {
+				notReleased = append(notReleased, registry.NotReleased{PK: pk, Reason: registry.LeaseExpiredReason(r.Job)})
+			}
 		} else {
 			want := slices.Compact(slices.Sorted(slices.Values(r.Nodes)))
-			rows, _ := tx.db.Query(ctx, `SELECT pk, current_job FROM nodes WHERE pk = ANY($1) ORDER BY pk FOR UPDATE`, want)
-			held := map[int64]*int64{}
+			rows, _ := tx.db.Query(ctx, `SELECT pk, current_job, expired_job FROM nodes WHERE pk = ANY($1) ORDER BY pk FOR UPDATE`, want)
+			held, expired := map[int64]*int64{}, map[int64]*int64{}
 			var pk int64
-			var job *int64
-			if _, err := pgx.ForEachRow(rows, []any{&pk, &job}, func() error {
-				held[pk] = job
+			var job, expiredJob *int64
+			if _, err := pgx.ForEachRow(rows, []any{&pk, &job, &expiredJob}, func() error {
+				held[pk], expired[pk] = job, expiredJob
 				return nil
 			}); err != nil {
 				return err
@@ -550,6 +566,8 @@ func (s *Store) ReleaseNodes(ctx context.Context, actor registry.Actor, r regist
 				switch {
 				case !ok:
 					notReleased = append(notReleased, registry.NotReleased{PK: pk, Reason: "no such node"})
+				case job == nil && expired[pk] != nil && *expired[pk] == r.Job:
+					notReleased = append(notReleased, registry.NotReleased{PK: pk, Reason: registry.LeaseExpiredReason(r.Job)})
 				case job == nil:
 					notReleased = append(notReleased, registry.NotReleased{PK: pk, Reason: "not held by any job"})
 				case *job != r.Job:
@@ -588,6 +606,18 @@ func (s *Store) ReleaseNodes(ctx context.Context, actor registry.Actor, r regist
 	return released, notReleased, nil
 }
 
+// expectHeartbeats notes that an agent now owns node n and is expected to
+// heartbeat: a liveness row with no last_seen, which the lifecycle sweeper
+// times from the node's last write until the first heartbeat (see
+// registry.Node.Silent). Nodes without an owner get none.
+func (s *Store) expectHeartbeats(ctx context.Context, n registry.Node) error {
+	if n.Owner == nil {
+		return nil
+	}
+	_, err := s.db.Exec(ctx, `INSERT INTO node_liveness (node_pk, last_seen) VALUES ($1, NULL) ON CONFLICT (node_pk) DO NOTHING`, n.PK)
+	return err
+}
+
 // TouchNodes records heartbeats: each node's last_seen becomes the given
 // time unless it already holds a later one. Missing nodes are skipped. It
 // writes node_liveness only, so it never locks a node row a claim wants.
@@ -600,7 +630,7 @@ func (s *Store) TouchNodes(ctx context.Context, pks []int64, seen []time.Time) e
 		WHERE EXISTS (SELECT 1 FROM nodes n WHERE n.pk = u.pk)
 		ORDER BY u.pk
 		ON CONFLICT (node_pk) DO UPDATE SET last_seen = excluded.last_seen
-		WHERE node_liveness.last_seen < excluded.last_seen`, pks, seen)
+		WHERE node_liveness.last_seen IS NULL OR node_liveness.last_seen < excluded.last_seen`, pks, seen)
 	if err != nil {
 		return fmt.Errorf("store: touch nodes: %w", translate(err))
 	}

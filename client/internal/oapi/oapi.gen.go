@@ -29,6 +29,9 @@ const (
 	AuditFilterActionNodeCordon     AuditFilterAction = "node.cordon"
 	AuditFilterActionNodeCreate     AuditFilterAction = "node.create"
 	AuditFilterActionNodeDelete     AuditFilterAction = "node.delete"
+	AuditFilterActionNodeExpire     AuditFilterAction = "node.expire"
+	AuditFilterActionNodeFound      AuditFilterAction = "node.found"
+	AuditFilterActionNodeLost       AuditFilterAction = "node.lost"
 	AuditFilterActionNodeRelease    AuditFilterAction = "node.release"
 	AuditFilterActionNodeRenew      AuditFilterAction = "node.renew"
 	AuditFilterActionNodeUncordon   AuditFilterAction = "node.uncordon"
@@ -54,6 +57,12 @@ func (e AuditFilterAction) Valid() bool {
 	case AuditFilterActionNodeCreate:
 		return true
 	case AuditFilterActionNodeDelete:
+		return true
+	case AuditFilterActionNodeExpire:
+		return true
+	case AuditFilterActionNodeFound:
+		return true
+	case AuditFilterActionNodeLost:
 		return true
 	case AuditFilterActionNodeRelease:
 		return true
@@ -280,7 +289,7 @@ type AuditEntry struct {
 	// Example: 42
 	ActingNode *int64 `json:"acting_node"`
 
-	// Action What was done: `node.create`, `node.update`, `node.delete`, `node.adopt` (an agent registered a node the sync worker had imported and became its owner), `node.claim`, `node.release`, `node.cordon`, `node.uncordon`, `node.renew` (a lease renewed), `hardware.create`, `hardware.update`, `hardware.delete` or `token.revoke` (its target pk is the revocation's id, its `after` says what was revoked); more actions may appear later. The sync worker writes `node.create`, `node.update`, `node.delete` and `hardware.create`.
+	// Action What was done: `node.create`, `node.update`, `node.delete`, `node.adopt` (an agent registered a node the sync worker had imported and became its owner), `node.claim`, `node.release`, `node.cordon`, `node.uncordon`, `node.renew` (a lease renewed), `hardware.create`, `hardware.update`, `hardware.delete` or `token.revoke` (its target pk is the revocation's id, its `after` says what was revoked), and the lifecycle sweeper's `node.lost` and `node.found` (principal `system:lifecycle`) and `node.expire` (principal `system:lease`: a leased claim ran out and the registry released the node; `before` holds the job); more actions may appear later. The sync worker writes `node.create`, `node.update`, `node.delete` and `hardware.create`.
 	//
 	// Example: node.update
 	Action string `json:"action"`
@@ -1072,14 +1081,14 @@ type NotDone struct {
 	Reason string `json:"reason"`
 }
 
-// NotReleased A node a release named but the job does not hold.
+// NotReleased A node a release named (or whose lease of the job expired) but the job does not hold.
 type NotReleased struct {
 	// PK The pk named in `nodes`.
 	//
 	// Example: 43
 	PK int64 `json:"pk"`
 
-	// Reason Why it was not released: `no such node`, `not held by any job` or `held by job N` (another job holds it).
+	// Reason Why it was not released: `no such node`, `not held by any job`, `held by job N` (another job holds it) or `the lease of job J expired; the registry released the node`.
 	//
 	// Example: held by job 7002
 	Reason string `json:"reason"`
@@ -1149,7 +1158,7 @@ type ReleaseResult struct {
 	// Example: 7001
 	Job int64 `json:"job"`
 
-	// NotReleased The listed pks the job does not hold, ordered by pk, each with why; always empty when `nodes` was left out.
+	// NotReleased The listed pks the job does not hold, ordered by pk, each with why; when `nodes` was left out, the nodes whose lease of this job expired (the registry released them itself).
 	NotReleased []NotReleased `json:"not_released"`
 
 	// Released The nodes released, ordered by pk, now with `current_job` null; empty when the job held none of them.
@@ -2020,7 +2029,7 @@ type ClientInterface interface {
 
 	// ReleaseNodesWithBody Release nodes a job holds
 	//
-	// Gives back nodes held by the job `job` and answers 200: `released` lists the nodes it held and no longer does (their `current_job` is now null), ordered by `pk`. With `nodes` only the listed pks are released (duplicates count once); without `nodes`, or with `nodes` null, every node the job holds is released. Releasing a node the job does not hold is not an error: each such pk is listed in `not_released` with the reason (`no such node`, `not held by any job`, `held by job N`), and nothing is changed for it. A job that holds nothing releases nothing and still gets 200. Each released node gets a `node.release` audit entry, and its version (`ETag`) changes.
+	// Gives back nodes held by the job `job` and answers 200: `released` lists the nodes it held and no longer does (their `current_job` is now null), ordered by `pk`. With `nodes` only the listed pks are released (duplicates count once); without `nodes`, or with `nodes` null, every node the job holds is released. Releasing a node the job does not hold is not an error: each such pk is listed in `not_released` with the reason (`no such node`, `not held by any job`, `held by job N`, or `the lease of job J expired; the registry released the node` when the job's leased claim ran out and the registry released the node itself), and nothing is changed for it. Without `nodes`, the nodes whose lease of this job ran out are listed there too, until they are claimed again. A job that holds nothing releases nothing and still gets 200. Each released node gets a `node.release` audit entry, and its version (`ETag`) changes.
 	// 400 for a malformed body or a missing, unknown or invalid field (the bad fields are listed, at most 20); 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 	// Roles: scheduler and admin (the "claim" permission); reader and agent get 403.
 	//
@@ -2031,7 +2040,7 @@ type ClientInterface interface {
 
 	// ReleaseNodes Release nodes a job holds
 	//
-	// Gives back nodes held by the job `job` and answers 200: `released` lists the nodes it held and no longer does (their `current_job` is now null), ordered by `pk`. With `nodes` only the listed pks are released (duplicates count once); without `nodes`, or with `nodes` null, every node the job holds is released. Releasing a node the job does not hold is not an error: each such pk is listed in `not_released` with the reason (`no such node`, `not held by any job`, `held by job N`), and nothing is changed for it. A job that holds nothing releases nothing and still gets 200. Each released node gets a `node.release` audit entry, and its version (`ETag`) changes.
+	// Gives back nodes held by the job `job` and answers 200: `released` lists the nodes it held and no longer does (their `current_job` is now null), ordered by `pk`. With `nodes` only the listed pks are released (duplicates count once); without `nodes`, or with `nodes` null, every node the job holds is released. Releasing a node the job does not hold is not an error: each such pk is listed in `not_released` with the reason (`no such node`, `not held by any job`, `held by job N`, or `the lease of job J expired; the registry released the node` when the job's leased claim ran out and the registry released the node itself), and nothing is changed for it. Without `nodes`, the nodes whose lease of this job ran out are listed there too, until they are claimed again. A job that holds nothing releases nothing and still gets 200. Each released node gets a `node.release` audit entry, and its version (`ETag`) changes.
 	// 400 for a malformed body or a missing, unknown or invalid field (the bad fields are listed, at most 20); 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 	// Roles: scheduler and admin (the "claim" permission); reader and agent get 403.
 	//
@@ -2876,7 +2885,7 @@ func (c *Client) HeadPingNodes(ctx context.Context, params *HeadPingNodesParams,
 
 // ReleaseNodesWithBody Release nodes a job holds
 //
-// Gives back nodes held by the job `job` and answers 200: `released` lists the nodes it held and no longer does (their `current_job` is now null), ordered by `pk`. With `nodes` only the listed pks are released (duplicates count once); without `nodes`, or with `nodes` null, every node the job holds is released. Releasing a node the job does not hold is not an error: each such pk is listed in `not_released` with the reason (`no such node`, `not held by any job`, `held by job N`), and nothing is changed for it. A job that holds nothing releases nothing and still gets 200. Each released node gets a `node.release` audit entry, and its version (`ETag`) changes.
+// Gives back nodes held by the job `job` and answers 200: `released` lists the nodes it held and no longer does (their `current_job` is now null), ordered by `pk`. With `nodes` only the listed pks are released (duplicates count once); without `nodes`, or with `nodes` null, every node the job holds is released. Releasing a node the job does not hold is not an error: each such pk is listed in `not_released` with the reason (`no such node`, `not held by any job`, `held by job N`, or `the lease of job J expired; the registry released the node` when the job's leased claim ran out and the registry released the node itself), and nothing is changed for it. Without `nodes`, the nodes whose lease of this job ran out are listed there too, until they are claimed again. A job that holds nothing releases nothing and still gets 200. Each released node gets a `node.release` audit entry, and its version (`ETag`) changes.
 // 400 for a malformed body or a missing, unknown or invalid field (the bad fields are listed, at most 20); 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 // Roles: scheduler and admin (the "claim" permission); reader and agent get 403.
 //
@@ -2897,7 +2906,7 @@ func (c *Client) ReleaseNodesWithBody(ctx context.Context, params *ReleaseNodesP
 
 // ReleaseNodes Release nodes a job holds
 //
-// Gives back nodes held by the job `job` and answers 200: `released` lists the nodes it held and no longer does (their `current_job` is now null), ordered by `pk`. With `nodes` only the listed pks are released (duplicates count once); without `nodes`, or with `nodes` null, every node the job holds is released. Releasing a node the job does not hold is not an error: each such pk is listed in `not_released` with the reason (`no such node`, `not held by any job`, `held by job N`), and nothing is changed for it. A job that holds nothing releases nothing and still gets 200. Each released node gets a `node.release` audit entry, and its version (`ETag`) changes.
+// Gives back nodes held by the job `job` and answers 200: `released` lists the nodes it held and no longer does (their `current_job` is now null), ordered by `pk`. With `nodes` only the listed pks are released (duplicates count once); without `nodes`, or with `nodes` null, every node the job holds is released. Releasing a node the job does not hold is not an error: each such pk is listed in `not_released` with the reason (`no such node`, `not held by any job`, `held by job N`, or `the lease of job J expired; the registry released the node` when the job's leased claim ran out and the registry released the node itself), and nothing is changed for it. Without `nodes`, the nodes whose lease of this job ran out are listed there too, until they are claimed again. A job that holds nothing releases nothing and still gets 200. Each released node gets a `node.release` audit entry, and its version (`ETag`) changes.
 // 400 for a malformed body or a missing, unknown or invalid field (the bad fields are listed, at most 20); 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 // Roles: scheduler and admin (the "claim" permission); reader and agent get 403.
 //
@@ -5533,7 +5542,7 @@ type ClientWithResponsesInterface interface {
 
 	// ReleaseNodesWithBodyWithResponse Release nodes a job holds
 	//
-	// Gives back nodes held by the job `job` and answers 200: `released` lists the nodes it held and no longer does (their `current_job` is now null), ordered by `pk`. With `nodes` only the listed pks are released (duplicates count once); without `nodes`, or with `nodes` null, every node the job holds is released. Releasing a node the job does not hold is not an error: each such pk is listed in `not_released` with the reason (`no such node`, `not held by any job`, `held by job N`), and nothing is changed for it. A job that holds nothing releases nothing and still gets 200. Each released node gets a `node.release` audit entry, and its version (`ETag`) changes.
+	// Gives back nodes held by the job `job` and answers 200: `released` lists the nodes it held and no longer does (their `current_job` is now null), ordered by `pk`. With `nodes` only the listed pks are released (duplicates count once); without `nodes`, or with `nodes` null, every node the job holds is released. Releasing a node the job does not hold is not an error: each such pk is listed in `not_released` with the reason (`no such node`, `not held by any job`, `held by job N`, or `the lease of job J expired; the registry released the node` when the job's leased claim ran out and the registry released the node itself), and nothing is changed for it. Without `nodes`, the nodes whose lease of this job ran out are listed there too, until they are claimed again. A job that holds nothing releases nothing and still gets 200. Each released node gets a `node.release` audit entry, and its version (`ETag`) changes.
 	// 400 for a malformed body or a missing, unknown or invalid field (the bad fields are listed, at most 20); 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 	// Roles: scheduler and admin (the "claim" permission); reader and agent get 403.
 	//
@@ -5544,7 +5553,7 @@ type ClientWithResponsesInterface interface {
 
 	// ReleaseNodesWithResponse Release nodes a job holds
 	//
-	// Gives back nodes held by the job `job` and answers 200: `released` lists the nodes it held and no longer does (their `current_job` is now null), ordered by `pk`. With `nodes` only the listed pks are released (duplicates count once); without `nodes`, or with `nodes` null, every node the job holds is released. Releasing a node the job does not hold is not an error: each such pk is listed in `not_released` with the reason (`no such node`, `not held by any job`, `held by job N`), and nothing is changed for it. A job that holds nothing releases nothing and still gets 200. Each released node gets a `node.release` audit entry, and its version (`ETag`) changes.
+	// Gives back nodes held by the job `job` and answers 200: `released` lists the nodes it held and no longer does (their `current_job` is now null), ordered by `pk`. With `nodes` only the listed pks are released (duplicates count once); without `nodes`, or with `nodes` null, every node the job holds is released. Releasing a node the job does not hold is not an error: each such pk is listed in `not_released` with the reason (`no such node`, `not held by any job`, `held by job N`, or `the lease of job J expired; the registry released the node` when the job's leased claim ran out and the registry released the node itself), and nothing is changed for it. Without `nodes`, the nodes whose lease of this job ran out are listed there too, until they are claimed again. A job that holds nothing releases nothing and still gets 200. Each released node gets a `node.release` audit entry, and its version (`ETag`) changes.
 	// 400 for a malformed body or a missing, unknown or invalid field (the bad fields are listed, at most 20); 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 	// Roles: scheduler and admin (the "claim" permission); reader and agent get 403.
 	//
@@ -11223,7 +11232,7 @@ func (c *ClientWithResponses) HeadPingNodesWithResponse(ctx context.Context, par
 
 // ReleaseNodesWithBodyWithResponse Release nodes a job holds
 //
-// Gives back nodes held by the job `job` and answers 200: `released` lists the nodes it held and no longer does (their `current_job` is now null), ordered by `pk`. With `nodes` only the listed pks are released (duplicates count once); without `nodes`, or with `nodes` null, every node the job holds is released. Releasing a node the job does not hold is not an error: each such pk is listed in `not_released` with the reason (`no such node`, `not held by any job`, `held by job N`), and nothing is changed for it. A job that holds nothing releases nothing and still gets 200. Each released node gets a `node.release` audit entry, and its version (`ETag`) changes.
+// Gives back nodes held by the job `job` and answers 200: `released` lists the nodes it held and no longer does (their `current_job` is now null), ordered by `pk`. With `nodes` only the listed pks are released (duplicates count once); without `nodes`, or with `nodes` null, every node the job holds is released. Releasing a node the job does not hold is not an error: each such pk is listed in `not_released` with the reason (`no such node`, `not held by any job`, `held by job N`, or `the lease of job J expired; the registry released the node` when the job's leased claim ran out and the registry released the node itself), and nothing is changed for it. Without `nodes`, the nodes whose lease of this job ran out are listed there too, until they are claimed again. A job that holds nothing releases nothing and still gets 200. Each released node gets a `node.release` audit entry, and its version (`ETag`) changes.
 // 400 for a malformed body or a missing, unknown or invalid field (the bad fields are listed, at most 20); 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 // Roles: scheduler and admin (the "claim" permission); reader and agent get 403.
 //
@@ -11240,7 +11249,7 @@ func (c *ClientWithResponses) ReleaseNodesWithBodyWithResponse(ctx context.Conte
 
 // ReleaseNodesWithResponse Release nodes a job holds
 //
-// Gives back nodes held by the job `job` and answers 200: `released` lists the nodes it held and no longer does (their `current_job` is now null), ordered by `pk`. With `nodes` only the listed pks are released (duplicates count once); without `nodes`, or with `nodes` null, every node the job holds is released. Releasing a node the job does not hold is not an error: each such pk is listed in `not_released` with the reason (`no such node`, `not held by any job`, `held by job N`), and nothing is changed for it. A job that holds nothing releases nothing and still gets 200. Each released node gets a `node.release` audit entry, and its version (`ETag`) changes.
+// Gives back nodes held by the job `job` and answers 200: `released` lists the nodes it held and no longer does (their `current_job` is now null), ordered by `pk`. With `nodes` only the listed pks are released (duplicates count once); without `nodes`, or with `nodes` null, every node the job holds is released. Releasing a node the job does not hold is not an error: each such pk is listed in `not_released` with the reason (`no such node`, `not held by any job`, `held by job N`, or `the lease of job J expired; the registry released the node` when the job's leased claim ran out and the registry released the node itself), and nothing is changed for it. Without `nodes`, the nodes whose lease of this job ran out are listed there too, until they are claimed again. A job that holds nothing releases nothing and still gets 200. Each released node gets a `node.release` audit entry, and its version (`ETag`) changes.
 // 400 for a malformed body or a missing, unknown or invalid field (the bad fields are listed, at most 20); 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 // Roles: scheduler and admin (the "claim" permission); reader and agent get 403.
 //

@@ -1,0 +1,142 @@
+package registry
+
+import (
+	"fmt"
+	"strings"
+)
+
+// The sync import's decisions, node by node, as plain functions like the
+// lifecycle's (lifecycle.go): the store selects the nodes a pass may touch,
+// asks ImportPlan.Decide about each, and applies the writes.
+
+// ImportKey is a node's identity within an inventory: (ip, index).
+type ImportKey struct {
+	IP    string
+	Index int
+}
+
+// ImportPlan is one provider's pass: what its inventory wants.
+type ImportPlan struct {
+	Source  string                     // the provider, scp or e2e
+	Want    map[ImportKey]ImportedNode // the inventory's nodes by (ip, index)
+	Skipped []string                   // external ids of hosts skipped this pass
+	HW      map[string]int64           // hardware generation pk by GPU model
+}
+
+// ImportDecisionKind is what a pass does to one existing node.
+type ImportDecisionKind int
+
+const (
+	ImportNothing     ImportDecisionKind = iota // another source's node the inventory does not name
+	ImportUnchanged                             // holds what the provider says
+	ImportUpdateNode                            // provider-owned fields differ
+	ImportConflict                              // the pair belongs to another provider
+	ImportKeptSkipped                           // vanished from the mapping, but its host was skipped
+	ImportKeptBusy                              // vanished, holds a job, already marked gone
+	ImportMarkGone                              // vanished, holds a job: mark gone
+	ImportRemove                                // vanished and free
+)
+
+// ImportDecision is what a pass does to one node, with what it needs.
+type ImportDecision struct {
+	Kind     ImportDecisionKind
+	Update   ImportUpdate // for ImportUpdateNode
+	Conflict string       // for ImportConflict: the line the summary reports
+}
+
+// ImportUpdate is the provider-owned fields a pass writes to node PK.
+type ImportUpdate struct {
+	PK          int64
+	CPUMem      int64
+	GPUMem      *int64
+	HW          *int64
+	Schedulable bool
+	State       string
+	ExternalID  string
+}
+
+// Writes reports whether the decision changes the node.
+func (d ImportDecision) Writes() bool {
+	return d.Kind == ImportUpdateNode || d.Kind == ImportMarkGone || d.Kind == ImportRemove
+}
+
+// Count adds a decision that writes nothing (or a final one) to res;
+// writes are counted by the statements that make them.
+func (d ImportDecision) Count(res *ImportResult) {
+	switch d.Kind {
+	case ImportUnchanged:
+		res.Unchanged++
+	case ImportConflict:
+		res.Conflicts = append(res.Conflicts, d.Conflict)
+	case ImportKeptSkipped:
+		res.KeptSkipped++
+	case ImportKeptBusy, ImportMarkGone:
+		res.KeptBusy++
+	}
+}
+
+// Decide says what the pass does to existing node n.
+func (p ImportPlan) Decide(n Node) ImportDecision {
+	k := ImportKey{n.IP, n.Index}
+	if in, ok := p.Want[k]; ok {
+		if n.Source != p.Source && n.Source != "api" {
+			return ImportDecision{Kind: ImportConflict,
+				Conflict: fmt.Sprintf("%s index %d is already imported from %s (node %d)", k.IP, k.Index, n.Source, n.PK)}
+		}
+		u := ImportUpdate{PK: n.PK, CPUMem: in.CPUMem, GPUMem: in.GPUMem, HW: HardwareOf(p.HW, in.GPUModel),
+			Schedulable: in.Running, State: in.State, ExternalID: in.ExternalID}
+		if u.Same(n, p.Source) {
+			return ImportDecision{Kind: ImportUnchanged}
+		}
+		return ImportDecision{Kind: ImportUpdateNode, Update: u}
+	}
+	switch {
+	case n.Source != p.Source:
+		return ImportDecision{Kind: ImportNothing}
+	case UnderAny(n.ExternalID, p.Skipped):
+		return ImportDecision{Kind: ImportKeptSkipped}
+	case n.CurrentJob == nil:
+		return ImportDecision{Kind: ImportRemove}
+	case n.ProviderState == nil || *n.ProviderState != ProviderGone || n.Schedulable:
+		return ImportDecision{Kind: ImportMarkGone}
+	}
+	return ImportDecision{Kind: ImportKeptBusy}
+}
+
+// Same reports whether cur already holds everything the provider says.
+func (u ImportUpdate) Same(cur Node, source string) bool {
+	return cur.Source == source && cur.CPUMem == u.CPUMem && sameInt64(cur.GPUMem, u.GPUMem) &&
+		sameInt64(cur.HardwareGeneration, u.HW) && cur.Schedulable == u.Schedulable &&
+		cur.ProviderState != nil && *cur.ProviderState == u.State &&
+		cur.ExternalID != nil && *cur.ExternalID == u.ExternalID
+}
+
+// UnderAny reports whether id is one of ids or below one ("c" covers "c/w").
+func UnderAny(id *string, ids []string) bool {
+	if id == nil {
+		return false
+	}
+	for _, k := range ids {
+		if k != "" && (*id == k || strings.HasPrefix(*id, k+"/")) {
+			return true
+		}
+	}
+	return false
+}
+
+// HardwareOf is the hardware generation pk of a GPU model, nil for a
+// CPU-only host (no model).
+func HardwareOf(hw map[string]int64, model string) *int64 {
+	if model == "" {
+		return nil
+	}
+	pk := hw[model]
+	return &pk
+}
+
+func sameInt64(a, b *int64) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
+}

@@ -1,0 +1,123 @@
+// Package sweeper runs the node lifecycle's background pass (README "Node
+// states"): every second or so it marks silent nodes lost, finds them again
+// when they heartbeat, and ends claims whose lease ran out. The rules are
+// the registry package's (DecideSweep); the store selects candidates and
+// applies the decisions in one transaction per pass.
+//
+// One replica sweeps at a time: the sweeper takes a cluster-wide advisory
+// lock on a database session of its own and keeps it while it leads, running
+// every pass through that session. Should the session be lost (the database
+// restarted, an operator terminated it), the pass in flight is rolled back
+// with it and the lock is free for another replica, so no transition is
+// applied twice.
+package sweeper
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/registryd/registryd/internal/lifecycle"
+	"github.com/registryd/registryd/internal/registry"
+)
+
+// Store runs one pass. *store.Store implements it.
+type Store interface {
+	SweepLifecycle(ctx context.Context, ttl time.Duration) (registry.Sweep, error)
+}
+
+// Locker takes the cluster-wide sweeper lock without waiting. While held,
+// passes run through the returned Store, bound to the lock's own session.
+// ok is false when another replica holds the lock.
+type Locker func(ctx context.Context) (st Store, release func(), ok bool, err error)
+
+// LockKey keys the advisory lock that lets one replica sweep at a time.
+const LockKey = 0x7265676973747377
+
+// DefaultInterval is the time between passes, and between a follower's
+// attempts to take the lead.
+const DefaultInterval = time.Second
+
+// Config configures a Sweeper.
+type Config struct {
+	Locker   Locker
+	TTL      time.Duration // the node TTL (REGISTRY_NODE_TTL)
+	Interval time.Duration // between passes; default DefaultInterval
+	Logger   *slog.Logger
+}
+
+// Sweeper runs lifecycle passes while it holds the lock.
+type Sweeper struct {
+	cfg    Config
+	passes atomic.Int64
+}
+
+// New validates cfg.
+func New(cfg Config) (*Sweeper, error) {
+	if cfg.Locker == nil {
+		return nil, errors.New("sweeper: no Locker")
+	}
+	if cfg.TTL <= 0 {
+		return nil, errors.New("sweeper: no TTL")
+	}
+	if cfg.Interval <= 0 {
+		cfg.Interval = DefaultInterval
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Sweeper{cfg: cfg}, nil
+}
+
+// Passes reports how many passes this sweeper has completed.
+func (s *Sweeper) Passes() int64 { return s.passes.Load() }
+
+// Run sweeps until ctx ends: it leads while it holds the lock, and
+// otherwise tries to take it every interval.
+func (s *Sweeper) Run(ctx context.Context) {
+	backoff := lifecycle.Backoff{Min: s.cfg.Interval, Max: 30 * time.Second}
+	for ctx.Err() == nil {
+		st, release, ok, err := s.cfg.Locker(ctx)
+		switch {
+		case err != nil:
+			if ctx.Err() != nil {
+				return
+			}
+			wait := backoff.Next()
+			s.cfg.Logger.Warn("sweeper: cannot take the lock; retrying", "err", err, "in", wait.String())
+			lifecycle.Sleep(ctx, wait)
+		case !ok:
+			backoff.Reset()
+			lifecycle.Sleep(ctx, s.cfg.Interval) // another replica sweeps
+		default:
+			backoff.Reset()
+			err := s.lead(ctx, st)
+			release()
+			if ctx.Err() != nil {
+				return
+			}
+			wait := backoff.Next()
+			s.cfg.Logger.Warn("sweeper: a pass failed; the lock is given up", "err", err, "in", wait.String())
+			lifecycle.Sleep(ctx, wait)
+		}
+	}
+}
+
+// lead runs passes through st until one fails or ctx ends.
+func (s *Sweeper) lead(ctx context.Context, st Store) error {
+	for {
+		done, err := st.SweepLifecycle(ctx, s.cfg.TTL)
+		if err != nil {
+			return err
+		}
+		s.passes.Add(1)
+		if !done.Empty() {
+			s.cfg.Logger.Info("sweeper: nodes changed state", "lost", len(done.Lost), "found", len(done.Found), "expired", len(done.Expired))
+		}
+		if !lifecycle.Sleep(ctx, s.cfg.Interval) {
+			return ctx.Err()
+		}
+	}
+}
