@@ -124,6 +124,8 @@ var settings = []setting{
 		Meaning: "host:port of a separate listener for /metrics (then not served on the API port)"},
 	{Name: "REGISTRY_METRICS_FLEET_INTERVAL", Default: "15s", value: "15s", Cmds: cmdServe,
 		Meaning: "least time between two counts of the fleet for /metrics (15s..1h)"},
+	{Name: "REGISTRY_NODE_TTL", Default: "60s", value: "60s", Cmds: cmdServe,
+		Meaning: "how long a node with an agent (or that has heartbeated) may stay silent before it is lost (5s..24h)"},
 	{Name: "REGISTRY_CORS_ORIGINS", Default: "(unset: CORS off)", Cmds: cmdServe,
 		Meaning: "origins whose browser pages may call the API, comma-separated; * for any"},
 	{Name: "REGISTRY_SERVER", Cmds: cmdAgent,
