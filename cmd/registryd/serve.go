@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/sha256"
@@ -390,12 +391,15 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 	}
 	addr := "http://" + ln.Addr().String()
 	logger.Info("registryd listening", "addr", addr, "embedded_postgres", db.embedded())
-	fmt.Fprintf(stdout, "registryd is serving on %s\n", addr)
+	// One write, so that a reader who sees the first line sees the token too.
+	var banner bytes.Buffer
+	fmt.Fprintf(&banner, "registryd is serving on %s\n", addr)
 	if db.embedded() && cfg.JWTSecret == nil && secret != nil {
-		if err := printAdminToken(stdout, cfg, secret, addr); err != nil {
+		if err := printAdminToken(&banner, cfg, secret, addr); err != nil {
 			return err
 		}
 	}
+	stdout.Write(banner.Bytes())
 
 	if metricsLn != nil {
 		defer serveMetricsOn(ctx, metricsLn, m.Handler(), cfg.ShutdownTimeout, logger)()

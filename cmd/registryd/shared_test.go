@@ -160,9 +160,16 @@ func TestEmbeddedSharedWithServe(t *testing.T) {
 		"REGISTRY_SYNC_INTERVAL": "1h"}, heldSCP(t, g))
 	srv := startProcess(t, env, "serve")
 	url := srv.serving(t)
-	m := regexp.MustCompile(`export REGISTRY_TOKEN=(\S+)`).FindStringSubmatch(srv.stdout.String())
-	if m == nil {
-		t.Fatalf("no admin token printed:\n%s", srv.stdout.String())
+	// The token lines follow the "serving on" line: wait for them too.
+	tokenRE := regexp.MustCompile(`export REGISTRY_TOKEN=(\S+)\n`)
+	var m []string
+	for wait := time.Now().Add(10 * time.Second); m == nil; {
+		if m = tokenRE.FindStringSubmatch(srv.stdout.String()); m == nil {
+			if time.Now().After(wait) {
+				t.Fatalf("no admin token printed within 10s:\n%s", srv.stdout.String())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
 	}
 	printed := m[1]
 	cluster := filepath.Join(data, "postgres")
