@@ -178,19 +178,14 @@ func TestServeLifecycleAcrossReplicas(t *testing.T) {
 	heartbeat(agentNode)
 	plain := create(admin, "10.3.0.2")  // no agent, never heartbeats
 	leased := create(admin, "10.3.0.3") // claimed with a 3-second lease
-	if code, body := call(t, "POST", a.url+"/v1/nodes/claim", `{"job":77,"count":1,"ip":"10.3.0.3"}`, admin); code != 200 {
+	if code, body := call(t, "POST", a.url+"/v1/nodes/claim", `{"job":77,"count":1,"ip":"10.3.0.3","lease_seconds":3}`, admin); code != 200 || !strings.Contains(body, `"lease_expires_at":"`) {
 		t.Fatalf("claim: %d %s", code, body)
 	}
-	// ws-cordon's lease_seconds is not on this branch: the lease is set
-	// in SQL, as a claim with "lease_seconds": 3 would.
 	conn, err := pgx.Connect(context.Background(), db)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	if _, err := conn.Exec(context.Background(), `UPDATE nodes SET lease_expires_at = now() + interval '3 seconds' WHERE pk = $1`, leased); err != nil {
-		t.Fatal(err)
-	}
 
 	// The lease runs out by itself, well before the silent node is lost.
 	exp, _ := w.await(t, 10*time.Second, "expired", leased)
@@ -264,4 +259,111 @@ func TestServeLifecycleAcrossReplicas(t *testing.T) {
 			t.Errorf("%s of node %d: %d events, %d audit entries; want one each", c.kind, c.pk, events, entries)
 		}
 	}
+}
+
+// Two replicas on one database: an admin's cordon, drain and uncordon
+// through one replica reach a watch on the other; agents and schedulers
+// are refused; a lease renewed through the other replica holds past its
+// first expiry and then runs out by itself.
+func TestServeCordonAndRenewAcrossReplicas(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	env := func() map[string]string {
+		return map[string]string{"REGISTRY_DATABASE_URL": db, "REGISTRY_JWT_SECRET": testSecret, "REGISTRY_NODE_TTL": "5s"}
+	}
+	a, b := startServer(t, env()), startServer(t, env())
+	admin := adminToken(t, env())
+	token := func(sub, role string) string {
+		t.Helper()
+		out, stderr, err := runCmd(t, env(), "token", "--sub", sub, "--role", role)
+		if err != nil {
+			t.Fatalf("token: %v\n%s", err, stderr)
+		}
+		return strings.TrimSpace(out[strings.LastIndex(strings.TrimSpace(out), "\n")+1:])
+	}
+	scheduler, agent := token("sched-1", "scheduler"), token("agent-1", "agent")
+
+	w := openWatch(t, b.url, admin, 0)
+	var pks []int64
+	for i := range 2 {
+		code, body := call(t, "POST", a.url+"/v1/nodes/create",
+			fmt.Sprintf(`{"ip":"10.4.0.1","index":%d,"cpu_mem":1024,"driver_version":"550","hardware_generation":null,"gpu_mem":null}`, i), admin)
+		var n struct{ PK int64 }
+		if code != 201 || json.Unmarshal([]byte(body), &n) != nil {
+			t.Fatalf("create: %d %s", code, body)
+		}
+		pks = append(pks, n.PK)
+	}
+	n0, n1 := pks[0], pks[1]
+
+	// Only admins cordon and uncordon, on either replica.
+	for _, tok := range []string{scheduler, agent} {
+		for _, path := range []string{"/v1/nodes/cordon", "/v1/nodes/uncordon"} {
+			code, body := call(t, "POST", b.url+path, fmt.Sprintf(`{"nodes":[%d],"reason":"x"}`, n0), tok)
+			if code != 403 {
+				t.Errorf("%s by a non-admin: %d %s", path, code, body)
+			}
+		}
+	}
+
+	// Drain: the busy node keeps its job while cordoned, and its release
+	// leaves it cordoned, never free.
+	if code, body := call(t, "POST", a.url+"/v1/nodes/claim", fmt.Sprintf(`{"job":5,"ip":"10.4.0.1","index":0}`), scheduler); code != 200 {
+		t.Fatalf("claim: %d %s", code, body)
+	}
+	if code, body := call(t, "POST", a.url+"/v1/nodes/cordon", fmt.Sprintf(`{"nodes":[%d,%d],"reason":"firmware update"}`, n0, n1), admin); code != 200 ||
+		!strings.Contains(body, `"state":"draining"`) || !strings.Contains(body, `"state":"cordoned"`) {
+		t.Fatalf("cordon: %d %s", code, body)
+	}
+	if e, _ := w.await(t, 5*time.Second, "cordoned", n0); e.node.State != "draining" {
+		t.Errorf("cordoned event for the busy node shows %s", e.node.State)
+	}
+	if e, _ := w.await(t, 5*time.Second, "cordoned", n1); e.node.State != "cordoned" {
+		t.Errorf("cordoned event for the free node shows %s", e.node.State)
+	}
+	if code, body := call(t, "POST", b.url+"/v1/nodes/claim", `{"job":6,"count":1,"ip":"10.4.0.1"}`, scheduler); code != 409 {
+		t.Errorf("claim of cordoned nodes on the other replica: %d %s", code, body)
+	}
+	if code, body := call(t, "POST", b.url+"/v1/nodes/release", `{"job":5}`, scheduler); code != 200 || !strings.Contains(body, `"state":"cordoned"`) {
+		t.Errorf("release of a draining node: %d %s", code, body)
+	}
+	if e, _ := w.await(t, 5*time.Second, "released", n0); e.node.State != "cordoned" {
+		t.Errorf("released event for the drained node shows %s", e.node.State)
+	}
+	if code, body := call(t, "POST", a.url+"/v1/nodes/uncordon", fmt.Sprintf(`{"nodes":[%d,%d]}`, n0, n1), admin); code != 200 || strings.Count(body, `"state":"free"`) != 2 {
+		t.Fatalf("uncordon: %d %s", code, body)
+	}
+	for _, pk := range pks {
+		if e, _ := w.await(t, 5*time.Second, "uncordoned", pk); e.node.State != "free" {
+			t.Errorf("uncordoned event for %d shows %s", pk, e.node.State)
+		}
+	}
+
+	// A 3-second lease taken on one replica, renewed on the other after
+	// two seconds for four more: it holds past its first expiry (3 s),
+	// then runs out by itself (about 6 s).
+	start := time.Now()
+	if code, body := call(t, "POST", a.url+"/v1/nodes/claim", `{"job":9,"ip":"10.4.0.1","index":1,"lease_seconds":3}`, scheduler); code != 200 {
+		t.Fatalf("leased claim: %d %s", code, body)
+	}
+	time.Sleep(2 * time.Second)
+	if code, body := call(t, "POST", b.url+"/v1/nodes/renew", `{"job":9,"lease_seconds":4}`, scheduler); code != 200 || !strings.Contains(body, fmt.Sprintf(`"pk":%d`, n1)) {
+		t.Fatalf("renew: %d %s", code, body)
+	}
+	if code, body := call(t, "POST", b.url+"/v1/nodes/renew", `{"job":10,"lease_seconds":4}`, scheduler); code != 404 {
+		t.Errorf("renew of a job that holds nothing: %d %s", code, body)
+	}
+	time.Sleep(time.Until(start.Add(4500 * time.Millisecond)))
+	code, body := call(t, "GET", fmt.Sprintf("%s/v1/nodes/%d", a.url, n1), "", admin)
+	if code != 200 || !strings.Contains(body, `"current_job":9`) {
+		t.Fatalf("4.5 s after a 3 s lease renewed at 2 s for 4: %d %s", code, body)
+	}
+	e, _ := w.await(t, 10*time.Second, "expired", n1)
+	if took := time.Since(start); took < 5500*time.Millisecond {
+		t.Errorf("the renewed lease expired after %s, before its renewal ran out", took)
+	}
+	if e.node.State != "free" {
+		t.Errorf("expired event shows %s", e.node.State)
+	}
+	t.Logf("renewed lease expired %s after the claim", time.Since(start).Round(time.Millisecond))
 }
