@@ -40,6 +40,7 @@ type config struct {
 
 	TokenLifetimes auth.Lifetimes // REGISTRY_TOKEN_MAX_TTL, REGISTRY_ADMIN_TOKEN_MAX_TTL
 	AgentRequireIP bool           // REGISTRY_AGENT_REQUIRE_IP: agent tokens must carry "ips"
+	TokenCache     int            // REGISTRY_TOKEN_CACHE: how many verified tokens are remembered; 0: none
 
 	WatchRetention time.Duration // REGISTRY_WATCH_RETENTION: how long watch events stay resumable
 
@@ -259,6 +260,7 @@ func loadCommandConfig(cmd cmdSet, rawenv func(string) string) (config, error) {
 			*dst = d
 		}
 	}
+	c.TokenCache = loadTokenCache(getenv, &errs)
 	if v := getenv("REGISTRY_AGENT_REQUIRE_IP"); v != "" {
 		b, err := strconv.ParseBool(v)
 		if err != nil {
@@ -314,6 +316,25 @@ func loadNodeTTL(getenv func(string) string, errs *[]string) time.Duration {
 			v, registry.MinNodeTTL, auth.FormatDuration(maxNodeTTL)))
 	}
 	return d
+}
+
+// maxTokenCache bounds REGISTRY_TOKEN_CACHE: an entry takes a few hundred
+// bytes, so a million is a few hundred MiB, more than any fleet needs.
+const maxTokenCache = 1_000_000
+
+// loadTokenCache reads REGISTRY_TOKEN_CACHE: how many verified tokens
+// serve remembers (auth.Config.CacheSize); 0 turns the cache off.
+func loadTokenCache(getenv func(string) string, errs *[]string) int {
+	v := getenv("REGISTRY_TOKEN_CACHE")
+	if v == "" {
+		return 0 // a command that does not read it
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 || n > maxTokenCache {
+		*errs = append(*errs, fmt.Sprintf("REGISTRY_TOKEN_CACHE=%q: want a number of tokens between 0 (off) and %d, such as %d",
+			v, maxTokenCache, auth.DefaultCacheSize))
+	}
+	return n
 }
 
 // maxTokenTTL bounds the token lifetime caps: a year is already more than

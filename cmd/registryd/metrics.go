@@ -7,6 +7,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
+	"net/netip"
+	"strconv"
 	"time"
 
 	"github.com/registryd/registryd/internal/metrics"
@@ -24,6 +27,12 @@ type metricsConfig struct {
 	// FleetInterval is REGISTRY_METRICS_FLEET_INTERVAL: the least time
 	// between two counts of the fleet (one aggregate query each).
 	FleetInterval time.Duration
+	// Pprof is REGISTRY_PPROF: serve net/http/pprof's profiles under
+	// /debug/pprof/ on the metrics listener, which must then be on
+	// loopback. Profiles are never served on the API's port: they show
+	// the program's memory and can keep a CPU busy, so only someone on
+	// the host (or tunnelled to it) may take them.
+	Pprof bool
 }
 
 func loadMetricsConfig(getenv func(string) string, errs *[]string) metricsConfig {
@@ -32,6 +41,22 @@ func loadMetricsConfig(getenv func(string) string, errs *[]string) metricsConfig
 		if _, _, err := net.SplitHostPort(v); err != nil {
 			*errs = append(*errs, fmt.Sprintf("REGISTRY_METRICS_LISTEN=%q: want host:port, such as 127.0.0.1:9090", v))
 		}
+	}
+	if v := getenv("REGISTRY_PPROF"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			*errs = append(*errs, fmt.Sprintf("REGISTRY_PPROF=%q: want true or false", v))
+		}
+		c.Pprof = b
+	}
+	switch {
+	case !c.Pprof:
+	case c.Listen == "":
+		*errs = append(*errs, "REGISTRY_PPROF is on but REGISTRY_METRICS_LISTEN is not set: profiles are served only on the metrics "+
+			"listener, never on the API's port; set REGISTRY_METRICS_LISTEN to a loopback address, such as 127.0.0.1:6060")
+	case !loopbackHost(c.Listen):
+		*errs = append(*errs, fmt.Sprintf("REGISTRY_PPROF is on but REGISTRY_METRICS_LISTEN=%q is not a loopback address: profiles are "+
+			"served on loopback only (127.0.0.1, ::1 or localhost); reach them from elsewhere through ssh -L or kubectl port-forward", c.Listen))
 	}
 	if v := getenv("REGISTRY_METRICS_FLEET_INTERVAL"); v != "" {
 		d, err := time.ParseDuration(v)
@@ -70,8 +95,24 @@ func syncPasses(m *metrics.Metrics) func(syncer.Summary) {
 	return func(s syncer.Summary) { m.SyncPass(s.Provider, s.Duration, s.Result, s.Err, time.Now()) }
 }
 
+// loopbackHost reports whether the host of addr (host:port) is a
+// loopback address or "localhost"; an empty host (every interface) is not.
+func loopbackHost(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.IsLoopback()
+}
+
 // metricsListener listens on REGISTRY_METRICS_LISTEN, when set; nil
-// otherwise. Like the API's, it listens before anything slow starts.
+// otherwise. Like the API's, it listens before anything slow starts. With
+// REGISTRY_PPROF on, the address actually bound must be loopback (whatever
+// "localhost" resolved to), or it refuses.
 func metricsListener(cfg metricsConfig) (net.Listener, error) {
 	if cfg.Listen == "" {
 		return nil, nil
@@ -80,14 +121,28 @@ func metricsListener(cfg metricsConfig) (net.Listener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s (set REGISTRY_METRICS_LISTEN to another address): %w", cfg.Listen, err)
 	}
+	if a, ok := ln.Addr().(*net.TCPAddr); cfg.Pprof && (!ok || !a.IP.IsLoopback()) {
+		ln.Close()
+		return nil, fmt.Errorf("REGISTRY_PPROF is on but REGISTRY_METRICS_LISTEN=%q listens on %s, not loopback: profiles are served on loopback only",
+			cfg.Listen, ln.Addr())
+	}
 	return ln, nil
 }
 
 // serveMetricsOn serves only /metrics on ln (others: 404) until stop is
-// called, which shuts it down within timeout.
-func serveMetricsOn(ctx context.Context, ln net.Listener, h http.Handler, timeout time.Duration, logger *slog.Logger) (stop func()) {
+// called, which shuts it down within timeout; with pprof, net/http/pprof's
+// profiles under /debug/pprof/ too (see metricsConfig.Pprof).
+func serveMetricsOn(ctx context.Context, ln net.Listener, h http.Handler, pprofOn bool, timeout time.Duration, logger *slog.Logger) (stop func()) {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", h)
+	if pprofOn {
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("POST /debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	}
 	srv := &http.Server{
 		Handler:           mux,
 		ReadHeaderTimeout: 10 * time.Second,
@@ -106,6 +161,9 @@ func serveMetricsOn(ctx context.Context, ln net.Listener, h http.Handler, timeou
 		}
 	}()
 	logger.Info("metrics listening", "addr", "http://"+ln.Addr().String()+"/metrics")
+	if pprofOn {
+		logger.Info("profiles listening (REGISTRY_PPROF)", "addr", "http://"+ln.Addr().String()+"/debug/pprof/")
+	}
 	return func() {
 		shutCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 		defer cancel()

@@ -318,7 +318,7 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 	defer lifecycle.Go(ctx, revocations.Run)()
 	verifier, err := auth.NewVerifier(auth.Config{Secret: secret, PublicKeys: cfg.JWTPublicKeys,
 		Issuer: cfg.JWTIssuer, Audience: cfg.JWTAudience, Lifetimes: cfg.TokenLifetimes,
-		RequireAgentIPs: cfg.AgentRequireIP, Revocations: revocations})
+		RequireAgentIPs: cfg.AgentRequireIP, Revocations: revocations, CacheSize: cfg.TokenCache})
 	if err != nil {
 		return err
 	}
@@ -402,7 +402,7 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 	stdout.Write(banner.Bytes())
 
 	if metricsLn != nil {
-		defer serveMetricsOn(ctx, metricsLn, m.Handler(), cfg.ShutdownTimeout, logger)()
+		defer serveMetricsOn(ctx, metricsLn, m.Handler(), cfg.Metrics.Pprof, cfg.ShutdownTimeout, logger)()
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(limited) }()

@@ -172,9 +172,12 @@ func (s *Server) nodeID(next http.Handler) http.Handler {
 			return
 		}
 		p := principalFrom(r.Context())
-		refused := registry.Errorf(registry.ErrForbidden, "%s %q may not act as node %d", p.Role, p.Sub, pk)
+		// Made only when refusing: an allowed Node-Id is every heartbeat.
+		refused := func() error {
+			return registry.Errorf(registry.ErrForbidden, "%s %q may not act as node %d", p.Role, p.Sub, pk)
+		}
 		if p.Role != registry.RoleAdmin && p.Role != registry.RoleAgent {
-			s.writeError(w, r, refused)
+			s.writeError(w, r, refused())
 			return
 		}
 		n, err := s.store.GetNode(r.Context(), pk)
@@ -183,13 +186,13 @@ func (s *Server) nodeID(next http.Handler) http.Handler {
 			s.writeError(w, r, registry.NotFoundf("node %d, named by Node-Id, does not exist", pk))
 			return
 		case errors.Is(err, registry.ErrNotFound):
-			s.writeError(w, r, refused)
+			s.writeError(w, r, refused())
 			return
 		case err != nil:
 			s.writeError(w, r, err)
 			return
 		case !p.MayActAs(n):
-			s.writeError(w, r, refused)
+			s.writeError(w, r, refused())
 			return
 		}
 		// The heartbeat counts only requests that succeed: a refused request

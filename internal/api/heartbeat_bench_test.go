@@ -3,6 +3,7 @@ package api_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -22,13 +23,28 @@ import (
 // BenchmarkHeartbeat is the agents' hot path: GET /v1/nodes/ping with a
 // Node-Id, which records a heartbeat (flushed in batches in the
 // background), from parallel clients over 1,000 nodes; without metrics
-// and with every metric wired as serve wires them.
+// and with every metric wired as serve wires them; with the verified-token
+// cache serve uses (REGISTRY_TOKEN_CACHE) and without it. Clients keep
+// their connections, as agents do. Client and server share the process:
+// allocs/op counts both.
 func BenchmarkHeartbeat(b *testing.B) {
-	b.Run("plain", func(b *testing.B) { benchHeartbeat(b, false) })
-	b.Run("metrics", func(b *testing.B) { benchHeartbeat(b, true) })
+	for _, metrics := range []bool{false, true} {
+		for _, cache := range []int{0, auth.DefaultCacheSize} {
+			name := fmt.Sprintf("%s/cache=%d", map[bool]string{false: "plain", true: "metrics"}[metrics], cache)
+			b.Run(name, func(b *testing.B) { benchHeartbeat(b, metrics, cache, true) })
+		}
+	}
 }
 
-func benchHeartbeat(b *testing.B, withMetrics bool) {
+// BenchmarkPing is the same request without Node-Id: token verification
+// and HTTP only, no query.
+func BenchmarkPing(b *testing.B) {
+	for _, cache := range []int{0, auth.DefaultCacheSize} {
+		b.Run(fmt.Sprintf("cache=%d", cache), func(b *testing.B) { benchHeartbeat(b, false, cache, false) })
+	}
+}
+
+func benchHeartbeat(b *testing.B, withMetrics bool, cacheSize int, nodeID bool) {
 	const n = 1000
 	ctx := context.Background()
 	m := metrics.New()
@@ -43,7 +59,7 @@ func benchHeartbeat(b *testing.B, withMetrics bool) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	verifier, err := auth.NewVerifier(auth.Config{Secret: testSecret})
+	verifier, err := auth.NewVerifier(auth.Config{Secret: testSecret, CacheSize: cacheSize})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -67,11 +83,16 @@ func benchHeartbeat(b *testing.B, withMetrics bool) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			req.Header.Set("Node-Id", fmt.Sprint(1+rand.IntN(n)))
+			if nodeID {
+				req.Header.Set("Node-Id", fmt.Sprint(1+rand.IntN(n)))
+			}
 			resp, err := client.Do(req)
 			if err != nil {
 				b.Fatal(err)
 			}
+			// Read to the end, or the client drops the connection and
+			// every request pays a dial.
+			_, _ = io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
 			if resp.StatusCode != http.StatusOK {
 				b.Fatalf("status %d", resp.StatusCode)

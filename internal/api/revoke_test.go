@@ -65,7 +65,9 @@ func newReplica(b *bundle, opts ...option) *replica {
 	apitest.Eventually(t, 10*time.Second, "the revocation list's LISTEN session comes up", func() bool {
 		return cs.listening.Load() && cs.loads.Load() >= 2
 	})
-	verifier, err := auth.NewVerifier(auth.Config{Secret: testSecret, Revocations: list})
+	// Cached, as serve runs: the tokens each replica has seen are in its
+	// cache when they are revoked.
+	verifier, err := auth.NewVerifier(auth.Config{Secret: testSecret, Revocations: list, CacheSize: 100})
 	if err != nil {
 		t.Fatal(err)
 	}

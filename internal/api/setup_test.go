@@ -68,7 +68,9 @@ func another(t *testing.T, opts ...option) *bundle {
 	dbURL := pgtest.New(t)
 	st := pgtest.Open(t, dbURL, store.Options{})
 	logger := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
-	verifier, err := auth.NewVerifier(auth.Config{Secret: testSecret})
+	// With the verified-token cache, as serve runs: every test of a
+	// token's use covers its cached second use too.
+	verifier, err := auth.NewVerifier(auth.Config{Secret: testSecret, CacheSize: 100})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/rsa"
+	"crypto/sha256"
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/hex"
@@ -116,6 +117,9 @@ type Config struct {
 	RequireAgentIPs bool
 	// Revocations, when set, refuses revoked tokens.
 	Revocations Revocations
+	// CacheSize is how many verified tokens the Verifier remembers (see
+	// Verify); 0 remembers none.
+	CacheSize int
 }
 
 // Verifier checks bearer tokens.
@@ -125,6 +129,7 @@ type Verifier struct {
 	rsa     []jwt.VerificationKey
 	ecdsa   map[string][]jwt.VerificationKey // by alg
 	ed25519 []jwt.VerificationKey
+	cache   *tokenCache // nil: every token is verified in full
 }
 
 // ErrNoKeys means neither a secret nor public keys are configured.
@@ -141,7 +146,7 @@ func NewVerifier(cfg Config) (*Verifier, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	v := &Verifier{cfg: cfg, ecdsa: map[string][]jwt.VerificationKey{}}
+	v := &Verifier{cfg: cfg, ecdsa: map[string][]jwt.VerificationKey{}, cache: newTokenCache(cfg.CacheSize)}
 	var methods []string
 	if cfg.Secret != nil {
 		methods = append(methods, "HS256")
@@ -206,29 +211,84 @@ func (e *TokenError) Error() string { return "invalid token: " + e.Reason }
 // after it, the claims registryd gives meaning to, the lifetime cap and
 // the revocation list. An error that is not a *TokenError (the revocation
 // list not loaded yet) matches registry.ErrUnavailable.
+//
+// With a cache (Config.CacheSize), a token that passed every check is
+// remembered by its SHA-256, and its next uses skip the parsing and the
+// signature, the costly part. Not the rest: every use checks the clock
+// against its exp, nbf and iat (with Leeway, as the parser does) and the
+// lifetime cap, and asks the revocation list again, so a token revoked or
+// expired while cached is refused at its very next use. Refusals are not
+// remembered: a token not valid yet (nbf) is accepted once it is, and
+// tokens that fail to verify cannot fill the cache. The principal of a
+// hit is shared between requests: its IPs must not be changed.
 func (v *Verifier) Verify(raw string) (registry.Principal, error) {
-	if _, err := CheckCompact(raw); err != nil {
+	if v.cache == nil {
+		e, err := v.verify(raw)
+		if err != nil {
+			return registry.Principal{}, err
+		}
+		return e.p, nil
+	}
+	key := sha256.Sum256([]byte(raw))
+	if e := v.cache.get(&key); e != nil {
+		if e.usableAt(v.cfg.Now()) {
+			if err := v.checkRevoked(e.p.Sub, e.jti, e.iat); err != nil {
+				return registry.Principal{}, err
+			}
+			return e.p, nil
+		}
+		// Expired (or the clock went back before nbf): verify it in full,
+		// for the refusal's reason.
+		v.cache.remove(&key, e)
+	}
+	e, err := v.verify(raw)
+	if err != nil {
 		return registry.Principal{}, err
+	}
+	v.cache.put(&key, &e)
+	return e.p, nil
+}
+
+// checkRevoked asks the revocation list, when there is one, about the
+// token of sub with id jti issued at iat.
+func (v *Verifier) checkRevoked(sub, jti string, iat *time.Time) error {
+	if v.cfg.Revocations == nil {
+		return nil
+	}
+	revoked, err := v.cfg.Revocations.Revoked(sub, jti, iat)
+	if err != nil {
+		return fmt.Errorf("auth: %w", err)
+	}
+	if revoked {
+		return &TokenError{Reason: "the token has been revoked"}
+	}
+	return nil
+}
+
+// verify checks raw in full (see Verify) and returns what a cache keeps.
+func (v *Verifier) verify(raw string) (verified, error) {
+	if _, err := CheckCompact(raw); err != nil {
+		return verified{}, err
 	}
 	var c claims
 	_, err := v.parser.ParseWithClaims(raw, &c, v.key)
 	if err != nil {
-		return registry.Principal{}, &TokenError{Reason: reason(err)}
+		return verified{}, &TokenError{Reason: reason(err)}
 	}
 	if c.Subject == "" {
-		return registry.Principal{}, &TokenError{Reason: `the "sub" claim is missing`}
+		return verified{}, &TokenError{Reason: `the "sub" claim is missing`}
 	}
 	// The subject becomes a node's owner and lands in logs and the audit
 	// log: it must be a printable label of sane length.
 	if msg := registry.CheckLabel(c.Subject, registry.MaxPrincipalLen); msg != "" {
-		return registry.Principal{}, &TokenError{Reason: `the "sub" claim ` + msg}
+		return verified{}, &TokenError{Reason: `the "sub" claim ` + msg}
 	}
 	role, ok := registry.ParseRole(c.Role)
 	if !ok {
-		return registry.Principal{}, &TokenError{Reason: `the "role" claim must be one of admin, scheduler, agent, reader`}
+		return verified{}, &TokenError{Reason: `the "role" claim must be one of admin, scheduler, agent, reader`}
 	}
 	if msg := registry.CheckLabel(c.ID, registry.MaxTokenIDLen); msg != "" {
-		return registry.Principal{}, &TokenError{Reason: `the "jti" claim ` + msg}
+		return verified{}, &TokenError{Reason: `the "jti" claim ` + msg}
 	}
 	// A token minted before the cap, or by a careless script, must not
 	// live for a century: measure from iat, or from now without one.
@@ -237,35 +297,38 @@ func (v *Verifier) Verify(raw string) (registry.Principal, error) {
 		start = c.IssuedAt.Time
 	}
 	if limit := v.cfg.Lifetimes.For(role); c.ExpiresAt.Sub(start) > limit+Leeway {
-		return registry.Principal{}, &TokenError{Reason: fmt.Sprintf("the token lives longer than the %s that %s tokens may (exp - iat)", FormatDuration(limit), role)}
+		return verified{}, &TokenError{Reason: fmt.Sprintf("the token lives longer than the %s that %s tokens may (exp - iat)", FormatDuration(limit), role)}
 	}
 	p := registry.Principal{Sub: c.Subject, Role: role}
 	switch {
 	case c.IPs != nil && role != registry.RoleAgent:
 		// A claim that would bind nothing is a mistake of whoever minted
 		// the token; refusing says so instead of pretending it binds.
-		return registry.Principal{}, &TokenError{Reason: `the "ips" claim binds agent tokens only; ` + string(role) + ` tokens may not carry it`}
+		return verified{}, &TokenError{Reason: `the "ips" claim binds agent tokens only; ` + string(role) + ` tokens may not carry it`}
 	case c.IPs != nil:
 		if p.IPs, err = registry.ParseIPSet(*c.IPs); err != nil {
-			return registry.Principal{}, &TokenError{Reason: `the "ips" claim ` + err.Error()}
+			return verified{}, &TokenError{Reason: `the "ips" claim ` + err.Error()}
 		}
 	case role == registry.RoleAgent && v.cfg.RequireAgentIPs:
-		return registry.Principal{}, &TokenError{Reason: `agent tokens must carry an "ips" claim binding them to their hosts (REGISTRY_AGENT_REQUIRE_IP is on)`}
+		return verified{}, &TokenError{Reason: `agent tokens must carry an "ips" claim binding them to their hosts (REGISTRY_AGENT_REQUIRE_IP is on)`}
 	}
-	if v.cfg.Revocations != nil {
-		var iat *time.Time
-		if c.IssuedAt != nil {
-			iat = &c.IssuedAt.Time
-		}
-		revoked, err := v.cfg.Revocations.Revoked(c.Subject, c.ID, iat)
-		if err != nil {
-			return registry.Principal{}, fmt.Errorf("auth: %w", err)
-		}
-		if revoked {
-			return registry.Principal{}, &TokenError{Reason: "the token has been revoked"}
-		}
+	e := verified{p: p, jti: c.ID, end: c.ExpiresAt.Add(Leeway)}
+	// The clock readings at which the parser's checks and the cap above
+	// pass: now < exp+Leeway, now >= nbf-Leeway, now >= iat-Leeway, and
+	// without iat, exp-now <= cap+Leeway.
+	if c.IssuedAt != nil {
+		e.iat = &c.IssuedAt.Time
+		e.from = c.IssuedAt.Add(-Leeway)
+	} else {
+		e.from = c.ExpiresAt.Add(-v.cfg.Lifetimes.For(role) - Leeway)
 	}
-	return p, nil
+	if c.NotBefore != nil && c.NotBefore.Add(-Leeway).After(e.from) {
+		e.from = c.NotBefore.Add(-Leeway)
+	}
+	if err := v.checkRevoked(c.Subject, c.ID, e.iat); err != nil {
+		return verified{}, err
+	}
+	return e, nil
 }
 
 // key picks the keys that may verify t, by its algorithm's key type, so a
