@@ -326,6 +326,10 @@ func (s *Store) ensureHardware(ctx context.Context, actor registry.Actor, nodes 
 	return hw, nil
 }
 
+// newNodeColumns is the select list of nodes just inserted: a new pk has
+// no liveness row yet, so last_seen is NULL without a look.
+var newNodeColumns = columns("nodes", "NULL::timestamptz")
+
 func (s *Store) importInsert(ctx context.Context, actor registry.Actor, source string, hw map[string]int64, nodes []registry.ImportedNode, at []int32, res *registry.ImportResult) error {
 	if len(at) == 0 {
 		return nil
@@ -343,16 +347,36 @@ func (s *Store) importInsert(ctx context.Context, actor registry.Actor, source s
 		ips[i], idxs[i], cpu[i], gpu[i], hws[i] = n.IP, int32(n.Index), n.CPUMem, n.GPUMem, registry.HardwareOf(hw, n.GPUModel)
 		run[i], state[i], ext[i] = n.Running, n.State, n.ExternalID
 	}
-	rows, _ := s.db.Query(ctx, `
+	// A pair registered through the API since the comparison conflicts;
+	// the next pass merges it. Such a race is rare, and an INSERT that may
+	// meet a conflict costs a third more than one that may not (an extra
+	// probe of the unique index and a confirmation in the WAL per row): the
+	// chunk is tried plainly in a savepoint first, and again with ON
+	// CONFLICT only when a pair turned out to be taken.
+	insert := `
 		INSERT INTO nodes (ip, gpu_index, cpu_mem, driver_version, hardware_generation, gpu_mem,
 			source, schedulable, provider_state, external_id)
 		SELECT u.ip, u.idx, u.cpu, '', u.hw, u.gpu, $1, u.run, u.state, u.ext
 		FROM unnest($2::inet[], $3::int[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bool[], $8::text[], $9::text[])
 			AS u(ip, idx, cpu, hw, gpu, run, state, ext)
-		ON CONFLICT (ip, gpu_index) DO NOTHING -- registered a moment ago: the next pass merges it
-		RETURNING `+nodeColumns, source, ips, idxs, cpu, hws, gpu, run, state, ext)
+		%s RETURNING ` + newNodeColumns
+	args := []any{source, ips, idxs, cpu, hws, gpu, run, state, ext}
+	if _, err := s.db.Exec(ctx, `SAVEPOINT import_insert`); err != nil {
+		return err
+	}
+	rows, _ := s.db.Query(ctx, fmt.Sprintf(insert, ""), args...)
 	added, err := pgx.CollectRows(rows, scanNode)
+	if code, constraint := pgCode(err); code == codeUniqueViolation && constraint == "nodes_ip_index_key" {
+		if _, err := s.db.Exec(ctx, `ROLLBACK TO SAVEPOINT import_insert`); err != nil {
+			return err
+		}
+		rows, _ = s.db.Query(ctx, fmt.Sprintf(insert, "ON CONFLICT (ip, gpu_index) DO NOTHING"), args...)
+		added, err = pgx.CollectRows(rows, scanNode)
+	}
 	if err != nil {
+		return err
+	}
+	if _, err := s.db.Exec(ctx, `RELEASE SAVEPOINT import_insert`); err != nil {
 		return err
 	}
 	res.Added += len(added)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/registryd/registryd/internal/pgtest"
 	"github.com/registryd/registryd/internal/registry"
@@ -181,5 +182,53 @@ func TestApplyImportNoticesEveryField(t *testing.T) {
 				t.Errorf("the pass after: %+v, want the node unchanged", res)
 			}
 		})
+	}
+}
+
+// A pair the comparison found free may be registered through the API
+// before the pass inserts it: the pass skips that pair, inserts the rest
+// of its chunk, and logs only what it inserted.
+func TestApplyImportInsertRace(t *testing.T) {
+	t.Parallel()
+	ctx := store.WithImportChunk(context.Background(), 4)
+	st := pgtest.Open(t, pgtest.New(t), store.Options{})
+	blocker, err := st.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blocker.Rollback(ctx)
+	if _, err := blocker.Exec(ctx, `INSERT INTO nodes (ip, gpu_index, cpu_mem, driver_version) VALUES ('10.4.0.1', 2, 1, 'x')`); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan registry.ImportResult, 1)
+	go func() {
+		res, err := st.ApplyImport(ctx, syncSCP, "scp", gpuHost("h", "10.4.0.1", 8, "H100", 80, true), nil)
+		if err != nil {
+			t.Error(err)
+		}
+		done <- res
+	}()
+	waitForLockWait(t, st) // the pass waits on the blocker's pair
+	if err := blocker.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var res registry.ImportResult
+	select {
+	case res = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the pass did not end")
+	}
+	if res.Added != 7 {
+		t.Errorf("%+v, want 7 added", res)
+	}
+	if got := countLogged(t, st, "sync:scp"); got != (logged{Audit: 7 + 1, Changes: 7}) {
+		t.Errorf("logged %+v, want 8 audit entries (7 nodes, 1 generation) and 7 change rows", got)
+	}
+	if got := nodesOf(t, st, "10.4.0.1"); len(got) != 8 || got[0].Index != 2 || got[0].Source != "api" {
+		t.Errorf("nodes: %+v", got)
+	}
+	// The next pass merges the registered node.
+	if res, err := st.ApplyImport(ctx, syncSCP, "scp", gpuHost("h", "10.4.0.1", 8, "H100", 80, true), nil); err != nil || res.Updated != 1 || res.Unchanged != 7 {
+		t.Errorf("next pass: %+v %v", res, err)
 	}
 }
