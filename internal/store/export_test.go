@@ -1,5 +1,7 @@
 package store
 
+import "context"
+
 // Translate exposes translate to the external tests, which cannot live in
 // package store (they import pgtest, which imports store).
 var Translate = translate
@@ -9,3 +11,9 @@ var AuditQuery = auditQuery
 
 // SweepCandidates exposes the sweeper's candidate query, for plans.
 var SweepCandidates = sweepCandidates
+
+// WithImportChunk makes the import passes run under ctx write in chunks of
+// n nodes, so tests cross chunk boundaries with small fleets.
+func WithImportChunk(ctx context.Context, n int) context.Context {
+	return context.WithValue(ctx, importChunkKey{}, n)
+}

@@ -1,10 +1,12 @@
 package store
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"slices"
 
 	"github.com/jackc/pgx/v5"
@@ -16,8 +18,23 @@ import (
 // of one provider's inventory, whichever replica runs them.
 var importLocks = map[string]int64{"scp": 0x7265676973740001, "e2e": 0x7265676973740002}
 
+// importChunk is how many nodes one statement of an import pass writes
+// (and how many the pass holds in memory at once beyond the inventory).
+const importChunk = 10_000
+
+type importChunkKey struct{}
+
+// chunkOf is the chunk size of the pass running under ctx: importChunk,
+// or a test's own (export_test.go).
+func chunkOf(ctx context.Context) int {
+	if n, ok := ctx.Value(importChunkKey{}).(int); ok && n > 0 {
+		return n
+	}
+	return importChunk
+}
+
 // ApplyImport makes the nodes of provider source match an inventory, in one
-// transaction, with batch statements rather than a round trip per node:
+// transaction:
 //
 //   - a pair the provider reports and nobody has: inserted (no owner, empty
 //     driver_version, schedulable while the host runs);
@@ -34,11 +51,20 @@ var importLocks = map[string]int64{"scp": 0x7265676973740001, "e2e": 0x726567697
 //     "cluster/worker"): then it is left as it is.
 //
 // Every change is audited under actor and appears on the watch feed.
+//
+// A pass costs what it changes, not what the fleet holds: the inventory is
+// copied into a temporary table (COPY) and compared with the nodes table in
+// one statement, which returns only the pairs to insert and the nodes that
+// may need a write; the nodes holding what the provider says already are
+// never sent back. The writes go in chunks of importChunk nodes, each a
+// few statements over arrays, so the memory a pass takes beyond the
+// inventory stays bounded however large the fleet.
 func (s *Store) ApplyImport(ctx context.Context, actor registry.Actor, source string, nodes []registry.ImportedNode, skipped []string) (registry.ImportResult, error) {
 	var res registry.ImportResult
 	if _, ok := importLocks[source]; !ok {
 		return res, registry.Invalidf("unknown import source %q", source)
 	}
+	chunk := chunkOf(ctx)
 	// A pass over a large inventory may take its statements long; it is
 	// bounded as a whole by the caller (REGISTRY_SYNC_TIMEOUT).
 	ctx = withoutStatementTimeout(ctx)
@@ -51,80 +77,33 @@ func (s *Store) ApplyImport(ctx context.Context, actor registry.Actor, source st
 		if err != nil {
 			return err
 		}
-		want := make(map[registry.ImportKey]registry.ImportedNode, len(nodes))
-		ips := make([]string, 0, len(nodes))
-		idxs := make([]int32, 0, len(nodes))
-		for _, n := range nodes {
-			k := registry.ImportKey{IP: n.IP, Index: n.Index}
-			if _, dup := want[k]; dup {
-				continue // a provider listing a host twice must not double a GPU
-			}
-			want[k] = n
-			ips = append(ips, n.IP)
-			idxs = append(idxs, int32(n.Index))
+		want := dedupImport(nodes) // indexes into nodes, first of each pair
+		if err := tx.stageImport(ctx, nodes, want, hw); err != nil {
+			return err
 		}
-		// Read without locks, so a pass never holds up claims on rows it
-		// leaves alone; then lock just the rows it will write, in pk order
-		// (the order claims and releases lock in), and decide again from
-		// what they hold now.
-		rows, _ := tx.db.Query(ctx, `
-			SELECT `+withLiveness("nodes")+` FROM nodes LEFT JOIN node_liveness l ON l.node_pk = nodes.pk
-			WHERE source = $1
-			   OR (ip, gpu_index) IN (SELECT u.ip, u.idx FROM unnest($2::inet[], $3::int[]) AS u(ip, idx))
-			ORDER BY pk`, source, ips, idxs)
-		existing, err := pgx.CollectRows(rows, scanNode)
+		inserts, candidates, err := tx.compareImport(ctx, source)
 		if err != nil {
 			return err
 		}
-		p := registry.ImportPlan{Source: source, Want: want, Skipped: skipped, HW: hw}
-		have := make(map[registry.ImportKey]bool, len(existing))
-		var candidates []int64
-		for _, n := range existing {
-			have[registry.ImportKey{IP: n.IP, Index: n.Index}] = true
-			if d := p.Decide(n); d.Writes() {
-				candidates = append(candidates, n.PK)
-			} else {
-				d.Count(&res)
+		// What the comparison did not return holds what the provider says.
+		res.Unchanged = len(want) - len(inserts)
+		for _, c := range candidates {
+			if c.seq >= 0 {
+				res.Unchanged--
 			}
 		}
-		var inserts []registry.ImportedNode
-		for _, k := range slices.SortedFunc(mapsKeys(want), comparePairs) {
-			if !have[k] {
-				inserts = append(inserts, want[k])
+		for c := range slices.Chunk(inserts, chunk) {
+			if err := tx.importInsert(ctx, actor, source, hw, nodes, c, &res); err != nil {
+				return err
 			}
 		}
-		if err := tx.importInsert(ctx, actor, source, hw, inserts, &res); err != nil {
-			return err
-		}
-
-		rows, _ = tx.db.Query(ctx, `SELECT `+nodeColumns+` FROM nodes WHERE pk = ANY($1) ORDER BY pk FOR UPDATE`, candidates)
-		locked, err := pgx.CollectRows(rows, scanNode)
-		if err != nil {
-			return err
-		}
-		var updates []registry.ImportUpdate
-		var gone, remove []int64
-		before := make(map[int64]registry.Node, len(locked))
-		for _, n := range locked {
-			before[n.PK] = n
-			d := p.Decide(n)
-			d.Count(&res)
-			switch d.Kind {
-			case registry.ImportUpdateNode:
-				updates = append(updates, d.Update)
-			case registry.ImportMarkGone:
-				gone = append(gone, n.PK)
-			case registry.ImportRemove:
-				remove = append(remove, n.PK)
+		p := registry.ImportPlan{Source: source, Skipped: skipped, HW: hw}
+		for c := range slices.Chunk(candidates, chunk) {
+			if err := tx.importChanges(ctx, actor, p, nodes, c, &res); err != nil {
+				return err
 			}
 		}
-		if err := tx.importUpdate(ctx, actor, source, updates, before, &res); err != nil {
-			return err
-		}
-		if err := tx.importGone(ctx, actor, gone, before); err != nil {
-			return err
-		}
-		return tx.importRemove(ctx, actor, remove, before, &res)
+		return nil
 	})
 	if err != nil {
 		if _, ok := err.(*registry.Error); ok {
@@ -135,21 +114,180 @@ func (s *Store) ApplyImport(ctx context.Context, actor registry.Actor, source st
 	return res, nil
 }
 
-func mapsKeys[K comparable, V any](m map[K]V) func(yield func(K) bool) {
-	return func(yield func(K) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
+// dedupImport returns the positions in nodes of the first node of each
+// (ip, index) pair: a provider listing a host twice must not double a GPU.
+func dedupImport(nodes []registry.ImportedNode) []int32 {
+	out := make([]int32, 0, len(nodes))
+	// A host's GPUs are a handful of small indexes: one bit each per
+	// address keeps the set small at a million nodes.
+	low := make(map[string]uint64, len(nodes)/8+1)
+	var high map[registry.ImportKey]bool
+	for i, n := range nodes {
+		if n.Index >= 0 && n.Index < 64 {
+			bit := uint64(1) << n.Index
+			if low[n.IP]&bit != 0 {
+				continue
 			}
+			low[n.IP] |= bit
+		} else {
+			k := registry.ImportKey{IP: n.IP, Index: n.Index}
+			if high[k] {
+				continue
+			}
+			if high == nil {
+				high = map[registry.ImportKey]bool{}
+			}
+			high[k] = true
 		}
+		out = append(out, int32(i))
 	}
+	return out
 }
 
-func comparePairs(a, b registry.ImportKey) int {
-	if c := cmp.Compare(a.IP, b.IP); c != 0 {
-		return c
+// stageImport copies the inventory's nodes at positions want into the
+// temporary table import_want, dropped at the end of the transaction.
+func (s *Store) stageImport(ctx context.Context, nodes []registry.ImportedNode, want []int32, hw map[string]int64) error {
+	if _, err := s.db.Exec(ctx, `
+		CREATE TEMPORARY TABLE import_want (
+			seq integer NOT NULL, ip inet NOT NULL, idx integer NOT NULL, cpu bigint NOT NULL, gpu bigint, hw bigint,
+			run boolean NOT NULL, state text NOT NULL, ext text NOT NULL
+		) ON COMMIT DROP`); err != nil {
+		return err
 	}
-	return cmp.Compare(a.Index, b.Index)
+	i := -1
+	var ip netip.Addr
+	lastIP := ""
+	_, err := s.db.CopyFrom(ctx, pgx.Identifier{"import_want"},
+		[]string{"seq", "ip", "idx", "cpu", "gpu", "hw", "run", "state", "ext"},
+		pgx.CopyFromFunc(func() ([]any, error) {
+			if i++; i == len(want) {
+				return nil, nil
+			}
+			n := nodes[want[i]]
+			if n.IP != lastIP { // a host's GPUs share their address
+				var err error
+				if ip, err = netip.ParseAddr(n.IP); err != nil {
+					return nil, registry.Invalidf("import: address %q: %v", n.IP, err)
+				}
+				lastIP = n.IP
+			}
+			return []any{want[i], ip, int32(n.Index), n.CPUMem, n.GPUMem, registry.HardwareOf(hw, n.GPUModel),
+				n.Running, n.State, n.ExternalID}, nil
+		}))
+	if err != nil {
+		return err
+	}
+	// Temporary tables are never analyzed on their own; the comparison's
+	// plan needs to know the inventory's size.
+	_, err = s.db.Exec(ctx, `ANALYZE import_want`)
+	return err
+}
+
+// compareImport returns the inventory's pairs no node holds (positions in
+// the inventory, in its order) and the nodes a pass may have to write, in
+// pk order: the provider's nodes the inventory no longer has, and the
+// nodes at its pairs that do not hold what it says (or belong to another
+// source). With each candidate comes its position in the inventory, -1
+// when the inventory does not name it. What makes a node "hold what the
+// provider says" is registry.ImportUpdate.Same, spelled in SQL; the plan
+// decides again on every candidate, so this only has to keep every node
+// Same would call different (TestApplyImportNoticesEveryField).
+func (s *Store) compareImport(ctx context.Context, source string) (inserts []int32, candidates []importCandidate, err error) {
+	rows, _ := s.db.Query(ctx, `
+		SELECT w.seq, n.pk FROM import_want w LEFT JOIN nodes n ON n.ip = w.ip AND n.gpu_index = w.idx
+		WHERE n.pk IS NULL
+		   OR (n.source = $1 AND n.cpu_mem = w.cpu AND n.gpu_mem IS NOT DISTINCT FROM w.gpu
+		       AND n.hardware_generation IS NOT DISTINCT FROM w.hw AND n.schedulable = w.run
+		       AND n.provider_state = w.state AND n.external_id = w.ext) IS NOT TRUE
+		UNION ALL
+		SELECT -1, n.pk FROM nodes n
+		WHERE n.source = $1 AND NOT EXISTS (SELECT FROM import_want w WHERE w.ip = n.ip AND w.idx = n.gpu_index)`, source)
+	var seq int32
+	var pk *int64
+	_, err = pgx.ForEachRow(rows, []any{&seq, &pk}, func() error {
+		if pk == nil {
+			inserts = append(inserts, seq)
+		} else {
+			candidates = append(candidates, importCandidate{pk: *pk, seq: seq})
+		}
+		return nil
+	})
+	slices.Sort(inserts)
+	slices.SortFunc(candidates, func(a, b importCandidate) int { return cmp.Compare(a.pk, b.pk) })
+	return inserts, candidates, err
+}
+
+// importCandidate is a node an import pass may write: its pk, and the
+// position in the inventory of what the provider says about it (-1: the
+// inventory does not name it).
+type importCandidate struct {
+	pk  int64
+	seq int32
+}
+
+// importChanges decides on and writes one chunk of candidates. It reads
+// them without locks, so a pass never holds up claims on rows it leaves
+// alone; then it locks just the rows it will write, in pk order (the order
+// claims and releases lock in; chunks come in pk order too), and decides
+// again from what they hold now.
+func (s *Store) importChanges(ctx context.Context, actor registry.Actor, p registry.ImportPlan, nodes []registry.ImportedNode, cands []importCandidate, res *registry.ImportResult) error {
+	pks := make([]int64, len(cands))
+	p.Want = make(map[registry.ImportKey]registry.ImportedNode, len(cands))
+	for i, c := range cands {
+		pks[i] = c.pk
+		if c.seq >= 0 {
+			n := nodes[c.seq]
+			p.Want[registry.ImportKey{IP: n.IP, Index: n.Index}] = n
+		}
+	}
+	rows, _ := s.db.Query(ctx, `
+		SELECT `+withLiveness("nodes")+` FROM nodes LEFT JOIN node_liveness l ON l.node_pk = nodes.pk
+		WHERE pk = ANY($1) ORDER BY pk`, pks)
+	existing, err := pgx.CollectRows(rows, scanNode)
+	if err != nil {
+		return err
+	}
+	var writers []int64
+	for _, n := range existing {
+		if d := p.Decide(n); d.Writes() {
+			writers = append(writers, n.PK)
+		} else {
+			d.Count(res)
+		}
+	}
+	// A candidate whose node vanished since the comparison (an admin
+	// deleted it) is no longer there to count.
+	if len(writers) == 0 {
+		return nil
+	}
+	rows, _ = s.db.Query(ctx, `SELECT `+nodeColumns+` FROM nodes WHERE pk = ANY($1) ORDER BY pk FOR UPDATE`, writers)
+	locked, err := pgx.CollectRows(rows, scanNode)
+	if err != nil {
+		return err
+	}
+	var updates []registry.ImportUpdate
+	var gone, remove []int64
+	before := make(map[int64]registry.Node, len(locked))
+	for _, n := range locked {
+		before[n.PK] = n
+		d := p.Decide(n)
+		d.Count(res)
+		switch d.Kind {
+		case registry.ImportUpdateNode:
+			updates = append(updates, d.Update)
+		case registry.ImportMarkGone:
+			gone = append(gone, n.PK)
+		case registry.ImportRemove:
+			remove = append(remove, n.PK)
+		}
+	}
+	if err := s.importUpdate(ctx, actor, p.Source, updates, before, res); err != nil {
+		return err
+	}
+	if err := s.importGone(ctx, actor, gone, before); err != nil {
+		return err
+	}
+	return s.importRemove(ctx, actor, remove, before, res)
 }
 
 // ensureHardware creates a hardware generation for every GPU model that has
@@ -188,39 +326,61 @@ func (s *Store) ensureHardware(ctx context.Context, actor registry.Actor, nodes 
 	return hw, nil
 }
 
-func (s *Store) importInsert(ctx context.Context, actor registry.Actor, source string, hw map[string]int64, in []registry.ImportedNode, res *registry.ImportResult) error {
-	if len(in) == 0 {
+// newNodeColumns is the select list of nodes just inserted: a new pk has
+// no liveness row yet, so last_seen is NULL without a look.
+var newNodeColumns = columns("nodes", "NULL::timestamptz")
+
+func (s *Store) importInsert(ctx context.Context, actor registry.Actor, source string, hw map[string]int64, nodes []registry.ImportedNode, at []int32, res *registry.ImportResult) error {
+	if len(at) == 0 {
 		return nil
 	}
-	ips := make([]string, len(in))
-	idxs := make([]int32, len(in))
-	cpu := make([]int64, len(in))
-	gpu := make([]*int64, len(in))
-	hws := make([]*int64, len(in))
-	run := make([]bool, len(in))
-	state := make([]string, len(in))
-	ext := make([]string, len(in))
-	for i, n := range in {
+	ips := make([]string, len(at))
+	idxs := make([]int32, len(at))
+	cpu := make([]int64, len(at))
+	gpu := make([]*int64, len(at))
+	hws := make([]*int64, len(at))
+	run := make([]bool, len(at))
+	state := make([]string, len(at))
+	ext := make([]string, len(at))
+	for i, j := range at {
+		n := nodes[j]
 		ips[i], idxs[i], cpu[i], gpu[i], hws[i] = n.IP, int32(n.Index), n.CPUMem, n.GPUMem, registry.HardwareOf(hw, n.GPUModel)
 		run[i], state[i], ext[i] = n.Running, n.State, n.ExternalID
 	}
-	rows, _ := s.db.Query(ctx, `
+	// A pair registered through the API since the comparison conflicts;
+	// the next pass merges it. Such a race is rare, and an INSERT that may
+	// meet a conflict costs a third more than one that may not (an extra
+	// probe of the unique index and a confirmation in the WAL per row): the
+	// chunk is tried plainly in a savepoint first, and again with ON
+	// CONFLICT only when a pair turned out to be taken.
+	insert := `
 		INSERT INTO nodes (ip, gpu_index, cpu_mem, driver_version, hardware_generation, gpu_mem,
 			source, schedulable, provider_state, external_id)
 		SELECT u.ip, u.idx, u.cpu, '', u.hw, u.gpu, $1, u.run, u.state, u.ext
 		FROM unnest($2::inet[], $3::int[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bool[], $8::text[], $9::text[])
 			AS u(ip, idx, cpu, hw, gpu, run, state, ext)
-		ON CONFLICT (ip, gpu_index) DO NOTHING -- registered a moment ago: the next pass merges it
-		RETURNING `+nodeColumns, source, ips, idxs, cpu, hws, gpu, run, state, ext)
+		%s RETURNING ` + newNodeColumns
+	args := []any{source, ips, idxs, cpu, hws, gpu, run, state, ext}
+	if _, err := s.db.Exec(ctx, `SAVEPOINT import_insert`); err != nil {
+		return err
+	}
+	rows, _ := s.db.Query(ctx, fmt.Sprintf(insert, ""), args...)
 	added, err := pgx.CollectRows(rows, scanNode)
+	if code, constraint := pgCode(err); code == codeUniqueViolation && constraint == "nodes_ip_index_key" {
+		if _, err := s.db.Exec(ctx, `ROLLBACK TO SAVEPOINT import_insert`); err != nil {
+			return err
+		}
+		rows, _ = s.db.Query(ctx, fmt.Sprintf(insert, "ON CONFLICT (ip, gpu_index) DO NOTHING"), args...)
+		added, err = pgx.CollectRows(rows, scanNode)
+	}
 	if err != nil {
 		return err
 	}
-	res.Added += len(added)
-	if err := s.recordChanges(ctx, "created", added...); err != nil {
+	if _, err := s.db.Exec(ctx, `RELEASE SAVEPOINT import_insert`); err != nil {
 		return err
 	}
-	return s.auditEach(ctx, actor, registry.ActionNodeCreate, added, nil)
+	res.Added += len(added)
+	return s.recordImported(ctx, actor, "created", registry.ActionNodeCreate, added, nil)
 }
 
 func (s *Store) importUpdate(ctx context.Context, actor registry.Actor, source string, ups []registry.ImportUpdate, before map[int64]registry.Node, res *registry.ImportResult) error {
@@ -237,7 +397,7 @@ func (s *Store) importUpdate(ctx context.Context, actor registry.Actor, source s
 	for i, u := range ups {
 		pks[i], cpu[i], gpu[i], hws[i], run[i], state[i], ext[i] = u.PK, u.CPUMem, u.GPUMem, u.HW, u.Schedulable, u.State, u.ExternalID
 	}
-	// The rows are locked (ApplyImport); the update is in pk order too.
+	// The rows are locked (importChanges); the update is in pk order too.
 	rows, _ := s.db.Query(ctx, `
 		UPDATE nodes n SET cpu_mem = u.cpu, gpu_mem = u.gpu, hardware_generation = u.hw, schedulable = u.run,
 			provider_state = u.state, external_id = u.ext, source = $1, updated_at = now(), version = n.version + 1
@@ -250,10 +410,7 @@ func (s *Store) importUpdate(ctx context.Context, actor registry.Actor, source s
 		return err
 	}
 	res.Updated += len(updated)
-	if err := s.recordChanges(ctx, "updated", updated...); err != nil {
-		return err
-	}
-	return s.auditEach(ctx, actor, registry.ActionNodeUpdate, updated, before)
+	return s.recordImported(ctx, actor, "updated", registry.ActionNodeUpdate, updated, before)
 }
 
 // importGone marks busy nodes whose host vanished: kept for their job, never
@@ -269,10 +426,7 @@ func (s *Store) importGone(ctx context.Context, actor registry.Actor, pks []int6
 	if err != nil {
 		return err
 	}
-	if err := s.recordChanges(ctx, "updated", marked...); err != nil {
-		return err
-	}
-	return s.auditEach(ctx, actor, registry.ActionNodeUpdate, marked, before)
+	return s.recordImported(ctx, actor, "updated", registry.ActionNodeUpdate, marked, before)
 }
 
 func (s *Store) importRemove(ctx context.Context, actor registry.Actor, pks []int64, before map[int64]registry.Node, res *registry.ImportResult) error {
@@ -293,42 +447,65 @@ func (s *Store) importRemove(ctx context.Context, actor registry.Actor, pks []in
 		return err
 	}
 	res.Removed += len(removed)
-	if err := s.recordChanges(ctx, "deleted", removed...); err != nil {
-		return err
-	}
-	docs := make([]registry.Node, len(removed))
-	copy(docs, removed)
-	return s.auditEachDelete(ctx, actor, docs)
+	return s.recordImported(ctx, actor, "deleted", registry.ActionNodeDelete, removed, nil)
 }
 
-// auditEach writes one entry per node in one statement; before may be nil
-// (creates).
-func (s *Store) auditEach(ctx context.Context, actor registry.Actor, action string, nodes []registry.Node, before map[int64]registry.Node) error {
-	return s.auditNodes(ctx, actor, action, nodes, func(n registry.Node) any {
-		if b, ok := before[n.PK]; ok {
-			return docOfNode(b)
-		}
-		return nil
-	})
-}
-
-func (s *Store) auditEachDelete(ctx context.Context, actor registry.Actor, nodes []registry.Node) error {
+// recordImported writes, for every node an import statement wrote, its
+// change-log row (kind) and its audit entry (action) in one statement,
+// with one document per node made and sent once: the change log's doc and
+// the entry's "after" (for a delete: its "before", the node as it was).
+// before holds the nodes as they were before an update.
+func (s *Store) recordImported(ctx context.Context, actor registry.Actor, kind, action string, nodes []registry.Node, before map[int64]registry.Node) error {
 	if len(nodes) == 0 {
 		return nil
 	}
 	pks := make([]int64, len(nodes))
-	befores := make([]string, len(nodes))
+	docs := make([]string, len(nodes))
+	var befores []*string // nil: no "before" (creates, deletes)
+	if before != nil {
+		befores = make([]*string, len(nodes))
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	encode := func(n registry.Node) (string, error) {
+		buf.Reset()
+		if err := enc.Encode(docOfNode(n)); err != nil {
+			return "", err
+		}
+		return string(bytes.TrimSuffix(buf.Bytes(), []byte("\n"))), nil
+	}
 	for i, n := range nodes {
-		b, err := json.Marshal(docOfNode(n))
+		doc, err := encode(n)
 		if err != nil {
 			return err
 		}
-		pks[i], befores[i] = n.PK, string(b)
+		pks[i], docs[i] = n.PK, doc
+		if b, ok := before[n.PK]; ok {
+			d, err := encode(b)
+			if err != nil {
+				return err
+			}
+			befores[i] = &d
+		}
 	}
+	deleted := kind == "deleted"
 	_, err := s.db.Exec(ctx, `
-		INSERT INTO audit_log (principal, role, acting_node, action, target_type, target_pk, before, after, request_id)
-		SELECT $1, $2, NULL, 'node.delete', 'node', u.pk, u.before, NULL, nullif($3, '')
-		FROM unnest($4::bigint[], $5::jsonb[]) AS u(pk, before)`,
-		actor.Sub, string(actor.Role), actor.RequestID, pks, befores)
-	return err
+		WITH u AS MATERIALIZED (
+			SELECT * FROM unnest($1::bigint[], $2::jsonb[], $3::jsonb[]) AS u(pk, doc, before)
+		), changes AS (
+			INSERT INTO node_changes (kind, node_pk, doc) SELECT $4, u.pk, u.doc FROM u
+		), audit AS (
+			INSERT INTO audit_log (principal, role, acting_node, action, target_type, target_pk, before, after, request_id, client_request_id)
+			SELECT $5, $6, $7, $8, 'node', u.pk,
+				CASE WHEN $9 THEN u.doc ELSE u.before END, CASE WHEN $9 THEN NULL ELSE u.doc END,
+				nullif($10, ''), nullif($11, '')
+			FROM u
+		)
+		SELECT pg_notify($12, '')`,
+		pks, docs, befores, kind, actor.Sub, string(actor.Role), actor.ActingNode, action, deleted,
+		actor.RequestID, actor.ClientRequestID, ChangesChannel)
+	if err != nil {
+		return fmt.Errorf("store: record %s: %w", kind, translate(err))
+	}
+	return nil
 }

@@ -1,0 +1,234 @@
+package store_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/registryd/registryd/internal/pgtest"
+	"github.com/registryd/registryd/internal/registry"
+	"github.com/registryd/registryd/internal/store"
+)
+
+// logged is how many audit entries principal has and how many change-log
+// rows there are.
+type logged struct {
+	Audit, Changes int
+}
+
+func countLogged(t *testing.T, st *store.Store, principal string) logged {
+	t.Helper()
+	var l logged
+	err := st.Pool().QueryRow(context.Background(), `
+		SELECT (SELECT count(*) FROM audit_log WHERE principal = $1), (SELECT count(*) FROM node_changes)`,
+		principal).Scan(&l.Audit, &l.Changes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// Each pass writes in chunks: whatever the chunk size, every node it
+// writes gets exactly one audit entry and one change-log row, and a pass
+// that changes nothing writes nothing.
+func TestApplyImportChunks(t *testing.T) {
+	t.Parallel()
+	for _, chunk := range []int{1, 7, 8, 10_000} {
+		t.Run(fmt.Sprint(chunk), func(t *testing.T) {
+			t.Parallel()
+			ctx := store.WithImportChunk(context.Background(), chunk)
+			st := pgtest.Open(t, pgtest.New(t), store.Options{})
+			apply := func(inv []registry.ImportedNode) registry.ImportResult {
+				t.Helper()
+				res, err := st.ApplyImport(ctx, syncSCP, "scp", inv, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return res
+			}
+			// 7 hosts × 8 GPUs and a CPU-only host: 57 nodes, a multiple
+			// of none of the chunk sizes but 1; one pair listed twice.
+			var inv []registry.ImportedNode
+			for h := range 7 {
+				inv = append(inv, gpuHost(fmt.Sprintf("h%d", h), fmt.Sprintf("10.9.0.%d", h+1), 8, "H100", 80, true)...)
+			}
+			inv = append(inv, registry.ImportedNode{ExternalID: "cpu", IP: "10.9.1.1", CPUMem: 1 << 30, State: "RUNNING", Running: true})
+			twice := append(inv[:len(inv):len(inv)], inv[3])
+
+			res := apply(twice)
+			if res.Added != 57 || res.Unchanged+res.Updated+res.Removed != 0 {
+				t.Fatalf("first pass: %+v", res)
+			}
+			got := countLogged(t, st, "sync:scp")
+			// Besides the nodes: one entry for the hardware generation.
+			if got != (logged{Audit: 57 + 1, Changes: 57}) {
+				t.Fatalf("first pass logged %+v, want 58 audit entries and 57 change rows", got)
+			}
+			perNode(t, st, 1)
+
+			// Nothing changed: nothing written.
+			if res = apply(inv); res.Unchanged != 57 || res.Added+res.Updated+res.Removed+res.KeptBusy != 0 {
+				t.Fatalf("unchanged pass: %+v", res)
+			}
+			if again := countLogged(t, st, "sync:scp"); again != got {
+				t.Fatalf("a pass that changed nothing logged %+v, had %+v", again, got)
+			}
+
+			// Hosts 1 and 2 report new memory (16 nodes, across chunk
+			// boundaries); host 5 vanishes with one of its nodes busy.
+			pk := firstPK(t, st, "10.9.0.6")
+			if _, err := st.Pool().Exec(ctx, "UPDATE nodes SET current_job = 5 WHERE pk = $1", pk); err != nil {
+				t.Fatal(err)
+			}
+			var next []registry.ImportedNode
+			for _, n := range inv {
+				switch n.ExternalID {
+				case "h1", "h2":
+					mem := int64(94) << 30
+					n.GPUMem = &mem
+				case "h5":
+					continue
+				}
+				next = append(next, n)
+			}
+			res = apply(next)
+			if res.Updated != 16 || res.Removed != 7 || res.KeptBusy != 1 || res.Unchanged != 33 || res.Added != 0 {
+				t.Fatalf("changed pass: %+v", res)
+			}
+			after := countLogged(t, st, "sync:scp")
+			if want := (logged{Audit: got.Audit + 16 + 7 + 1, Changes: got.Changes + 16 + 7 + 1}); after != want {
+				t.Fatalf("changed pass logged %+v, want %+v", after, want)
+			}
+			perNode(t, st, 1)
+		})
+	}
+}
+
+// perNode fails unless, within the last pass (the rows written in the
+// latest transaction), no node has more than max audit entries or change
+// rows: one write, one entry, one row.
+func perNode(t *testing.T, st *store.Store, max int) {
+	t.Helper()
+	var audits, changes int
+	err := st.Pool().QueryRow(context.Background(), `
+		SELECT
+			(SELECT coalesce(max(c), 0) FROM (SELECT count(*) c FROM audit_log
+				WHERE target_type = 'node' AND at = (SELECT max(at) FROM audit_log) GROUP BY target_pk) a),
+			(SELECT coalesce(max(c), 0) FROM (SELECT count(*) c FROM node_changes
+				WHERE at = (SELECT max(at) FROM node_changes) GROUP BY node_pk) n)`).Scan(&audits, &changes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if audits > max || changes > max {
+		t.Errorf("one pass wrote up to %d audit entries and %d change rows for one node", audits, changes)
+	}
+}
+
+// The comparison that keeps unchanged nodes out of a pass is
+// registry.ImportUpdate.Same spelled in SQL: a difference in any field
+// the provider owns must still reach the plan.
+func TestApplyImportNoticesEveryField(t *testing.T) {
+	t.Parallel()
+	base := func() registry.ImportedNode {
+		mem := int64(80) << 30
+		return registry.ImportedNode{ExternalID: "h", IP: "10.8.0.1", CPUMem: 1 << 40, GPUMem: &mem,
+			GPUModel: "H100", State: "RUNNING", Running: true}
+	}
+	cases := []struct {
+		name   string
+		change func(*registry.ImportedNode) // what the next inventory says
+		sql    string                       // or what someone changed under the pass
+	}{
+		{name: "cpu memory", change: func(n *registry.ImportedNode) { n.CPUMem++ }},
+		{name: "gpu memory", change: func(n *registry.ImportedNode) { *n.GPUMem++ }},
+		{name: "no gpu memory", change: func(n *registry.ImportedNode) { n.GPUMem = nil }},
+		{name: "gpu model", change: func(n *registry.ImportedNode) { n.GPUModel = "B300" }},
+		{name: "no gpu model", change: func(n *registry.ImportedNode) { n.GPUModel = "" }},
+		{name: "stopped", change: func(n *registry.ImportedNode) { n.Running = false }},
+		{name: "state", change: func(n *registry.ImportedNode) { n.State = "REBOOTING" }},
+		{name: "external id", change: func(n *registry.ImportedNode) { n.ExternalID = "h2" }},
+		{name: "no gpu memory stored", sql: "UPDATE nodes SET gpu_mem = NULL"},
+		{name: "no generation stored", sql: "UPDATE nodes SET hardware_generation = NULL"},
+		{name: "no provider state stored", sql: "UPDATE nodes SET provider_state = NULL"},
+		{name: "no external id stored", sql: "UPDATE nodes SET external_id = NULL"},
+		{name: "registered through the api", sql: "UPDATE nodes SET source = 'api'"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			st := pgtest.Open(t, pgtest.New(t), store.Options{})
+			n := base()
+			if _, err := st.ApplyImport(ctx, syncSCP, "scp", []registry.ImportedNode{n}, nil); err != nil {
+				t.Fatal(err)
+			}
+			if tc.change != nil {
+				tc.change(&n)
+			}
+			if tc.sql != "" {
+				if _, err := st.Pool().Exec(ctx, tc.sql); err != nil {
+					t.Fatal(err)
+				}
+			}
+			res, err := st.ApplyImport(ctx, syncSCP, "scp", []registry.ImportedNode{n}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Updated != 1 || res.Unchanged != 0 {
+				t.Errorf("%+v, want the node updated", res)
+			}
+			if res, _ = st.ApplyImport(ctx, syncSCP, "scp", []registry.ImportedNode{n}, nil); res.Unchanged != 1 {
+				t.Errorf("the pass after: %+v, want the node unchanged", res)
+			}
+		})
+	}
+}
+
+// A pair the comparison found free may be registered through the API
+// before the pass inserts it: the pass skips that pair, inserts the rest
+// of its chunk, and logs only what it inserted.
+func TestApplyImportInsertRace(t *testing.T) {
+	t.Parallel()
+	ctx := store.WithImportChunk(context.Background(), 4)
+	st := pgtest.Open(t, pgtest.New(t), store.Options{})
+	blocker, err := st.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blocker.Rollback(ctx)
+	if _, err := blocker.Exec(ctx, `INSERT INTO nodes (ip, gpu_index, cpu_mem, driver_version) VALUES ('10.4.0.1', 2, 1, 'x')`); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan registry.ImportResult, 1)
+	go func() {
+		res, err := st.ApplyImport(ctx, syncSCP, "scp", gpuHost("h", "10.4.0.1", 8, "H100", 80, true), nil)
+		if err != nil {
+			t.Error(err)
+		}
+		done <- res
+	}()
+	waitForLockWait(t, st) // the pass waits on the blocker's pair
+	if err := blocker.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var res registry.ImportResult
+	select {
+	case res = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the pass did not end")
+	}
+	if res.Added != 7 {
+		t.Errorf("%+v, want 7 added", res)
+	}
+	if got := countLogged(t, st, "sync:scp"); got != (logged{Audit: 7 + 1, Changes: 7}) {
+		t.Errorf("logged %+v, want 8 audit entries (7 nodes, 1 generation) and 7 change rows", got)
+	}
+	if got := nodesOf(t, st, "10.4.0.1"); len(got) != 8 || got[0].Index != 2 || got[0].Source != "api" {
+		t.Errorf("nodes: %+v", got)
+	}
+	// The next pass merges the registered node.
+	if res, err := st.ApplyImport(ctx, syncSCP, "scp", gpuHost("h", "10.4.0.1", 8, "H100", 80, true), nil); err != nil || res.Updated != 1 || res.Unchanged != 7 {
+		t.Errorf("next pass: %+v %v", res, err)
+	}
+}
