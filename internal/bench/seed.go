@@ -83,8 +83,7 @@ func seed(ctx context.Context, pool *pgxpool.Pool, n, agents int, secret []byte)
 				($2::bigint[])[h % 4 + 1], ($3::bigint[])[h % 4 + 1],
 				CASE WHEN h < $4 THEN 'bench-agent-' || h END,
 				CASE WHEN h % 8 = 7 OR (h % 8 = 5 AND g % 8 < 3) THEN $5 + h END
-			FROM generate_series(0, $1::bigint - 1) g, LATERAL (SELECT g / 8 AS h) x
-			ORDER BY g`, n, hw, mems, agents, seedJobBase); err != nil {
+			FROM generate_series(0, $1::bigint - 1) g, LATERAL (SELECT g / 8 AS h) x`, n, hw, mems, agents, seedJobBase); err != nil {
 			return err
 		}
 		_, err = tx.Exec(ctx, `INSERT INTO node_liveness (node_pk, last_seen) SELECT pk, now() FROM nodes WHERE owner IS NOT NULL
