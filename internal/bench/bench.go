@@ -242,7 +242,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			}
 		}
 		logf("%s: registryd, %d clients, %s", name, w.clients, cfg.Duration)
-		l := generate(ctx, w.clients, cfg.Duration, w.op)
+		l := generate(ctx, w.clients, warmup(cfg.Duration), cfg.Duration, w.op)
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
@@ -299,5 +299,9 @@ func failedWorkloads(rep *Report) string {
 	}
 	return strings.Join(names, ", ")
 }
+
+// warmup is how long a workload runs unmeasured before its duration: a
+// tenth of it, at most 2 s.
+func warmup(d time.Duration) time.Duration { return min(d/10, 2*time.Second) }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -70,16 +70,17 @@ type Load struct {
 }
 
 // generate runs do from clients goroutines, each with its own keep-alive
-// connection, back to back for d, and measures every op. Ops in flight
-// when d ends run to completion and count.
-func generate(ctx context.Context, clients int, d time.Duration, do op) Load {
+// connection, back to back for warmup and then d, and measures every op
+// that starts after warmup (connections are open, statements prepared by
+// then). Ops in flight when d ends run to completion and count.
+func generate(ctx context.Context, clients int, warmup, d time.Duration, do op) Load {
 	type worker struct {
 		lat     []time.Duration
 		errs    map[string]int64
 		samples map[string]string
 	}
 	workers := make([]worker, clients)
-	start := time.Now()
+	start := time.Now().Add(warmup)
 	deadline := start.Add(d)
 	var wg sync.WaitGroup
 	for i := range workers {
@@ -99,7 +100,7 @@ func generate(ctx context.Context, clients int, d time.Duration, do op) Load {
 				}
 				err := do(ctx, c, rng)
 				dt := time.Since(t0)
-				if err != nil {
+				if err != nil { // counted during the warm-up too: an error is an error
 					if ctx.Err() != nil {
 						return
 					}
@@ -110,7 +111,9 @@ func generate(ctx context.Context, clients int, d time.Duration, do op) Load {
 					w.errs[k]++
 					continue
 				}
-				w.lat = append(w.lat, dt)
+				if !t0.Before(start) {
+					w.lat = append(w.lat, dt)
+				}
 			}
 		})
 	}
