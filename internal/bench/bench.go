@@ -213,9 +213,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 	if pgbench != "" {
 		needCopies := slices.ContainsFunc(cfg.Workloads, func(w string) bool { return w == Claim || w == Gang })
+		t0 := time.Now()
 		if err := pgbenchTables(ctx, pool, needCopies); err != nil {
 			return nil, err
 		}
+		logf("pgbench's tables made in %.1fs", time.Since(t0).Seconds())
 		defer func() {
 			if err := dropPgbenchTables(context.WithoutCancel(ctx), pool); err != nil {
 				logf("%v", err)

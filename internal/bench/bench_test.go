@@ -228,7 +228,7 @@ func TestFailuresAreReported(t *testing.T) {
 		t.Errorf("pgbench %+v, want its failure with its stderr", r.Pgbench)
 	}
 	out := stdout.String()
-	for _, want := range []string{`"errors":`, `"error_kinds":{"HTTP 401 /v1/nodes/{pk}":`, "| **failed** |", "**retrieve: ", "no request succeeded", "pgbench failed**: "} {
+	for _, want := range []string{`"errors":`, `"error_kinds":{"HTTP 401 /v1/nodes/{pk}":`, "| **failed** |", "**retrieve: ", "no op succeeded", "pgbench failed**: "} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
@@ -339,4 +339,17 @@ func TestCheckClaim(t *testing.T) {
 func readTail(path string) string {
 	b, _ := os.ReadFile(path)
 	return tail(string(b), 30)
+}
+
+func TestCopyIndex(t *testing.T) {
+	t.Parallel()
+	for def, want := range map[string]string{
+		"CREATE UNIQUE INDEX nodes_pkey ON public.nodes USING btree (pk)": "CREATE UNIQUE INDEX bench_nodes_pkey ON bench_nodes USING btree (pk)",
+		"CREATE INDEX nodes_free_idx ON public.nodes USING btree (pk) WHERE ((current_job IS NULL) AND schedulable)": "CREATE INDEX bench_nodes_free_idx ON bench_nodes USING btree (pk) WHERE ((current_job IS NULL) AND schedulable)",
+		"CREATE INDEX nodes_ip_idx ON nodes USING btree (ip)": "CREATE INDEX bench_nodes_ip_idx ON bench_nodes USING btree (ip)",
+	} {
+		if got := copyIndex(def); got != want {
+			t.Errorf("copyIndex(%q) = %q, want %q", def, got, want)
+		}
+	}
 }

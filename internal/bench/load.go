@@ -71,7 +71,7 @@ type Load struct {
 
 // generate runs do from clients goroutines, each with its own keep-alive
 // connection, back to back for warmup and then d, and measures every op
-// that starts after warmup (connections are open, statements prepared by
+// that ends after warmup (connections are open, statements prepared by
 // then). Ops in flight when d ends run to completion and count.
 func generate(ctx context.Context, clients int, warmup, d time.Duration, do op) Load {
 	type worker struct {
@@ -111,7 +111,9 @@ func generate(ctx context.Context, clients int, warmup, d time.Duration, do op) 
 					w.errs[k]++
 					continue
 				}
-				if !t0.Before(start) {
+				// Measured: the ops that end after the warm-up, so that
+				// ops slower than the whole run still show.
+				if t0.Add(dt).After(start) {
 					w.lat = append(w.lat, dt)
 				}
 			}

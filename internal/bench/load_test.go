@@ -47,7 +47,7 @@ func TestGenerateCountsErrorsApart(t *testing.T) {
 		t.Errorf("kinds %v, samples %v", l.ErrorKinds, l.ErrorSamples)
 	}
 	total := n.Load()
-	// Warm-up successes are not counted as ops; every failure is.
+	// Successes that end in the warm-up are not ops; every failure counts.
 	if l.Ops+l.Errors > total || l.Errors < total/3-4 {
 		t.Errorf("ops %d + errors %d of %d requests", l.Ops, l.Errors, total)
 	}

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/registryd/registryd/internal/pglocal"
@@ -69,10 +70,22 @@ func pgbenchTables(ctx context.Context, pool *pgxpool.Pool, withCopies bool) err
 		`ANALYZE bench_liveness`,
 	}
 	if withCopies {
+		// The rows first, then the indexes nodes has, built in bulk: much
+		// faster than maintaining them row by row at a million nodes.
+		rows, _ := pool.Query(ctx, `SELECT indexdef FROM pg_indexes WHERE tablename = 'nodes' AND schemaname = current_schema()`)
+		defs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return fmt.Errorf("bench: pgbench tables: %w", err)
+		}
 		stmts = append(stmts,
 			`DROP TABLE IF EXISTS bench_nodes, bench_node_changes, bench_audit_log`,
-			`CREATE TABLE bench_nodes (LIKE nodes INCLUDING ALL)`,
+			`CREATE TABLE bench_nodes (LIKE nodes INCLUDING ALL EXCLUDING INDEXES)`,
 			`INSERT INTO bench_nodes OVERRIDING SYSTEM VALUE SELECT * FROM nodes`,
+		)
+		for _, d := range defs {
+			stmts = append(stmts, copyIndex(d))
+		}
+		stmts = append(stmts,
 			`CREATE TABLE bench_node_changes (LIKE node_changes INCLUDING ALL)`,
 			`CREATE TABLE bench_audit_log (LIKE audit_log INCLUDING ALL)`,
 			`ANALYZE bench_nodes`,
@@ -84,6 +97,14 @@ func pgbenchTables(ctx context.Context, pool *pgxpool.Pool, withCopies bool) err
 		}
 	}
 	return nil
+}
+
+var indexDefRE = regexp.MustCompile(`^(CREATE (?:UNIQUE )?INDEX )(\S+)( ON (?:ONLY )?)(?:\S+\.)?nodes( USING .*)$`)
+
+// copyIndex turns the definition of an index of nodes into the same index
+// of bench_nodes.
+func copyIndex(def string) string {
+	return indexDefRE.ReplaceAllString(def, "${1}bench_${2}${3}bench_nodes${4}")
 }
 
 func dropPgbenchTables(ctx context.Context, pool *pgxpool.Pool) error {

@@ -62,7 +62,7 @@ func Markdown(rep *Report) string {
 			fmt.Fprintf(&b, "- **%s: %d × %s**, first: %s\n", r.Workload, r.ErrorKinds[k], k, r.ErrorFirst[k])
 		}
 		if r.Ops == 0 {
-			fmt.Fprintf(&b, "- **%s: no request succeeded**\n", r.Workload)
+			fmt.Fprintf(&b, "- **%s: no op succeeded in the measured time**\n", r.Workload)
 		}
 		if r.Pgbench != nil && r.Pgbench.Error != "" {
 			fmt.Fprintf(&b, "- **%s: pgbench failed**: %s\n", r.Workload, strings.ReplaceAll(strings.TrimSpace(r.Pgbench.Error), "\n", " / "))
