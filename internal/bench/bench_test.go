@@ -344,9 +344,9 @@ func readTail(path string) string {
 func TestCopyIndex(t *testing.T) {
 	t.Parallel()
 	for def, want := range map[string]string{
-		"CREATE UNIQUE INDEX nodes_pkey ON public.nodes USING btree (pk)": "CREATE UNIQUE INDEX bench_nodes_pkey ON bench_nodes USING btree (pk)",
+		"CREATE UNIQUE INDEX nodes_pkey ON public.nodes USING btree (pk)":                                            "CREATE UNIQUE INDEX bench_nodes_pkey ON bench_nodes USING btree (pk)",
 		"CREATE INDEX nodes_free_idx ON public.nodes USING btree (pk) WHERE ((current_job IS NULL) AND schedulable)": "CREATE INDEX bench_nodes_free_idx ON bench_nodes USING btree (pk) WHERE ((current_job IS NULL) AND schedulable)",
-		"CREATE INDEX nodes_ip_idx ON nodes USING btree (ip)": "CREATE INDEX bench_nodes_ip_idx ON bench_nodes USING btree (ip)",
+		"CREATE INDEX nodes_ip_idx ON nodes USING btree (ip)":                                                        "CREATE INDEX bench_nodes_ip_idx ON bench_nodes USING btree (ip)",
 	} {
 		if got := copyIndex(def); got != want {
 			t.Errorf("copyIndex(%q) = %q, want %q", def, got, want)
