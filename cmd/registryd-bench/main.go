@@ -45,10 +45,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 Starts registryd serve on the embedded PostgreSQL in a temporary folder
 (or, with -url, targets a running registryd: then REGISTRY_DATABASE_URL
-names its database and REGISTRY_JWT_SECRET its token secret), seeds
--nodes nodes through SQL, runs each workload through HTTP and its SQL
-through pgbench at the same concurrency, and prints one JSON line per
-workload and a markdown table. Exit 1 when a workload had errors.
+names its database, and REGISTRY_JWT_SECRET its token secret or, without
+it, REGISTRY_TOKEN an admin token used for everything), seeds an empty
+registry with -nodes nodes through SQL, runs each workload through HTTP
+and its SQL through pgbench at the same concurrency, and prints one JSON
+line per workload and a markdown table. Exit 1 when a workload had
+errors.
 
 `)
 		fs.PrintDefaults()
@@ -86,7 +88,7 @@ workload and a markdown table. Exit 1 when a workload had errors.
 		}
 	}
 	if *url != "" {
-		cfg.DatabaseURL, cfg.Secret = getenv("REGISTRY_DATABASE_URL"), []byte(getenv("REGISTRY_JWT_SECRET"))
+		cfg.DatabaseURL, cfg.Secret, cfg.Token = getenv("REGISTRY_DATABASE_URL"), []byte(getenv("REGISTRY_JWT_SECRET")), getenv("REGISTRY_TOKEN")
 	} else {
 		cfg.Registryd = *registryd
 		if cfg.Registryd == "" {

@@ -23,7 +23,7 @@ func TestRunRefusesBadUsage(t *testing.T) {
 		"unknown workload": {args: []string{"-registryd", "/bin/true", "-workloads", "heartbeat,bogus"}, want: `no workload "bogus"`},
 		"url alone":        {args: []string{"-url", "http://127.0.0.1:1"}, want: "REGISTRY_DATABASE_URL"},
 		"url, no secret": {args: []string{"-url", "http://127.0.0.1:1"}, env: map[string]string{"REGISTRY_DATABASE_URL": "postgres:///x"},
-			want: "REGISTRY_JWT_SECRET"},
+			want: "REGISTRY_JWT_SECRET) or an admin token (REGISTRY_TOKEN"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

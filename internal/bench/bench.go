@@ -41,8 +41,12 @@ type Config struct {
 	// URL, DatabaseURL and Secret target a running registryd instead:
 	// its address, its database (seeded directly, read by pgbench) and
 	// the HS256 secret it verifies tokens with (tokens are minted here).
+	// Without the secret, Token (an admin token) is used for every
+	// request, and heartbeats are an admin acting as the node rather
+	// than its agent.
 	URL, DatabaseURL string
 	Secret           []byte
+	Token            string
 
 	// Pgbench is the pgbench binary; "" finds it (FindPgbench). When none
 	// is found and RequirePgbench is false, the pgbench side is left out
@@ -128,8 +132,10 @@ func (c *Config) defaults() error {
 		c.Stderr = io.Discard
 	}
 	switch {
-	case c.URL != "" && (c.DatabaseURL == "" || len(c.Secret) == 0):
-		return errors.New("bench: a running registryd (URL) needs its database URL (REGISTRY_DATABASE_URL) and its token secret (REGISTRY_JWT_SECRET)")
+	case c.URL != "" && c.DatabaseURL == "":
+		return errors.New("bench: a running registryd (URL) needs its database's URL (REGISTRY_DATABASE_URL)")
+	case c.URL != "" && len(c.Secret) == 0 && c.Token == "":
+		return errors.New("bench: a running registryd (URL) needs its token secret (REGISTRY_JWT_SECRET) or an admin token (REGISTRY_TOKEN)")
 	case c.URL == "" && c.Registryd == "":
 		return errors.New("bench: no registryd binary to start, and no URL of a running one")
 	}
@@ -155,9 +161,6 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 		defer os.RemoveAll(dir)
 		work = dir
-	}
-	if err := os.Chmod(work, 0o755); err != nil {
-		return nil, err
 	}
 
 	pgbench := cfg.Pgbench
@@ -204,9 +207,15 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rep.Machine = describeMachine(ctx, pool, pgbench)
 
 	logf("seeding %d nodes", cfg.Nodes)
-	f, err := seed(ctx, pool, cfg.Nodes, cfg.Agents, secret)
+	f, err := seed(ctx, pool, cfg.Nodes, cfg.Agents)
 	if err != nil {
 		return nil, err
+	}
+	if err := f.tokens(secret, cfg.Token); err != nil {
+		return nil, err
+	}
+	if f.adminActsAsAgents {
+		rep.Notes = append(rep.Notes, "no token secret: heartbeats are an admin acting as the node, not its agent")
 	}
 	rep.Hosts, rep.SeedSeconds = f.hosts, f.seeded.Seconds()
 	logf("seeded %d nodes on %d hosts in %.1fs (%d agents)", f.nodes, f.hosts, rep.SeedSeconds, len(f.agents))

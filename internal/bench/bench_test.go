@@ -13,6 +13,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/registryd/registryd/internal/auth"
+	"github.com/registryd/registryd/internal/registry"
 )
 
 var (
@@ -351,5 +354,48 @@ func TestCopyIndex(t *testing.T) {
 		if got := copyIndex(def); got != want {
 			t.Errorf("copyIndex(%q) = %q, want %q", def, got, want)
 		}
+	}
+}
+
+// Against a running registryd given its URL, its database and an admin
+// token (no secret): heartbeats are the admin acting as the node, and the
+// report says so. A second run refuses the registry it already seeded.
+func TestRunningServerWithAdminToken(t *testing.T) {
+	t.Parallel()
+	bin := registrydBinary(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	work := workDir(t)
+	secret := []byte("bench-test-secret-0123456789abcdef")
+	srv, err := startServer(ctx, bin, work, secret, 2*time.Minute, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.stop()
+	admin, err := auth.Signer{Secret: secret}.Sign("bench-admin", registry.RoleAdmin, time.Hour, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{
+		Nodes: 80, Agents: 4, Duration: time.Second, Clients: 2, Workloads: []string{Heartbeat, Retrieve},
+		URL: srv.url, DatabaseURL: srv.dbURL, Token: admin, Pgbench: pgbenchOrSkip(t), WorkDir: workDir(t),
+	}
+	var stdout bytes.Buffer
+	cfg.Stdout = &stdout
+	rep, err := Run(ctx, cfg)
+	if err != nil {
+		t.Fatalf("Run: %v\n%s", err, stdout.String())
+	}
+	if len(rep.Results) != 2 || rep.Results[0].Errors != 0 || rep.Results[0].Rate <= 0 || rep.Results[1].Rate <= 0 {
+		t.Fatalf("results %+v", rep.Results)
+	}
+	if !strings.Contains(rep.Results[0].Path, "admin acting as the node") || !strings.Contains(stdout.String(), "no token secret") {
+		t.Errorf("the report does not say heartbeats were an admin's:\n%s", stdout.String())
+	}
+	if rep.Results[0].ServerPeakRSS != 0 {
+		t.Errorf("a peak RSS for a server the harness did not start")
+	}
+	if _, err := Run(ctx, cfg); err == nil || !strings.Contains(err.Error(), "holds 80 nodes already") {
+		t.Errorf("second Run = %v, want a refusal of the seeded registry", err)
 	}
 }

@@ -37,18 +37,21 @@ type fleet struct {
 	minPK, maxPK int64
 	agents       []agent
 	scheduler    string // a scheduler token
-	seeded       time.Duration
+	// adminActsAsAgents: heartbeats are sent with an admin token acting
+	// as the node (no secret to mint agent tokens with).
+	adminActsAsAgents bool
+	seeded            time.Duration
 }
 
 type agent struct {
-	token string
-	nodes []int64
+	sub, ip string
+	token   string
+	nodes   []int64
 }
 
-// seed fills an empty registry with n nodes through SQL and mints the
-// tokens of the workloads with secret. It refuses a registry that holds
+// seed fills an empty registry with n nodes through SQL. It refuses a registry that holds
 // nodes already: the numbers depend on the fleet being the one described.
-func seed(ctx context.Context, pool *pgxpool.Pool, n, agents int, secret []byte) (*fleet, error) {
+func seed(ctx context.Context, pool *pgxpool.Pool, n, agents int) (*fleet, error) {
 	start := time.Now()
 	var existing int64
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM nodes`).Scan(&existing); err != nil {
@@ -101,36 +104,49 @@ func seed(ctx context.Context, pool *pgxpool.Pool, n, agents int, secret []byte)
 	}
 	f.seeded = time.Since(start)
 
-	signer := auth.Signer{Secret: secret, Lifetimes: auth.Lifetimes{}}
-	now := time.Now()
-	ttl := 12 * time.Hour
-	tok, err := signer.Sign("bench-scheduler", registry.RoleScheduler, ttl, now)
-	if err != nil {
-		return nil, fmt.Errorf("bench: token: %w", err)
-	}
-	f.scheduler = tok
 	rows, _ := pool.Query(ctx, `SELECT owner, host(min(ip)), array_agg(pk ORDER BY pk) FROM nodes WHERE owner LIKE 'bench-agent-%' GROUP BY owner ORDER BY owner`)
-	type owned struct {
-		owner, ip string
-		pks       []int64
-	}
-	hosts, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (owned, error) {
-		var o owned
-		err := r.Scan(&o.owner, &o.ip, &o.pks)
-		return o, err
+	f.agents, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (agent, error) {
+		var a agent
+		err := r.Scan(&a.sub, &a.ip, &a.nodes)
+		return a, err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("bench: seed: agents: %w", err)
-	}
-	for _, h := range hosts {
-		m, err := signer.Mint(auth.TokenSpec{Sub: h.owner, Role: registry.RoleAgent, TTL: ttl, IPs: []string{h.ip}}, now)
-		if err != nil {
-			return nil, fmt.Errorf("bench: token: %w", err)
-		}
-		f.agents = append(f.agents, agent{token: m.Token, nodes: h.pks})
 	}
 	if len(f.agents) == 0 {
 		return nil, fmt.Errorf("bench: seed: no agent-owned nodes (nodes %d, agents %d)", n, agents)
 	}
 	return f, nil
+}
+
+// tokens gives the fleet its tokens: minted with secret (a scheduler, and
+// each agent bound to its host), or, without one, adminToken for
+// everything, agents' heartbeats then being an admin acting as the node.
+func (f *fleet) tokens(secret []byte, adminToken string) error {
+	if len(secret) == 0 {
+		if adminToken == "" {
+			return fmt.Errorf("bench: neither a token secret nor an admin token")
+		}
+		f.scheduler, f.adminActsAsAgents = adminToken, true
+		for i := range f.agents {
+			f.agents[i].token = adminToken
+		}
+		return nil
+	}
+	signer := auth.Signer{Secret: secret}
+	now := time.Now()
+	const ttl = 12 * time.Hour
+	tok, err := signer.Sign("bench-scheduler", registry.RoleScheduler, ttl, now)
+	if err != nil {
+		return fmt.Errorf("bench: token: %w", err)
+	}
+	f.scheduler = tok
+	for i, a := range f.agents {
+		m, err := signer.Mint(auth.TokenSpec{Sub: a.sub, Role: registry.RoleAgent, TTL: ttl, IPs: []string{a.ip}}, now)
+		if err != nil {
+			return fmt.Errorf("bench: token: %w", err)
+		}
+		f.agents[i].token = m.Token
+	}
+	return nil
 }

@@ -49,9 +49,11 @@ func startServer(ctx context.Context, bin, dir string, secret []byte, timeout ti
 		return nil, fmt.Errorf("bench: start server: %w", err)
 	}
 	// Running as root, the embedded PostgreSQL runs as the postgres user,
-	// who must be able to enter the folder.
-	if err := os.Chmod(data, 0o755); err != nil {
-		return nil, fmt.Errorf("bench: start server: %w", err)
+	// who must be able to enter the folders.
+	for _, d := range []string{dir, data} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			return nil, fmt.Errorf("bench: start server: %w", err)
+		}
 	}
 	s := &server{dataDir: data, stderr: filepath.Join(dir, "serve.log"), exited: make(chan struct{})}
 	logFile, err := os.Create(s.stderr)

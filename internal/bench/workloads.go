@@ -61,7 +61,11 @@ func (t *target) workload(name string, clients int) (workload, error) {
 	f := t.fleet
 	switch name {
 	case Heartbeat:
-		return workload{name: name, path: "heartbeat: GET /v1/nodes/ping + Node-Id (agent, own node)", clients: clients,
+		path := "heartbeat: GET /v1/nodes/ping + Node-Id (agent, own node)"
+		if f.adminActsAsAgents {
+			path = "heartbeat: GET /v1/nodes/ping + Node-Id (admin acting as the node)"
+		}
+		return workload{name: name, path: path, clients: clients,
 			script: "heartbeat.sql",
 			op: func(ctx context.Context, c *http.Client, rng *rand.Rand) error {
 				a := f.agents[rng.IntN(len(f.agents))]
