@@ -239,7 +239,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	t := &target{url: url, fleet: f, holds: newHoldings()}
-	t.jobs.Store(2_000_000_000 + time.Now().Unix()%1_000_000*1000)
+	firstJob := 2_000_000_000 + time.Now().Unix()%1_000_000*1000
+	t.jobs.Store(firstJob)
 	failed := false
 	for _, name := range cfg.Workloads {
 		w, err := t.workload(name, cfg.Clients)
@@ -263,6 +264,20 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			res.ErrorKinds, res.ErrorFirst = l.ErrorKinds, l.ErrorSamples
 			failed = true
 			logf("%s: %d errors: %v", name, l.Errors, l.ErrorKinds)
+		}
+		if name == Claim || name == Gang { // every node a claim took is released again
+			var held int64
+			if err := pool.QueryRow(ctx, `SELECT count(*) FROM nodes WHERE current_job > $1`, firstJob).Scan(&held); err != nil {
+				return nil, fmt.Errorf("bench: %s: %w", name, err)
+			}
+			if held > 0 {
+				k := "held after the run"
+				l.ErrorKinds[k] += held
+				l.ErrorSamples[k] = fmt.Sprintf("%d nodes are still held by the harness's jobs after their releases", held)
+				l.Errors += held
+				res.Errors, res.ErrorKinds, res.ErrorFirst = l.Errors, l.ErrorKinds, l.ErrorSamples
+				failed = true
+			}
 		}
 		if l.Ops == 0 {
 			failed = true
