@@ -14,7 +14,7 @@ SWAGGER_UI_DIR       := internal/docs/ui/swagger-ui
 SWAGGER_UI_FILES     := swagger-ui.css swagger-ui-bundle.js swagger-ui-bundle.js.LICENSE.txt \
                         favicon-16x16.png favicon-32x32.png LICENSE NOTICE
 
-.PHONY: run build test vet fmt-check generate check-generated deploy-test bench clean swagger-ui
+.PHONY: run build test vet fmt-check generate check-generated deploy-test bench bench-http clean swagger-ui
 
 ## run: build and start registryd; with no REGISTRY_DATABASE_URL it runs its own PostgreSQL in ./.data
 run: build
@@ -56,6 +56,11 @@ check-generated:
 ## bench: Go benchmarks (never part of `make test`)
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
+
+## bench-http: registryd through HTTP against pgbench running the same SQL, on a fleet seeded through SQL (cmd/registryd-bench; flags in BENCH_HTTP_FLAGS, e.g. BENCH_HTTP_FLAGS='-nodes 1000000 -duration 30s')
+BENCH_HTTP_FLAGS ?=
+bench-http: build
+	$(GO) run ./cmd/registryd-bench -registryd $(BIN) $(BENCH_HTTP_FLAGS)
 
 clean:
 	rm -rf bin

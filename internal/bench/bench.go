@@ -1,0 +1,333 @@
+// Package bench is registryd's HTTP benchmark harness (make bench-http):
+// it starts `registryd serve` on the embedded PostgreSQL (or targets a
+// running registryd and its database), seeds a fleet through SQL, drives
+// each hot path with its own load generator at a fixed concurrency for a
+// fixed time, runs pgbench with the same SQL at the same client count,
+// and reports both sides, their ratio and the machine they ran on.
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Config is one run of the harness.
+type Config struct {
+	Nodes     int           // the fleet's size, 8 per host
+	Agents    int           // hosts owned by an agent each (heartbeats); default 1000
+	Duration  time.Duration // per workload, per side
+	Clients   int           // concurrency of every workload but gang (16)
+	Workloads []string      // default AllWorkloads
+	JSONOnly  bool          // only the JSON lines, no table
+
+	// Registryd is the registryd binary to start on the embedded
+	// PostgreSQL; ServerEnv (NAME=VALUE) is added to its environment.
+	Registryd string
+	ServerEnv []string
+	// StartTimeout bounds the server's start; default 2 min.
+	StartTimeout time.Duration
+
+	// URL, DatabaseURL and Secret target a running registryd instead:
+	// its address, its database (seeded directly, read by pgbench) and
+	// the HS256 secret it verifies tokens with (tokens are minted here).
+	// Without the secret, Token (an admin token) is used for every
+	// request, and heartbeats are an admin acting as the node rather
+	// than its agent.
+	URL, DatabaseURL string
+	Secret           []byte
+	Token            string
+
+	// Pgbench is the pgbench binary; "" finds it (FindPgbench). When none
+	// is found and RequirePgbench is false, the pgbench side is left out
+	// with a note.
+	Pgbench        string
+	RequirePgbench bool
+
+	// WorkDir holds the server's data folder, log and the pgbench
+	// scripts; "" is a temporary folder removed at the end.
+	WorkDir string
+
+	Stdout, Stderr io.Writer
+}
+
+// Result is one workload's line.
+type Result struct {
+	Workload   string            `json:"workload"`
+	Path       string            `json:"path"`
+	Nodes      int               `json:"nodes"`
+	Clients    int               `json:"clients"`
+	DurationS  float64           `json:"duration_s"`
+	Ops        int64             `json:"ops"`
+	Rate       float64           `json:"rate"`
+	P50MS      float64           `json:"p50_ms"`
+	P99MS      float64           `json:"p99_ms"`
+	MaxMS      float64           `json:"max_ms"`
+	Errors     int64             `json:"errors"`
+	ErrorKinds map[string]int64  `json:"error_kinds,omitempty"`
+	ErrorFirst map[string]string `json:"error_samples,omitempty"`
+	Pgbench    *Pgbench          `json:"pgbench,omitempty"`
+	Ratio      float64           `json:"ratio,omitempty"` // rate / pgbench tps
+	// ServerPeakRSS is registryd's VmHWM during this workload (bytes);
+	// PostgresPSS the embedded cluster's proportional set size right
+	// after it. 0: not known (a server the harness did not start).
+	ServerPeakRSS int64 `json:"server_peak_rss_bytes,omitempty"`
+	PostgresPSS   int64 `json:"postgres_pss_bytes,omitempty"`
+}
+
+// Report is a whole run.
+type Report struct {
+	Machine       Machine   `json:"machine"`
+	Nodes         int       `json:"nodes"`
+	Hosts         int       `json:"hosts"`
+	SeedSeconds   float64   `json:"seed_seconds"`
+	Started       time.Time `json:"started"`
+	ServerPeakRSS int64     `json:"server_peak_rss_bytes,omitempty"`
+	Notes         []string  `json:"notes,omitempty"`
+	Results       []Result  `json:"-"`
+}
+
+// ErrWorkloadErrors means some workload had failed requests (or pgbench
+// failed); the report shows which.
+var ErrWorkloadErrors = errors.New("bench: some workloads had errors")
+
+func (c *Config) defaults() error {
+	if c.Nodes <= 0 {
+		c.Nodes = 100_000
+	}
+	if c.Agents <= 0 {
+		c.Agents = 1000
+	}
+	if c.Duration <= 0 {
+		c.Duration = 10 * time.Second
+	}
+	if c.Clients <= 0 {
+		c.Clients = 32
+	}
+	if len(c.Workloads) == 0 {
+		c.Workloads = AllWorkloads
+	}
+	for _, w := range c.Workloads {
+		if !slices.Contains(AllWorkloads, w) {
+			return fmt.Errorf("bench: no workload %q (want some of %s)", w, strings.Join(AllWorkloads, ","))
+		}
+	}
+	if c.StartTimeout <= 0 {
+		c.StartTimeout = 2 * time.Minute
+	}
+	if c.Stdout == nil {
+		c.Stdout = io.Discard
+	}
+	if c.Stderr == nil {
+		c.Stderr = io.Discard
+	}
+	switch {
+	case c.URL != "" && c.DatabaseURL == "":
+		return errors.New("bench: a running registryd (URL) needs its database's URL (REGISTRY_DATABASE_URL)")
+	case c.URL != "" && len(c.Secret) == 0 && c.Token == "":
+		return errors.New("bench: a running registryd (URL) needs its token secret (REGISTRY_JWT_SECRET) or an admin token (REGISTRY_TOKEN)")
+	case c.URL == "" && c.Registryd == "":
+		return errors.New("bench: no registryd binary to start, and no URL of a running one")
+	}
+	return nil
+}
+
+// Run runs every workload of cfg and writes the JSON lines (and, unless
+// JSONOnly, the table) to cfg.Stdout. It returns the report, and
+// ErrWorkloadErrors (wrapped) when any workload had errors: they are
+// reported, never averaged away.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	rep := &Report{Nodes: cfg.Nodes, Started: time.Now().UTC()}
+	logf := func(format string, args ...any) { fmt.Fprintf(cfg.Stderr, "bench: "+format+"\n", args...) }
+
+	work := cfg.WorkDir
+	if work == "" {
+		dir, err := os.MkdirTemp("", "registryd-bench")
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(dir)
+		work = dir
+	}
+
+	pgbench := cfg.Pgbench
+	if pgbench == "" {
+		p, err := FindPgbench()
+		if err != nil && cfg.RequirePgbench {
+			return nil, err
+		}
+		if err != nil {
+			rep.Notes = append(rep.Notes, "pgbench not found: the pgbench side is left out")
+			logf("pgbench not found: measuring registryd only")
+		}
+		pgbench = p
+	} else if !isExecutable(pgbench) {
+		return nil, fmt.Errorf("%w at %s", ErrNoPgbench, pgbench)
+	}
+
+	url, dbURL, secret := cfg.URL, cfg.DatabaseURL, cfg.Secret
+	var srv *server
+	if url == "" {
+		secret = make([]byte, 32)
+		rand.Read(secret)
+		secret = []byte(hex.EncodeToString(secret))
+		logf("starting %s serve on the embedded PostgreSQL", cfg.Registryd)
+		var err error
+		srv, err = startServer(ctx, cfg.Registryd, work, secret, cfg.StartTimeout, cfg.ServerEnv)
+		if err != nil {
+			return nil, err
+		}
+		defer func() {
+			if err := srv.stop(); err != nil {
+				logf("%v", err)
+			}
+		}()
+		url, dbURL = srv.url, srv.dbURL
+		logf("serving on %s (pid %d), log %s", url, srv.pid(), srv.stderr)
+	}
+
+	pool, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		return nil, fmt.Errorf("bench: database: %w", err)
+	}
+	defer pool.Close()
+	rep.Machine = describeMachine(ctx, pool, pgbench)
+
+	logf("seeding %d nodes", cfg.Nodes)
+	f, err := seed(ctx, pool, cfg.Nodes, cfg.Agents)
+	if err != nil {
+		return nil, err
+	}
+	if err := f.tokens(secret, cfg.Token); err != nil {
+		return nil, err
+	}
+	if f.adminActsAsAgents {
+		rep.Notes = append(rep.Notes, "no token secret: heartbeats are an admin acting as the node, not its agent")
+	}
+	rep.Hosts, rep.SeedSeconds = f.hosts, f.seeded.Seconds()
+	logf("seeded %d nodes on %d hosts in %.1fs (%d agents)", f.nodes, f.hosts, rep.SeedSeconds, len(f.agents))
+
+	if pgbench != "" {
+		needCopies := slices.ContainsFunc(cfg.Workloads, func(w string) bool { return w == Claim || w == Gang })
+		t0 := time.Now()
+		if err := pgbenchTables(ctx, pool, needCopies); err != nil {
+			return nil, err
+		}
+		logf("pgbench's tables made in %.1fs", time.Since(t0).Seconds())
+		defer func() {
+			if err := dropPgbenchTables(context.WithoutCancel(ctx), pool); err != nil {
+				logf("%v", err)
+			}
+		}()
+	}
+
+	enc := json.NewEncoder(cfg.Stdout)
+	if err := enc.Encode(rep); err != nil {
+		return nil, err
+	}
+	t := &target{url: url, fleet: f, holds: newHoldings()}
+	firstJob := 2_000_000_000 + time.Now().Unix()%1_000_000*1000
+	t.jobs.Store(firstJob)
+	failed := false
+	for _, name := range cfg.Workloads {
+		w, err := t.workload(name, cfg.Clients)
+		if err != nil {
+			return nil, err
+		}
+		res := Result{Workload: w.name, Path: w.path, Nodes: cfg.Nodes, Clients: w.clients}
+		if srv != nil {
+			if err := resetPeakRSS(srv.pid()); err != nil {
+				logf("cannot reset the server's peak RSS (%v): it is the peak since start", err)
+			}
+		}
+		logf("%s: registryd, %d clients, %s", name, w.clients, cfg.Duration)
+		l := generate(ctx, w.clients, warmup(cfg.Duration), cfg.Duration, w.op)
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		res.DurationS, res.Ops, res.Rate, res.Errors = l.Elapsed.Seconds(), l.Ops, l.Rate, l.Errors
+		res.P50MS, res.P99MS, res.MaxMS = ms(l.P50), ms(l.P99), ms(l.Max)
+		if l.Errors > 0 {
+			res.ErrorKinds, res.ErrorFirst = l.ErrorKinds, l.ErrorSamples
+			failed = true
+			logf("%s: %d errors: %v", name, l.Errors, l.ErrorKinds)
+		}
+		if name == Claim || name == Gang { // every node a claim took is released again
+			var held int64
+			if err := pool.QueryRow(ctx, `SELECT count(*) FROM nodes WHERE current_job > $1`, firstJob).Scan(&held); err != nil {
+				return nil, fmt.Errorf("bench: %s: %w", name, err)
+			}
+			if held > 0 {
+				k := "held after the run"
+				l.ErrorKinds[k] += held
+				l.ErrorSamples[k] = fmt.Sprintf("%d nodes are still held by the harness's jobs after their releases", held)
+				l.Errors += held
+				res.Errors, res.ErrorKinds, res.ErrorFirst = l.Errors, l.ErrorKinds, l.ErrorSamples
+				failed = true
+			}
+		}
+		if l.Ops == 0 {
+			failed = true
+		}
+		if srv != nil {
+			res.ServerPeakRSS = peakRSS(srv.pid())
+			rep.ServerPeakRSS = max(rep.ServerPeakRSS, res.ServerPeakRSS)
+			res.PostgresPSS = pss(srv.postmasterPID())
+		}
+		if pgbench != "" && w.script != "" {
+			logf("%s: pgbench %s, %d clients, %s", name, w.script, w.clients, cfg.Duration)
+			p, err := runPgbench(ctx, pgbench, work, dbURL, w.script, w.clients, cfg.Duration, f)
+			if err != nil {
+				p.Error = err.Error()
+				failed = true
+				logf("%s: %v", name, err)
+			} else if p.TPS > 0 {
+				res.Ratio = res.Rate / p.TPS
+			}
+			res.Pgbench = &p
+		}
+		rep.Results = append(rep.Results, res)
+		if err := enc.Encode(res); err != nil {
+			return nil, err
+		}
+	}
+	if n := t.holds.doubles.Load(); n > 0 {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("DOUBLE ASSIGNMENT: %d claims were given a node another job held", n))
+	}
+	if !cfg.JSONOnly {
+		fmt.Fprint(cfg.Stdout, "\n"+Markdown(rep))
+	}
+	if failed {
+		return rep, fmt.Errorf("%w: %s", ErrWorkloadErrors, failedWorkloads(rep))
+	}
+	return rep, nil
+}
+
+func failedWorkloads(rep *Report) string {
+	var names []string
+	for _, r := range rep.Results {
+		if r.Errors > 0 || r.Ops == 0 || (r.Pgbench != nil && r.Pgbench.Error != "") {
+			names = append(names, r.Workload)
+		}
+	}
+	return strings.Join(names, ", ")
+}
+
+// warmup is how long a workload runs unmeasured before its duration: a
+// tenth of it, at most 2 s.
+func warmup(d time.Duration) time.Duration { return min(d/10, 2*time.Second) }
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -1,0 +1,416 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/registryd/registryd/internal/auth"
+	"github.com/registryd/registryd/internal/registry"
+)
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+)
+
+// registrydBinary builds registryd once for the package's tests.
+func registrydBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "registryd-bench-test")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "registryd")
+		out, err := exec.Command("go", "build", "-o", binPath, "github.com/registryd/registryd/cmd/registryd").CombinedOutput()
+		if err != nil {
+			buildErr = errors.New("go build registryd: " + err.Error() + "\n" + string(out))
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binPath != "" {
+		os.RemoveAll(filepath.Dir(binPath))
+	}
+	os.Exit(code)
+}
+
+// workDir is a folder for a run's server, which the postgres user must be
+// able to enter when the tests run as root: t.TempDir's parent is closed
+// to others.
+func workDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "registryd-bench-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// pgbenchOrSkip finds pgbench; without one it skips, except under CI,
+// which installs PostgreSQL (and so pgbench) and must run both sides.
+func pgbenchOrSkip(t *testing.T) string {
+	t.Helper()
+	p, err := FindPgbench()
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("CI is set, so pgbench must be installed: %v", err)
+		}
+		return ""
+	}
+	return p
+}
+
+// The whole harness at a tiny size: every workload serves requests with
+// no error, pgbench runs its script, the JSON lines parse, and the table
+// names every path.
+func TestHarnessEndToEnd(t *testing.T) {
+	t.Parallel()
+	bin := registrydBinary(t)
+	pgbench := pgbenchOrSkip(t)
+	if pgbench == "" {
+		t.Log("pgbench not installed (and CI unset): measuring registryd's side only")
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	work := workDir(t)
+	rep, err := Run(ctx, Config{
+		Nodes: 800, Agents: 20, Duration: time.Second, Clients: 8,
+		Registryd: bin, Pgbench: pgbench, WorkDir: work,
+		Stdout: &stdout, Stderr: &stderr,
+	})
+	if err != nil {
+		t.Fatalf("Run: %v\nstdout:\n%s\nstderr:\n%s\nserver log:\n%s", err, stdout.String(), stderr.String(), readTail(filepath.Join(work, "serve.log")))
+	}
+
+	head, table, ok := strings.Cut(stdout.String(), "\n\n")
+	if !ok {
+		t.Fatalf("no table after the JSON lines:\n%s", stdout.String())
+	}
+	sc := bufio.NewScanner(strings.NewReader(head))
+	sc.Buffer(nil, 1<<20)
+	var lines []map[string]any
+	for sc.Scan() {
+		var m map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
+			t.Fatalf("line %d is not JSON (%v): %s", len(lines)+1, err, sc.Text())
+		}
+		lines = append(lines, m)
+	}
+	if len(lines) != 1+len(AllWorkloads) {
+		t.Fatalf("%d JSON lines, want the run's and one per workload (%d):\n%s", len(lines), len(AllWorkloads), head)
+	}
+	machine, _ := lines[0]["machine"].(map[string]any)
+	if machine == nil || machine["postgresql"] == "" || machine["cores"] == nil {
+		t.Errorf("first line has no machine description: %v", lines[0])
+	}
+	for i, name := range AllWorkloads {
+		l := lines[i+1]
+		if l["workload"] != name {
+			t.Errorf("line %d is workload %v, want %s", i+2, l["workload"], name)
+		}
+		if rate, _ := l["rate"].(float64); rate <= 0 {
+			t.Errorf("%s: rate %v, want > 0", name, l["rate"])
+		}
+		if errs, _ := l["errors"].(float64); errs != 0 {
+			t.Errorf("%s: %v errors: %v", name, errs, l["error_samples"])
+		}
+		if rss, _ := l["server_peak_rss_bytes"].(float64); rss <= 0 {
+			t.Errorf("%s: no server peak RSS", name)
+		}
+		if pgbench != "" {
+			p, _ := l["pgbench"].(map[string]any)
+			if tps, _ := p["tps"].(float64); tps <= 0 || p["error"] != nil {
+				t.Errorf("%s: pgbench %v, want a tps and no error", name, p)
+			}
+			if ratio, _ := l["ratio"].(float64); ratio <= 0 {
+				t.Errorf("%s: no ratio", name)
+			}
+		}
+		if !strings.Contains(table, "| "+rep.Results[i].Path+" |") {
+			t.Errorf("the table has no row for %s:\n%s", name, table)
+		}
+	}
+	for _, want := range []string{"| path | clients | registryd rate | p50 | p99 |", "Machine: ", "synchronous_commit=", "registryd peak RSS"} {
+		if !strings.Contains(table, want) {
+			t.Errorf("the table lacks %q:\n%s", want, table)
+		}
+	}
+	// The server it started is gone, and with it its PostgreSQL.
+	if procs := processesUsing(work); len(procs) > 0 {
+		t.Errorf("processes still running on %s: %v", work, procs)
+	}
+}
+
+// processesUsing lists the command lines that mention dir: the server
+// (by its binary's environment we cannot see) is found through its
+// PostgreSQL, whose -D names the data folder under dir.
+func processesUsing(dir string) []string {
+	var found []string
+	cmdlines, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range cmdlines {
+		b, err := os.ReadFile(p)
+		if err == nil && strings.Contains(string(b), dir) {
+			found = append(found, strings.ReplaceAll(string(b), "\x00", " "))
+		}
+	}
+	return found
+}
+
+// A server that cannot start is an error quoting why, at once.
+func TestServerThatFailsToStart(t *testing.T) {
+	t.Parallel()
+	bin := registrydBinary(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	start := time.Now()
+	_, err := Run(ctx, Config{Nodes: 8, Duration: time.Second, Registryd: bin, Pgbench: "", WorkDir: workDir(t),
+		ServerEnv: []string{"REGISTRY_NODE_TTL=bogus"}})
+	if err == nil || !strings.Contains(err.Error(), "exited before serving") || !strings.Contains(err.Error(), "REGISTRY_NODE_TTL") {
+		t.Fatalf("Run = %v, want the server's exit and its message naming REGISTRY_NODE_TTL", err)
+	}
+	if d := time.Since(start); d > time.Minute {
+		t.Errorf("took %s to notice", d)
+	}
+
+	_, err = Run(ctx, Config{Nodes: 8, Registryd: filepath.Join(t.TempDir(), "no-registryd"), WorkDir: t.TempDir()})
+	if err == nil || !strings.Contains(err.Error(), "start server") {
+		t.Fatalf("Run with a missing binary = %v, want a start error", err)
+	}
+}
+
+// A pgbench that is not there is an error before anything starts.
+func TestPgbenchMissing(t *testing.T) {
+	t.Parallel()
+	_, err := Run(t.Context(), Config{Nodes: 8, Registryd: "registryd", Pgbench: filepath.Join(t.TempDir(), "pgbench")})
+	if !errors.Is(err, ErrNoPgbench) {
+		t.Fatalf("Run = %v, want ErrNoPgbench", err)
+	}
+}
+
+// A workload whose requests fail, and a pgbench that fails, are reported
+// as such: errors counted by kind with a sample, no rate made of
+// failures, the run's error naming the workload, the table flagging both.
+func TestFailuresAreReported(t *testing.T) {
+	t.Parallel()
+	bin := registrydBinary(t)
+	fake := filepath.Join(t.TempDir(), "pgbench")
+	if err := os.WriteFile(fake, []byte("#!/bin/sh\necho 'pgbench: boom: the script broke' >&2\nexit 1\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	var stdout bytes.Buffer
+	rep, err := Run(ctx, Config{
+		Nodes: 80, Agents: 2, Duration: time.Second, Clients: 2, Workloads: []string{Retrieve},
+		Registryd: bin, Pgbench: fake, WorkDir: workDir(t), Stdout: &stdout,
+		// The harness mints 12 h tokens: a server capping them at 1 h
+		// refuses every request with 401.
+		ServerEnv: []string{"REGISTRY_TOKEN_MAX_TTL=1h"},
+	})
+	if !errors.Is(err, ErrWorkloadErrors) || !strings.Contains(err.Error(), Retrieve) {
+		t.Fatalf("Run = %v, want ErrWorkloadErrors naming %s", err, Retrieve)
+	}
+	if rep == nil || len(rep.Results) != 1 {
+		t.Fatalf("report %+v, want one result", rep)
+	}
+	r := rep.Results[0]
+	if r.Errors == 0 || r.Ops != 0 || r.Rate != 0 {
+		t.Errorf("errors %d, ops %d, rate %v: want only errors and no rate", r.Errors, r.Ops, r.Rate)
+	}
+	const kind = "HTTP 401 /v1/nodes/{pk}"
+	if r.ErrorKinds[kind] != r.Errors || !strings.Contains(r.ErrorFirst[kind], "401") {
+		t.Errorf("error kinds %v, samples %v: want all %s", r.ErrorKinds, r.ErrorFirst, kind)
+	}
+	if r.Pgbench == nil || !strings.Contains(r.Pgbench.Error, "boom") {
+		t.Errorf("pgbench %+v, want its failure with its stderr", r.Pgbench)
+	}
+	out := stdout.String()
+	for _, want := range []string{`"errors":`, `"error_kinds":{"HTTP 401 /v1/nodes/{pk}":`, "| **failed** |", "**retrieve: ", "no op succeeded", "pgbench failed**: "} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestParsePgbench(t *testing.T) {
+	t.Parallel()
+	const pg15 = `transaction type: retrieve.sql
+scaling factor: 1
+query mode: prepared
+number of clients: 32
+number of threads: 2
+maximum number of tries: 1
+duration: 10 s
+number of transactions actually processed: 331201
+number of failed transactions: 0 (0.000%)
+latency average = 0.965 ms
+initial connection time = 41.287 ms
+tps = 33146.505163 (without initial connection time)
+`
+	p, err := parsePgbench(pg15)
+	if err != nil || p.TPS != 33146.505163 || p.LatencyMS != 0.965 || p.Processed != 331201 || p.Failed != 0 {
+		t.Errorf("parsePgbench = %+v, %v", p, err)
+	}
+	if _, err := parsePgbench("pgbench: error: connection refused\n"); err == nil {
+		t.Error("no tps line: want an error")
+	}
+	if _, err := parsePgbench(strings.Replace(pg15, "processed: 331201", "processed: 0", 1)); err == nil {
+		t.Error("no transactions: want an error")
+	}
+}
+
+// pgbench's own failures: a nonzero exit, failed transactions, aborted
+// clients, each an error with what pgbench said.
+func TestRunPgbenchFailures(t *testing.T) {
+	t.Parallel()
+	summary := func(failed string) string {
+		return "cat <<'EOF'\nnumber of transactions actually processed: 100\nnumber of failed transactions: " + failed +
+			"\nlatency average = 1.0 ms\ntps = 100.0 (without initial connection time)\nEOF\n"
+	}
+	for name, tc := range map[string]struct {
+		script string
+		want   string
+	}{
+		"exit":    {"echo 'pgbench: error: could not connect' >&2; exit 1", "could not connect"},
+		"failed":  {summary("7 (7.000%)"), "7 failed transactions"},
+		"aborted": {summary("0 (0.000%)") + "echo 'client 3 aborted in command 2' >&2", "clients aborted"},
+		"garbage": {"echo hello", "no tps line"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			dir := t.TempDir()
+			bin := filepath.Join(dir, "pgbench")
+			if err := os.WriteFile(bin, []byte("#!/bin/sh\n"+tc.script+"\n"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			_, err := runPgbench(t.Context(), bin, dir, "postgres:///x", "retrieve.sql", 2, time.Second, &fleet{minPK: 1, maxPK: 8})
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("runPgbench = %v, want an error with %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestHoldingsCatchDoubleAssignment(t *testing.T) {
+	t.Parallel()
+	h := newHoldings()
+	if err := h.take(1, []int64{5, 6}); err != nil {
+		t.Fatal(err)
+	}
+	err := h.take(2, []int64{7, 6})
+	if !errors.Is(err, errDoubleAssignment) || !strings.Contains(err.Error(), "node 6 given to job 2 while job 1 holds it") {
+		t.Fatalf("take = %v, want a double assignment of node 6", err)
+	}
+	if k := errorKind(err); k != "double assignment" {
+		t.Errorf("counted as %q", k)
+	}
+	if h.doubles.Load() != 1 {
+		t.Errorf("doubles = %d", h.doubles.Load())
+	}
+	h.drop([]int64{5, 6})
+	if err := h.take(2, []int64{7, 6}); err != nil {
+		t.Errorf("after the release: %v", err)
+	}
+}
+
+func TestCheckClaim(t *testing.T) {
+	t.Parallel()
+	job := int64(9)
+	other := int64(10)
+	ok := []claimedNode{{PK: 1, IP: "10.0.0.1", CurrentJob: &job}, {PK: 2, IP: "10.0.0.1", CurrentJob: &job}}
+	if err := checkClaim(job, 2, true, ok); err != nil {
+		t.Errorf("good claim: %v", err)
+	}
+	for name, nodes := range map[string][]claimedNode{
+		"short":      ok[:1],
+		"two hosts":  {ok[0], {PK: 3, IP: "10.0.0.2", CurrentJob: &job}},
+		"other job":  {ok[0], {PK: 2, IP: "10.0.0.1", CurrentJob: &other}},
+		"no job set": {ok[0], {PK: 2, IP: "10.0.0.1"}},
+	} {
+		if err := checkClaim(job, 2, true, nodes); err == nil {
+			t.Errorf("%s: no error", name)
+		}
+	}
+}
+
+func readTail(path string) string {
+	b, _ := os.ReadFile(path)
+	return tail(string(b), 30)
+}
+
+func TestCopyIndex(t *testing.T) {
+	t.Parallel()
+	for def, want := range map[string]string{
+		"CREATE UNIQUE INDEX nodes_pkey ON public.nodes USING btree (pk)":                                            "CREATE UNIQUE INDEX bench_nodes_pkey ON bench_nodes USING btree (pk)",
+		"CREATE INDEX nodes_free_idx ON public.nodes USING btree (pk) WHERE ((current_job IS NULL) AND schedulable)": "CREATE INDEX bench_nodes_free_idx ON bench_nodes USING btree (pk) WHERE ((current_job IS NULL) AND schedulable)",
+		"CREATE INDEX nodes_ip_idx ON nodes USING btree (ip)":                                                        "CREATE INDEX bench_nodes_ip_idx ON bench_nodes USING btree (ip)",
+	} {
+		if got := copyIndex(def); got != want {
+			t.Errorf("copyIndex(%q) = %q, want %q", def, got, want)
+		}
+	}
+}
+
+// Against a running registryd given its URL, its database and an admin
+// token (no secret): heartbeats are the admin acting as the node, and the
+// report says so. A second run refuses the registry it already seeded.
+func TestRunningServerWithAdminToken(t *testing.T) {
+	t.Parallel()
+	bin := registrydBinary(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	work := workDir(t)
+	secret := []byte("bench-test-secret-0123456789abcdef")
+	srv, err := startServer(ctx, bin, work, secret, 2*time.Minute, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.stop()
+	admin, err := auth.Signer{Secret: secret}.Sign("bench-admin", registry.RoleAdmin, time.Hour, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{
+		Nodes: 80, Agents: 4, Duration: time.Second, Clients: 2, Workloads: []string{Heartbeat, Retrieve},
+		URL: srv.url, DatabaseURL: srv.dbURL, Token: admin, Pgbench: pgbenchOrSkip(t), WorkDir: workDir(t),
+	}
+	var stdout bytes.Buffer
+	cfg.Stdout = &stdout
+	rep, err := Run(ctx, cfg)
+	if err != nil {
+		t.Fatalf("Run: %v\n%s", err, stdout.String())
+	}
+	if len(rep.Results) != 2 || rep.Results[0].Errors != 0 || rep.Results[0].Rate <= 0 || rep.Results[1].Rate <= 0 {
+		t.Fatalf("results %+v", rep.Results)
+	}
+	if !strings.Contains(rep.Results[0].Path, "admin acting as the node") || !strings.Contains(stdout.String(), "no token secret") {
+		t.Errorf("the report does not say heartbeats were an admin's:\n%s", stdout.String())
+	}
+	if rep.Results[0].ServerPeakRSS != 0 {
+		t.Errorf("a peak RSS for a server the harness did not start")
+	}
+	if _, err := Run(ctx, cfg); err == nil || !strings.Contains(err.Error(), "holds 80 nodes already") {
+		t.Errorf("second Run = %v, want a refusal of the seeded registry", err)
+	}
+}

@@ -1,0 +1,95 @@
+package bench
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+)
+
+// Markdown renders rep as the table docs/benchmarks.md takes, with the
+// machine, the fleet, peak memory and every error spelled out under it.
+func Markdown(rep *Report) string {
+	var b strings.Builder
+	m := rep.Machine
+	fmt.Fprintf(&b, "%s UTC: %d nodes (%d hosts × 8 GPUs), seeded in %.1f s.\n", rep.Started.Format("2006-01-02 15:04"), rep.Nodes, rep.Hosts, rep.SeedSeconds)
+	fmt.Fprintf(&b, "Machine: %s, %d cores, %d MiB, %s (kernel %s), %s, %s", orUnknown(m.CPU), m.Cores, m.MemoryMB, orUnknown(m.OS), orUnknown(m.Kernel), m.Go, orUnknown(m.PostgreSQL))
+	if len(m.Settings) > 0 {
+		var kv []string
+		for _, k := range durabilitySettings {
+			if v, ok := m.Settings[k]; ok {
+				kv = append(kv, k+"="+v)
+			}
+		}
+		fmt.Fprintf(&b, " (%s)", strings.Join(kv, ", "))
+	}
+	fmt.Fprintf(&b, "; load average at start %s.\n\n", orUnknown(m.LoadAvg))
+
+	b.WriteString("| path | clients | registryd rate | p50 | p99 | max | errors | pgbench tps | pgbench latency | ratio |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, r := range rep.Results {
+		errs := "0"
+		if r.Errors > 0 {
+			errs = fmt.Sprintf("**%d**", r.Errors)
+		}
+		tps, lat, ratio := "—", "—", "—"
+		if p := r.Pgbench; p != nil {
+			if p.Error != "" {
+				tps = "**failed**"
+			} else {
+				tps = fmt.Sprintf("%s/s", thousands(p.TPS))
+				lat = fmt.Sprintf("%.2f ms avg", p.LatencyMS)
+				if r.Ratio > 0 {
+					ratio = fmt.Sprintf("%.2f×", r.Ratio)
+				}
+			}
+		}
+		fmt.Fprintf(&b, "| %s | %d | %s/s | %.2f ms | %.2f ms | %.1f ms | %s | %s | %s | %s |\n",
+			r.Path, r.Clients, thousands(r.Rate), r.P50MS, r.P99MS, r.MaxMS, errs, tps, lat, ratio)
+	}
+	b.WriteString("\n")
+	for _, r := range rep.Results {
+		if r.ServerPeakRSS > 0 {
+			fmt.Fprintf(&b, "- %s: registryd peak RSS %d MB", r.Workload, r.ServerPeakRSS>>20)
+			if r.PostgresPSS > 0 {
+				fmt.Fprintf(&b, ", PostgreSQL PSS after it %d MB", r.PostgresPSS>>20)
+			}
+			b.WriteString("\n")
+		}
+	}
+	for _, r := range rep.Results {
+		for _, k := range slices.Sorted(maps.Keys(r.ErrorKinds)) {
+			fmt.Fprintf(&b, "- **%s: %d × %s**, first: %s\n", r.Workload, r.ErrorKinds[k], k, r.ErrorFirst[k])
+		}
+		if r.Ops == 0 {
+			fmt.Fprintf(&b, "- **%s: no op succeeded in the measured time**\n", r.Workload)
+		}
+		if r.Pgbench != nil && r.Pgbench.Error != "" {
+			fmt.Fprintf(&b, "- **%s: pgbench failed**: %s\n", r.Workload, strings.ReplaceAll(strings.TrimSpace(r.Pgbench.Error), "\n", " / "))
+		}
+	}
+	for _, n := range rep.Notes {
+		fmt.Fprintf(&b, "- %s\n", n)
+	}
+	return b.String()
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "unknown"
+	}
+	return s
+}
+
+// thousands formats a rate as an integer with thousands separators.
+func thousands(f float64) string {
+	s := fmt.Sprintf("%.0f", f)
+	var out []byte
+	for i := range len(s) {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			out = append(out, ',')
+		}
+		out = append(out, s[i])
+	}
+	return string(out)
+}
