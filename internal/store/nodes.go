@@ -533,8 +533,9 @@ func (q *query) hostWhere(t string, f registry.NodeFilter, tried []string) {
 }
 
 // hostLockClass keys the transaction-level advisory locks a gang claim
-// takes on the hosts it tries ("host"), apart from the store's other
-// advisory locks, whose high word is "regi".
+// takes on the hosts it tries ("host"; the two-int form, a key space of
+// its own apart from the store's bigint advisory locks). A hash collision
+// only makes a claimer pass over a host.
 const hostLockClass = 0x686f7374
 
 // hostCandidates is the number of classes a gang claim reads per try before
