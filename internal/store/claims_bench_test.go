@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -25,7 +26,8 @@ import (
 // (the triggers' cost included). Each op is one claim and its release; the
 // metrics are claims/s (successful claims over wall time) and the p99 of
 // the claim alone. The sweeper's folding of the free counts runs every
-// second meanwhile, as in production.
+// second meanwhile, as in production. REGISTRYD_BENCH_PLANS=1 logs the
+// plans of the host lookup and of the grouped count it replaced (-v).
 //
 //	REGISTRYD_BENCH_HOSTS=125000 go test ./internal/store -run '^$' -bench Claims -benchtime 5s
 func BenchmarkClaims(b *testing.B) {
@@ -75,6 +77,41 @@ func BenchmarkClaims(b *testing.B) {
 	settle()
 
 	hw := int64(1)
+	// What finding a host costs, alone: the statement a try runs now, and
+	// the grouped count over the free fleet every gang claim ran before
+	// (issue 12), side by side on the same data.
+	explain := func(what, sql string, args ...any) {
+		b.Helper()
+		// One statement, its own transaction: the advisory lock it takes
+		// ends with it.
+		rows, err := st.Pool().Query(ctx, `EXPLAIN (ANALYZE, BUFFERS) `+sql, args...)
+		if err != nil {
+			b.Fatal(err)
+		}
+		var plan []string
+		for rows.Next() {
+			var line string
+			if err := rows.Scan(&line); err != nil {
+				b.Fatal(err)
+			}
+			plan = append(plan, line)
+		}
+		if err := rows.Err(); err != nil {
+			b.Fatal(err)
+		}
+		b.Logf("%s:\n%s", what, strings.Join(plan, "\n"))
+	}
+	plans := func(fleet string) {
+		b.Helper()
+		sql, args := store.HostCandidatesQuery(registry.NodeFilter{HardwareGeneration: &hw}, 8, []string{})
+		explain(fleet+" fleet, a gang claim's host lookup", sql, args...)
+		explain(fleet+" fleet, the grouped count gang claims ran before", `SELECT host(ip) FROM nodes
+			WHERE current_job IS NULL AND schedulable AND NOT lost AND cordon_reason IS NULL AND hardware_generation = 1
+			GROUP BY ip HAVING count(*) >= 8 ORDER BY min(pk) LIMIT 32`)
+	}
+	if os.Getenv("REGISTRYD_BENCH_PLANS") != "" {
+		plans("whole")
+	}
 	run := func(b *testing.B, count int, sameHost bool) {
 		var (
 			mu        sync.Mutex
@@ -150,6 +187,9 @@ func BenchmarkClaims(b *testing.B) {
 	exec(`UPDATE nodes SET current_job = 1
 		WHERE (ip - '10.0.0.0'::inet) % 100 <> 0 AND gpu_index >= 1 + (ip - '10.0.0.0'::inet) % 7`)
 	settle()
+	if os.Getenv("REGISTRYD_BENCH_PLANS") != "" {
+		plans("fragmented")
+	}
 	b.Run("fragmented/gang", func(b *testing.B) { run(b, 8, true) })
 	b.Run("fragmented/single", func(b *testing.B) { run(b, 1, false) })
 }

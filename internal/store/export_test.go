@@ -9,3 +9,7 @@ var AuditQuery = auditQuery
 
 // SweepCandidates exposes the sweeper's candidate query, for plans.
 var SweepCandidates = sweepCandidates
+
+// HostCandidatesQuery exposes the statement a gang claim's try runs, for
+// plans.
+var HostCandidatesQuery = hostCandidatesQuery

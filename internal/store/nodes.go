@@ -542,6 +542,41 @@ const hostLockClass = 0x686f7374
 // it takes the first one no other claimer is trying.
 const hostCandidates = 64
 
+// hostCandidatesQuery is the statement a gang claim's try runs: the first
+// class with count or more free matching nodes, fewest first, whose host
+// no concurrent claimer is trying (it takes that host's advisory lock),
+// leaving out hosts already tried. Classes without unfolded deltas come
+// from host_free's index on the count; those with deltas are summed.
+func hostCandidatesQuery(f registry.NodeFilter, count int, tried []string) (string, []any) {
+	var q query
+	n := q.arg(count)
+	q.hostWhere("b", f, tried)
+	baseCond := q.cond()
+	q.conds = nil
+	q.hostWhere("p", f, tried)
+	pendingCond := q.cond()
+	sql := `
+		WITH p AS MATERIALIZED (
+			SELECT ip, hardware_generation, gpu_mem, cpu_mem, source, sum(delta) AS delta
+			FROM host_free_delta GROUP BY 1, 2, 3, 4, 5
+		), c AS (
+			(SELECT b.ip, b.hardware_generation, b.gpu_mem, b.cpu_mem, b.source, b.free FROM host_free b
+			 WHERE b.free >= ` + n + ` AND ` + baseCond + `
+			   AND (b.ip, b.hardware_generation, b.gpu_mem, b.cpu_mem, b.source) NOT IN
+			       (SELECT ip, hardware_generation, gpu_mem, cpu_mem, source FROM p)
+			 ORDER BY b.free LIMIT ` + strconv.Itoa(hostCandidates) + `)
+			UNION ALL
+			SELECT p.ip, p.hardware_generation, p.gpu_mem, p.cpu_mem, p.source, coalesce(b.free, 0) + p.delta
+			FROM p LEFT JOIN host_free b USING (ip, hardware_generation, gpu_mem, cpu_mem, source)
+			WHERE coalesce(b.free, 0) + p.delta >= ` + n + ` AND ` + pendingCond + `
+		)
+		SELECT host(ip), hardware_generation, gpu_mem, cpu_mem, source
+		FROM (SELECT * FROM c ORDER BY free LIMIT ` + strconv.Itoa(hostCandidates) + `) c
+		WHERE pg_try_advisory_xact_lock(` + strconv.Itoa(hostLockClass) + `, hashtext(host(ip)))
+		LIMIT 1`
+	return sql, q.args
+}
+
 // pickOneHost finds a host with c.Count free matching nodes and locks them,
 // without reading the fleet: host_free (migration 00013) counts the free
 // nodes of each class of each host, and its index on the count leads to
@@ -577,34 +612,9 @@ func (s *Store) pickOneHost(ctx context.Context, c registry.Claim) ([]int64, err
 		return nil, sp.Rollback(ctx)
 	}
 	for len(tried) < maxHostsTried {
-		var q query
-		n := q.arg(c.Count)
-		q.hostWhere("b", c.Filter, tried)
-		baseCond := q.cond()
-		q.conds = nil
-		q.hostWhere("p", c.Filter, tried)
-		pendingCond := q.cond()
-		sql := `
-			WITH p AS MATERIALIZED (
-				SELECT ip, hardware_generation, gpu_mem, cpu_mem, source, sum(delta) AS delta
-				FROM host_free_delta GROUP BY 1, 2, 3, 4, 5
-			), c AS (
-				(SELECT b.ip, b.hardware_generation, b.gpu_mem, b.cpu_mem, b.source, b.free FROM host_free b
-				 WHERE b.free >= ` + n + ` AND ` + baseCond + `
-				   AND (b.ip, b.hardware_generation, b.gpu_mem, b.cpu_mem, b.source) NOT IN
-				       (SELECT ip, hardware_generation, gpu_mem, cpu_mem, source FROM p)
-				 ORDER BY b.free LIMIT ` + strconv.Itoa(hostCandidates) + `)
-				UNION ALL
-				SELECT p.ip, p.hardware_generation, p.gpu_mem, p.cpu_mem, p.source, coalesce(b.free, 0) + p.delta
-				FROM p LEFT JOIN host_free b USING (ip, hardware_generation, gpu_mem, cpu_mem, source)
-				WHERE coalesce(b.free, 0) + p.delta >= ` + n + ` AND ` + pendingCond + `
-			)
-			SELECT host(ip), hardware_generation, gpu_mem, cpu_mem, source
-			FROM (SELECT * FROM c ORDER BY free LIMIT ` + strconv.Itoa(hostCandidates) + `) c
-			WHERE pg_try_advisory_xact_lock(` + strconv.Itoa(hostLockClass) + `, hashtext(host(ip)))
-			LIMIT 1`
+		sql, args := hostCandidatesQuery(c.Filter, c.Count, tried)
 		var h hostClass
-		err := s.db.QueryRow(ctx, sql, q.args...).Scan(&h.ip, &h.hw, &h.gpuMem, &h.cpuMem, &h.source)
+		err := s.db.QueryRow(ctx, sql, args...).Scan(&h.ip, &h.hw, &h.gpuMem, &h.cpuMem, &h.source)
 		if errors.Is(err, pgx.ErrNoRows) {
 			break
 		}
