@@ -17,3 +17,7 @@ var SweepCandidates = sweepCandidates
 func WithImportChunk(ctx context.Context, n int) context.Context {
 	return context.WithValue(ctx, importChunkKey{}, n)
 }
+
+// HostCandidatesQuery exposes the statement a gang claim's try runs, for
+// plans.
+var HostCandidatesQuery = hostCandidatesQuery

@@ -52,11 +52,15 @@ var sweepCandidates = `
 // lease ran out are released, each with a change-log event (lost, found,
 // expired) and an audit entry (principal system:lifecycle for lost and
 // found, system:lease for expiries) committed with the change. It returns
-// the pks it changed. Callers make sure one pass runs at a time (the
+// the pks it changed. It first folds the free counts' deltas (FoldHostFree),
+// in a transaction of its own. Callers make sure one pass runs at a time (the
 // sweeper's advisory lock); the statements are guarded besides, so a
 // pass that overlapped another would find nothing left to do.
 func (s *Store) SweepLifecycle(ctx context.Context, ttl time.Duration) (registry.Sweep, error) {
 	var done registry.Sweep
+	if err := s.FoldHostFree(ctx); err != nil {
+		return done, err
+	}
 	err := s.WithTx(ctx, func(tx *Store) error {
 		var now time.Time
 		if err := tx.db.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {

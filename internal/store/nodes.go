@@ -476,51 +476,223 @@ func (s *Store) ClaimNodes(ctx context.Context, actor registry.Actor, c registry
 	return out, nil
 }
 
-// pick locks up to n free matching nodes (optionally on one host) that no
-// one else is locking, lowest pk first.
-func (s *Store) pick(ctx context.Context, f registry.NodeFilter, host *string, n int) ([]int64, error) {
+// pick locks up to n free matching nodes that no one else is locking,
+// lowest pk first; on, when not nil, narrows the match (to one host, or to
+// one class of a host).
+func (s *Store) pick(ctx context.Context, f registry.NodeFilter, on func(*query), n int) ([]int64, error) {
 	var q query
 	q.where(f)
-	if host != nil {
-		q.add("ip = " + q.arg(*host) + "::inet")
+	if on != nil {
+		on(&q)
 	}
 	rows, _ := s.db.Query(ctx, `SELECT pk FROM nodes WHERE `+q.cond()+` ORDER BY pk LIMIT `+q.arg(n)+` FOR UPDATE SKIP LOCKED`, q.args...)
 	return pgx.CollectRows(rows, pgx.RowTo[int64])
 }
 
-// pickOneHost finds a host with c.Count free matching nodes and locks them.
-// Hosts come from an unlocked count; each try runs in a savepoint so the
-// locks of a host that falls short are released before the next try.
-func (s *Store) pickOneHost(ctx context.Context, c registry.Claim) ([]int64, error) {
-	var q query
-	q.where(c.Filter)
-	rows, _ := s.db.Query(ctx, `SELECT host(ip) FROM nodes WHERE `+q.cond()+`
-		GROUP BY ip HAVING count(*) >= `+q.arg(c.Count)+` ORDER BY min(pk) LIMIT `+q.arg(maxHostsTried), q.args...)
-	hosts, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, err
+// hostClass is a class of host_free (migration 00013): the free nodes of
+// one host that share every attribute a claim filters on by value, NULLs
+// stored as 0 (hardware generation) and -1 (gpu_mem).
+type hostClass struct {
+	ip     string
+	hw     int64
+	gpuMem int64
+	cpuMem int64
+	source string
+}
+
+// nodes narrows a node query to the class.
+func (h hostClass) nodes(q *query) {
+	q.add("ip = " + q.arg(h.ip) + "::inet")
+	q.add("coalesce(hardware_generation, 0) = " + q.arg(h.hw))
+	q.add("coalesce(gpu_mem, -1) = " + q.arg(h.gpuMem))
+	q.add("cpu_mem = " + q.arg(h.cpuMem))
+	q.add("source = " + q.arg(h.source))
+}
+
+// hostWhere is the part of f a class of host_free, aliased t, can answer:
+// the attributes it is keyed by. The rest (seen_within, index, pk) only
+// the nodes can, so pick checks them; free and state are what the table
+// counts. Hosts already tried are left out.
+func (q *query) hostWhere(t string, f registry.NodeFilter, tried []string) {
+	q.add(t + ".ip <> ALL(" + q.arg(tried) + "::inet[])")
+	if f.HardwareGeneration != nil {
+		q.add(t + ".hardware_generation = " + q.arg(*f.HardwareGeneration))
 	}
+	if f.MinGPUMem != nil {
+		q.add(t + ".gpu_mem >= " + q.arg(*f.MinGPUMem))
+	}
+	if f.MinCPUMem != nil {
+		q.add(t + ".cpu_mem >= " + q.arg(*f.MinCPUMem))
+	}
+	if f.Source != nil {
+		q.add(t + ".source = " + q.arg(*f.Source))
+	}
+	if f.IP != nil {
+		q.add(t + ".ip = " + q.arg(*f.IP) + "::inet")
+	}
+}
+
+// hostLockClass keys the transaction-level advisory locks a gang claim
+// takes on the hosts it tries ("host"; the two-int form, a key space of
+// its own apart from the store's bigint advisory locks). A hash collision
+// only makes a claimer pass over a host.
+const hostLockClass = 0x686f7374
+
+// hostCandidates is the number of classes a gang claim reads per try before
+// it takes the first one no other claimer is trying.
+const hostCandidates = 64
+
+// hostCandidatesQuery is the statement a gang claim's try runs: the first
+// class with count or more free matching nodes, fewest first, whose host
+// no concurrent claimer is trying (it takes that host's advisory lock),
+// leaving out hosts already tried. Classes without unfolded deltas come
+// from host_free's index on the count; those with deltas are summed.
+func hostCandidatesQuery(f registry.NodeFilter, count int, tried []string) (string, []any) {
+	var q query
+	n := q.arg(count)
+	q.hostWhere("b", f, tried)
+	baseCond := q.cond()
+	q.conds = nil
+	q.hostWhere("p", f, tried)
+	pendingCond := q.cond()
+	sql := `
+		WITH p AS MATERIALIZED (
+			SELECT ip, hardware_generation, gpu_mem, cpu_mem, source, sum(delta) AS delta
+			FROM host_free_delta GROUP BY 1, 2, 3, 4, 5
+		), c AS (
+			(SELECT b.ip, b.hardware_generation, b.gpu_mem, b.cpu_mem, b.source, b.free FROM host_free b
+			 WHERE b.free >= ` + n + ` AND ` + baseCond + `
+			   AND (b.ip, b.hardware_generation, b.gpu_mem, b.cpu_mem, b.source) NOT IN
+			       (SELECT ip, hardware_generation, gpu_mem, cpu_mem, source FROM p)
+			 ORDER BY b.free LIMIT ` + strconv.Itoa(hostCandidates) + `)
+			UNION ALL
+			SELECT p.ip, p.hardware_generation, p.gpu_mem, p.cpu_mem, p.source, coalesce(b.free, 0) + p.delta
+			FROM p LEFT JOIN host_free b USING (ip, hardware_generation, gpu_mem, cpu_mem, source)
+			WHERE coalesce(b.free, 0) + p.delta >= ` + n + ` AND ` + pendingCond + `
+		)
+		SELECT host(ip), hardware_generation, gpu_mem, cpu_mem, source
+		FROM (SELECT * FROM c ORDER BY free LIMIT ` + strconv.Itoa(hostCandidates) + `) c
+		WHERE pg_try_advisory_xact_lock(` + strconv.Itoa(hostLockClass) + `, hashtext(host(ip)))
+		LIMIT 1`
+	return sql, q.args
+}
+
+// pickOneHost finds a host with c.Count free matching nodes and locks them,
+// without reading the fleet: host_free (migration 00013) counts the free
+// nodes of each class of each host, and its index on the count leads to
+// the classes with c.Count or more, fewest first (best fit, so whole
+// hosts stay whole for larger gangs); the deltas not yet folded into it
+// are added. Each try takes, of the first candidates, the first class whose
+// host no concurrent claimer is trying (a transaction-level advisory lock,
+// tried without waiting), so concurrent claimers spread over different
+// hosts instead of queueing for the first; it then locks that class's
+// nodes with SKIP LOCKED, re-checking every filter on the rows. A try that
+// falls short is a rolled-back savepoint, giving back its row locks. A host
+// whose classes only together have c.Count (nodes of one host with
+// different memory or hardware, all matching) is looked for by a grouped
+// read of the counts once no single class fits. At most maxHostsTried hosts
+// are tried.
+func (s *Store) pickOneHost(ctx context.Context, c registry.Claim) ([]int64, error) {
 	tx := s.db.(pgx.Tx)
-	for _, h := range hosts {
+	tried := []string{}
+	// try runs fn in a savepoint, keeping its locks if it picked c.Count
+	// nodes and giving them back otherwise.
+	try := func(fn func(tx *Store) ([]int64, error)) ([]int64, error) {
 		sp, err := tx.Begin(ctx) // a savepoint
 		if err != nil {
 			return nil, err
 		}
-		pks, err := (&Store{pool: s.pool, db: sp, inTx: true}).pick(ctx, c.Filter, &h, c.Count)
+		pks, err := fn(&Store{pool: s.pool, db: sp, inTx: true})
 		if err != nil {
 			return nil, err
 		}
 		if len(pks) == c.Count {
-			if err := sp.Commit(ctx); err != nil { // releases the savepoint, keeps the locks
-				return nil, err
-			}
-			return pks, nil
+			return pks, sp.Commit(ctx) // releases the savepoint, keeps the locks
 		}
-		if err := sp.Rollback(ctx); err != nil { // gives back this host's locks
+		return nil, sp.Rollback(ctx)
+	}
+	for len(tried) < maxHostsTried {
+		sql, args := hostCandidatesQuery(c.Filter, c.Count, tried)
+		var h hostClass
+		err := s.db.QueryRow(ctx, sql, args...).Scan(&h.ip, &h.hw, &h.gpuMem, &h.cpuMem, &h.source)
+		if errors.Is(err, pgx.ErrNoRows) {
+			break
+		}
+		if err != nil {
 			return nil, err
+		}
+		tried = append(tried, h.ip)
+		pks, err := try(func(sp *Store) ([]int64, error) { return sp.pick(ctx, c.Filter, h.nodes, c.Count) })
+		if err != nil || pks != nil {
+			return pks, err
+		}
+	}
+	if c.Count > 1 && len(tried) < maxHostsTried {
+		var q query
+		q.hostWhere("t", c.Filter, tried)
+		rows, _ := s.db.Query(ctx, `
+			SELECT host(t.ip) FROM (
+				SELECT ip, hardware_generation, gpu_mem, cpu_mem, source, free FROM host_free
+				UNION ALL
+				SELECT ip, hardware_generation, gpu_mem, cpu_mem, source, delta FROM host_free_delta
+			) t
+			WHERE `+q.cond()+`
+			GROUP BY t.ip
+			HAVING count(DISTINCT (t.hardware_generation, t.gpu_mem, t.cpu_mem, t.source)) > 1 AND sum(t.free) >= `+q.arg(c.Count)+`
+			ORDER BY sum(t.free) LIMIT `+q.arg(maxHostsTried-len(tried)), q.args...)
+		hosts, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return nil, err
+		}
+		for _, h := range hosts {
+			pks, err := try(func(sp *Store) ([]int64, error) {
+				return sp.pick(ctx, c.Filter, func(q *query) { q.add("ip = " + q.arg(h) + "::inet") }, c.Count)
+			})
+			if err != nil || pks != nil {
+				return pks, err
+			}
 		}
 	}
 	return nil, registry.Conflictf("no single host has %d free matching node(s) that are not being claimed right now", c.Count)
+}
+
+// FoldHostFree folds the committed deltas of host_free_delta into host_free
+// (migration 00013), keeping the claims' read of the counts short. The
+// lifecycle sweeper calls it on every pass; it is safe at any time, also
+// concurrently (a delta is deleted, and so added, once). A count that falls
+// below zero means a write bypassed the triggers: an error.
+func (s *Store) FoldHostFree(ctx context.Context) error {
+	err := s.WithTx(ctx, func(tx *Store) error {
+		var lowest *int64
+		err := tx.db.QueryRow(ctx, `
+			WITH moved AS (
+				DELETE FROM host_free_delta RETURNING ip, hardware_generation, gpu_mem, cpu_mem, source, delta
+			), sums AS (
+				SELECT ip, hardware_generation, gpu_mem, cpu_mem, source, sum(delta)::integer AS delta
+				FROM moved GROUP BY 1, 2, 3, 4, 5 HAVING sum(delta) <> 0
+			), folded AS (
+				INSERT INTO host_free AS h (ip, hardware_generation, gpu_mem, cpu_mem, source, free)
+				SELECT * FROM sums ORDER BY 1, 2, 3, 4, 5
+				ON CONFLICT (ip, hardware_generation, gpu_mem, cpu_mem, source) DO UPDATE SET free = h.free + excluded.free
+				RETURNING free
+			)
+			SELECT min(free) FROM folded`).Scan(&lowest)
+		if err != nil {
+			return err
+		}
+		if lowest == nil || *lowest > 0 {
+			return nil
+		}
+		if *lowest < 0 {
+			return errors.New("a free count fell below zero: a write to nodes bypassed host_free's triggers")
+		}
+		_, err = tx.db.Exec(ctx, `DELETE FROM host_free WHERE free <= 0`)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("store: fold host_free: %w", translate(err))
+	}
+	return nil
 }
 
 // ReleaseNodes takes nodes back from r.Job: the listed ones, or all it
