@@ -69,6 +69,7 @@ const (
 // Stats counts what the cache did.
 type Stats struct {
 	Hits, Misses, Bypassed int64 // served, read through and filled, read through (not serving)
+	Drops                  int64 // times everything was dropped after a gap
 	Size                   int
 	Serving                bool
 }
@@ -81,7 +82,7 @@ type Cache struct {
 	liveness string
 	logger   *slog.Logger
 
-	hits, misses, bypassed atomic.Int64
+	hits, misses, bypassed, drops atomic.Int64
 
 	// afterRead, when set (tests), runs between a fill's read and its
 	// install: the window of the stale-fill race.
@@ -343,6 +344,7 @@ func (c *Cache) dropLocked(reason string) {
 		c.logger.Warn("node cache: dropped; reads go to PostgreSQL until the change feed is current again",
 			"reason", reason, "nodes", len(c.nodes))
 	}
+	c.drops.Add(1)
 	c.epoch++
 	clear(c.nodes)
 	c.proofs = c.proofs[:0]
@@ -375,7 +377,7 @@ func (c *Cache) Notified(channel, payload string) {
 func (c *Cache) Stats() Stats {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	return Stats{Hits: c.hits.Load(), Misses: c.misses.Load(), Bypassed: c.bypassed.Load(),
+	return Stats{Hits: c.hits.Load(), Misses: c.misses.Load(), Bypassed: c.bypassed.Load(), Drops: c.drops.Load(),
 		Size: len(c.nodes), Serving: c.servingLocked(time.Now())}
 }
 
