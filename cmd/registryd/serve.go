@@ -353,15 +353,16 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 	// (REGISTRY_NODE_CACHE=0) reads by pk go to PostgreSQL.
 	var nodes api.NodeCache
 	var follower watch.Follower
+	var follow []string
 	if cfg.NodeCache > 0 {
 		c := nodecache.New(db.store, nodecache.Options{Size: cfg.NodeCache, LivenessChannel: store.LivenessChannel, Logger: logger})
-		nodes, follower = c, c
+		nodes, follower, follow = c, c, []string{store.LivenessChannel}
 	}
 	// The watch hub stops with the signal, which ends every watch stream so
 	// that the HTTP shutdown below is not held up by them.
 	hub := watch.New(db.store, watch.Options{
 		Follower:            follower,
-		FollowChannels:      []string{store.LivenessChannel},
+		FollowChannels:      follow,
 		Channels:            watch.Channels{Changes: store.ChangesChannel, Events: store.EventsChannel},
 		Encode:              api.EncodeEvent,
 		Retention:           cfg.WatchRetention,
