@@ -39,6 +39,7 @@ func BenchmarkMemory(b *testing.B) {
 		runtime.GC()
 		runtime.ReadMemStats(&after)
 		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/n, "bytes/node")
+		b.ReportMetric(float64(after.HeapObjects-before.HeapObjects)/n, "objects/node")
 		runtime.KeepAlive(c)
 	}
 }

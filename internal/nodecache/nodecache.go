@@ -35,6 +35,7 @@ package nodecache
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -89,9 +90,9 @@ type Cache struct {
 	afterRead func(pk int64)
 
 	mu    sync.RWMutex
-	nodes map[int64]registry.Node
-	fills map[int64]*fill // reads in flight, by pk
-	epoch uint64          // bumped by every drop; fills of an older epoch install nothing
+	nodes map[int64]*registry.Node // each packed (see pack)
+	fills map[int64]*fill          // reads in flight, by pk
+	epoch uint64                   // bumped by every drop; fills of an older epoch install nothing
 
 	started   bool      // the hub told where its feed starts
 	delivered int64     // the newest event applied
@@ -127,7 +128,7 @@ func New(load Loader, opts Options) *Cache {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	return &Cache{load: load, size: opts.Size, maxStale: opts.MaxStale, liveness: opts.LivenessChannel,
-		logger: opts.Logger, nodes: map[int64]registry.Node{}, fills: map[int64]*fill{}}
+		logger: opts.Logger, nodes: map[int64]*registry.Node{}, fills: map[int64]*fill{}}
 }
 
 // servingLocked reports whether the feed is proven current enough to
@@ -146,7 +147,7 @@ func (c *Cache) GetNode(ctx context.Context, pk int64) (registry.Node, error) {
 		if n, ok := c.nodes[pk]; ok {
 			c.mu.RUnlock()
 			c.hits.Add(1)
-			return n, nil
+			return *n, nil
 		}
 	}
 	c.mu.RUnlock()
@@ -201,7 +202,7 @@ func (c *Cache) readThrough(ctx context.Context, pk int64) (registry.Node, error
 // evicting at random when full; c.mu held.
 func (c *Cache) installLocked(n registry.Node) {
 	if cur, ok := c.nodes[n.PK]; ok {
-		c.nodes[n.PK] = newer(cur, n)
+		c.nodes[n.PK] = pack(newer(*cur, n))
 		return
 	}
 	if len(c.nodes) >= c.size {
@@ -210,7 +211,7 @@ func (c *Cache) installLocked(n registry.Node) {
 			break
 		}
 	}
-	c.nodes[n.PK] = n
+	c.nodes[n.PK] = pack(n)
 }
 
 // newer is the newer version of a node, with the later of the two
@@ -223,6 +224,58 @@ func newer(cur, n registry.Node) registry.Node {
 		n = withLastSeen(n, *cur.LastSeen)
 	}
 	return n
+}
+
+// packed is a cached node in one object: the node and what its pointer
+// fields point at; its strings' bytes share one more. A node as the store
+// scans it is a dozen small objects, and a full cache of them made the
+// garbage collector's marking the largest cost of a cached read.
+type packed struct {
+	n   registry.Node
+	opt [4]string    // owner, cordon_reason, external_id, provider_state
+	i64 [3]int64     // hardware_generation, gpu_mem, current_job
+	ts  [2]time.Time // last_seen, lease_expires_at, in UTC (no location pointer)
+}
+
+// pack returns a copy of n that shares nothing with n and takes two
+// objects, neither pointing outside the pair. It is never modified: a
+// change packs a new copy.
+func pack(n registry.Node) *registry.Node {
+	p := &packed{n: n}
+	fields := []*string{&p.n.IP, &p.n.DriverVersion, &p.n.Source, (*string)(&p.n.State)}
+	for i, dst := range [...]**string{&p.n.Owner, &p.n.CordonReason, &p.n.ExternalID, &p.n.ProviderState} {
+		if *dst != nil {
+			p.opt[i] = **dst
+			*dst = &p.opt[i]
+			fields = append(fields, &p.opt[i])
+		}
+	}
+	var b strings.Builder
+	for _, f := range fields {
+		b.Grow(len(*f))
+	}
+	for _, f := range fields {
+		b.WriteString(*f)
+	}
+	text, at := b.String(), 0
+	for _, f := range fields {
+		l := len(*f)
+		*f = text[at : at+l]
+		at += l
+	}
+	for i, dst := range [...]**int64{&p.n.HardwareGeneration, &p.n.GPUMem, &p.n.CurrentJob} {
+		if *dst != nil {
+			p.i64[i] = **dst
+			*dst = &p.i64[i]
+		}
+	}
+	for i, dst := range [...]**time.Time{&p.n.LastSeen, &p.n.LeaseExpiresAt} {
+		if *dst != nil {
+			p.ts[i] = (**dst).UTC()
+			*dst = &p.ts[i]
+		}
+	}
+	return &p.n
 }
 
 // withLastSeen is n with last_seen at least t.
@@ -271,7 +324,7 @@ func (c *Cache) changeLocked(n registry.Node, deleted bool) {
 	case deleted && n.Version >= cur.Version:
 		delete(c.nodes, n.PK)
 	case !deleted:
-		c.nodes[n.PK] = newer(cur, n)
+		c.nodes[n.PK] = pack(newer(*cur, n))
 	}
 }
 
@@ -363,8 +416,8 @@ func (c *Cache) Notified(channel, payload string) {
 		if f := c.fills[pk]; f != nil && seen.After(f.lastSeen) {
 			f.lastSeen = seen
 		}
-		if n, ok := c.nodes[pk]; ok {
-			c.nodes[pk] = withLastSeen(n, seen)
+		if n, ok := c.nodes[pk]; ok && (n.LastSeen == nil || seen.After(*n.LastSeen)) {
+			c.nodes[pk] = pack(withLastSeen(*n, seen))
 		}
 	})
 	if err != nil {

@@ -3,6 +3,7 @@ package nodecache
 import (
 	"context"
 	"errors"
+	"reflect"
 	"testing"
 	"time"
 
@@ -359,5 +360,28 @@ func TestFillAcrossDrop(t *testing.T) {
 	get(t, c, n.PK)
 	if s := c.Stats(); s.Hits != 0 || s.Misses != 2 {
 		t.Fatalf("%+v: the fill across the drop was installed", s)
+	}
+}
+
+// A packed node reads exactly as the node it was packed from, and shares
+// nothing with it.
+func TestPack(t *testing.T) {
+	t.Parallel()
+	n := sample(42)
+	job := int64(7)
+	n.CurrentJob = &job
+	reason := "maintenance"
+	n.CordonReason = &reason
+	p := pack(n)
+	if !reflect.DeepEqual(*p, n) {
+		t.Fatalf("packed:\n%+v\nwant\n%+v", *p, n)
+	}
+	*n.Owner, *n.GPUMem = "someone-else", 1
+	if *p.Owner != "agent-gpu-0042" || *p.GPUMem != 80<<30 {
+		t.Fatal("the packed node shares memory with the original")
+	}
+	var empty registry.Node
+	if got := *pack(empty); !reflect.DeepEqual(got, empty) {
+		t.Fatalf("packed zero node: %+v", got)
 	}
 }
