@@ -2,7 +2,6 @@ package api
 
 import (
 	"bufio"
-	"encoding/json"
 	"math"
 	"net/http"
 	"strconv"
@@ -89,7 +88,10 @@ func (s *Server) getNode(w http.ResponseWriter, r *http.Request) error {
 	if notModified(w, r, etag(n.Version)) {
 		return nil
 	}
-	return writeJSON(w, http.StatusOK, n)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(append(n.AppendJSON(make([]byte, 0, 640)), '\n'))
+	return nil
 }
 
 // updateNode is PUT: every writable field must be present (the nullable ones
@@ -309,17 +311,15 @@ func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) error {
 	bw.WriteByte('[')
 	first := true
 	rc := http.NewResponseController(w)
+	var buf []byte
 	for {
 		for _, n := range nodes {
 			if !first {
 				bw.WriteByte(',')
 			}
 			first = false
-			b, err := json.Marshal(n) // registry.Node is the node's document
-			if err != nil {
-				return s.abortStream(r, err)
-			}
-			bw.Write(b)
+			buf = n.AppendJSON(buf[:0]) // the node's document, as json.Marshal writes it
+			bw.Write(buf)
 		}
 		done := len(nodes) < s.listBatch || remaining == 0 && filter.Limit > 0
 		if done {
