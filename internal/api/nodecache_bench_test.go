@@ -35,6 +35,7 @@ func cachedBenchServer(b *testing.B, n, size int, withBeats bool) string {
 	ctx := context.Background()
 	st := pgtest.Open(b, pgtest.New(b), store.Options{})
 	_, err := st.Pool().Exec(ctx, `
+		SET statement_timeout = 0; -- a million rows on a busy machine
 		INSERT INTO hardware_generations (name) VALUES ('H100');
 		INSERT INTO nodes (ip, gpu_index, cpu_mem, driver_version, hardware_generation, gpu_mem)
 		SELECT ('10.0.0.0'::inet + (g / 8)), g % 8, 2199023255552, '550.54.15', 1, 85899345920
