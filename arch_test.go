@@ -45,6 +45,7 @@ var layers = map[string][]string{
 	"internal/auth":                  {"internal/registry", "internal/jsonscan"},
 	"internal/revoke":                {"internal/registry", "internal/lifecycle"},
 	"internal/watch":                 {"internal/registry", "internal/lifecycle"},
+	"internal/nodecache":             {"internal/registry"},
 	"internal/syncer":                {"internal/registry", "internal/provider"},
 	"internal/sweeper":               {"internal/registry", "internal/lifecycle"},
 	"internal/store":                 {"internal/registry", "migrations"},

@@ -12,6 +12,7 @@ import (
 
 	"github.com/registryd/registryd/internal/api"
 	"github.com/registryd/registryd/internal/auth"
+	"github.com/registryd/registryd/internal/nodecache"
 	"github.com/registryd/registryd/internal/provider"
 	"github.com/registryd/registryd/internal/registry"
 	"github.com/registryd/registryd/internal/watch"
@@ -56,6 +57,8 @@ type config struct {
 	SyncTimeout  time.Duration // REGISTRY_SYNC_TIMEOUT
 
 	NodeTTL time.Duration // REGISTRY_NODE_TTL: silence after which a watched node is lost
+
+	NodeCache int // REGISTRY_NODE_CACHE: nodes kept in memory for reads by pk; 0: none
 
 	embedded embeddedTuning // tests only; not from the environment
 	// observeQuery is told of every statement the store runs (metrics);
@@ -197,6 +200,7 @@ func loadCommandConfig(cmd cmdSet, rawenv func(string) string) (config, error) {
 		}
 	}
 	c.NodeTTL = loadNodeTTL(getenv, &errs)
+	c.NodeCache = loadNodeCache(getenv, &errs)
 	c.SCP = scpConfig{
 		Endpoint:  getenv("REGISTRY_SCP_ENDPOINT"),
 		AccessKey: secret(getenv, "REGISTRY_SCP_ACCESS_KEY", &errs),
@@ -297,6 +301,25 @@ func loadLogging(getenv func(string) string, def string, errs *[]string) (level 
 		*errs = append(*errs, fmt.Sprintf("REGISTRY_LOG_FORMAT=%q: want json or text", format))
 	}
 	return level, format
+}
+
+// maxNodeCache bounds REGISTRY_NODE_CACHE: ten million nodes take
+// several GB; more is a typo.
+const maxNodeCache = 10_000_000
+
+// loadNodeCache reads REGISTRY_NODE_CACHE: how many nodes the node cache
+// keeps (0 turns it off).
+func loadNodeCache(getenv func(string) string, errs *[]string) int {
+	v := getenv("REGISTRY_NODE_CACHE")
+	if v == "" {
+		return nodecache.DefaultSize
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 || n > maxNodeCache {
+		*errs = append(*errs, fmt.Sprintf("REGISTRY_NODE_CACHE=%q: want a number of nodes between 0 (no cache) and %d", v, maxNodeCache))
+		return 0
+	}
+	return n
 }
 
 // maxNodeTTL bounds REGISTRY_NODE_TTL: a host silent for a day is lost by

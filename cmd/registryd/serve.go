@@ -24,6 +24,7 @@ import (
 	"github.com/registryd/registryd/internal/docs"
 	"github.com/registryd/registryd/internal/heartbeat"
 	"github.com/registryd/registryd/internal/lifecycle"
+	"github.com/registryd/registryd/internal/nodecache"
 	"github.com/registryd/registryd/internal/pglocal"
 	"github.com/registryd/registryd/internal/registry"
 	"github.com/registryd/registryd/internal/revoke"
@@ -348,9 +349,20 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 
 	lim := deriveLimits(cfg.limits, int(db.store.Pool().Config().MaxConns), logger)
 
+	// The node cache follows the change feed through the hub; without it
+	// (REGISTRY_NODE_CACHE=0) reads by pk go to PostgreSQL.
+	var nodes api.NodeCache
+	var follower watch.Follower
+	var follow []string
+	if cfg.NodeCache > 0 {
+		c := nodecache.New(db.store, nodecache.Options{Size: cfg.NodeCache, LivenessChannel: store.LivenessChannel, Logger: logger})
+		nodes, follower, follow = c, c, []string{store.LivenessChannel}
+	}
 	// The watch hub stops with the signal, which ends every watch stream so
 	// that the HTTP shutdown below is not held up by them.
 	hub := watch.New(db.store, watch.Options{
+		Follower:            follower,
+		FollowChannels:      follow,
 		Channels:            watch.Channels{Changes: store.ChangesChannel, Events: store.EventsChannel},
 		Encode:              api.EncodeEvent,
 		Retention:           cfg.WatchRetention,
@@ -370,6 +382,7 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 		CORS:       cfg.CORSOrigins,
 		Auth:       verifier,
 		Heartbeats: beats,
+		Nodes:      nodes,
 		Events:     hub,
 		Health:     embeddedHealth(db.cluster, cfg.embedded.healthGrace),
 		Ready:      schemaReady(db.store),

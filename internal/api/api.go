@@ -75,6 +75,9 @@ type Config struct {
 	Auth Authenticator
 	// Heartbeats receives the nodes that act through Node-Id; optional.
 	Heartbeats Heartbeats
+	// Nodes serves GET /v1/nodes/{pk} and the Node-Id check from memory;
+	// optional (without it both read PostgreSQL).
+	Nodes NodeCache
 	// Events feeds GET /v1/nodes/watch; without it watch answers 503.
 	Events Events
 	// WatchKeepAlive is the interval of keep-alive comments on idle
@@ -112,6 +115,7 @@ type Server struct {
 	listBatch  int
 	auth       Authenticator
 	heartbeats Heartbeats
+	nodes      NodeCache
 	events     Events
 	metrics    http.Handler
 	observer   Observer
@@ -133,6 +137,7 @@ func New(cfg Config) *Server {
 		listBatch:  cfg.ListBatch,
 		auth:       cfg.Auth,
 		heartbeats: cfg.Heartbeats,
+		nodes:      cfg.Nodes,
 		events:     cfg.Events,
 		metrics:    cfg.Metrics,
 		observer:   cfg.Observer,
@@ -149,6 +154,9 @@ func New(cfg Config) *Server {
 	}
 	if s.auth == nil {
 		s.auth = refuseAll{}
+	}
+	if s.nodes != nil {
+		s.store = writeThrough{Store: s.store, nodes: s.nodes}
 	}
 	if s.heartbeats == nil {
 		s.heartbeats = noHeartbeats{}

@@ -180,7 +180,7 @@ func (s *Server) nodeID(next http.Handler) http.Handler {
 			s.writeError(w, r, refused())
 			return
 		}
-		n, err := s.store.GetNode(r.Context(), pk)
+		n, err := s.readNode(r, pk)
 		switch {
 		case errors.Is(err, registry.ErrNotFound) && p.Role == registry.RoleAdmin:
 			s.writeError(w, r, registry.NotFoundf("node %d, named by Node-Id, does not exist", pk))

@@ -81,7 +81,7 @@ func (s *Server) getNode(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	n, err := s.store.GetNode(r.Context(), pk)
+	n, err := s.readNode(r, pk)
 	if err != nil {
 		return err
 	}

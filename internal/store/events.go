@@ -18,7 +18,13 @@ import (
 const (
 	ChangesChannel = "registryd_changes"
 	EventsChannel  = "registryd_events"
+	// LivenessChannel carries every heartbeat flush (TouchNodes), as
+	// registry.FormatLiveness encodes it.
+	LivenessChannel = "registryd_liveness"
 )
+
+// maxPayload keeps notification payloads under PostgreSQL's 8000 bytes.
+const maxPayload = 7900
 
 // sequencerLockID keys the advisory lock that makes one sequencing pass at
 // a time, whichever replica runs it.

@@ -794,15 +794,21 @@ func (s *Store) expectHeartbeats(ctx context.Context, n registry.Node) error {
 // time unless it already holds a later one. Missing nodes are skipped. It
 // writes node_liveness only, so it never locks a node row a claim wants.
 // Rows are written in pk order so that replicas flushing overlapping
-// batches cannot deadlock.
+// batches cannot deadlock. The same statement notifies LivenessChannel
+// with the batch (registry.FormatLiveness), so that every replica's node
+// cache learns the new times exactly when they commit.
 func (s *Store) TouchNodes(ctx context.Context, pks []int64, seen []time.Time) error {
 	_, err := s.db.Exec(ctx, `
-		INSERT INTO node_liveness (node_pk, last_seen)
-		SELECT u.pk, u.t FROM unnest($1::bigint[], $2::timestamptz[]) AS u(pk, t)
-		WHERE EXISTS (SELECT 1 FROM nodes n WHERE n.pk = u.pk)
-		ORDER BY u.pk
-		ON CONFLICT (node_pk) DO UPDATE SET last_seen = excluded.last_seen
-		WHERE node_liveness.last_seen IS NULL OR node_liveness.last_seen < excluded.last_seen`, pks, seen)
+		WITH touch AS (
+			INSERT INTO node_liveness (node_pk, last_seen)
+			SELECT u.pk, u.t FROM unnest($1::bigint[], $2::timestamptz[]) AS u(pk, t)
+			WHERE EXISTS (SELECT 1 FROM nodes n WHERE n.pk = u.pk)
+			ORDER BY u.pk
+			ON CONFLICT (node_pk) DO UPDATE SET last_seen = excluded.last_seen
+			WHERE node_liveness.last_seen IS NULL OR node_liveness.last_seen < excluded.last_seen
+		)
+		SELECT pg_notify($3, p) FROM unnest($4::text[]) AS p`,
+		pks, seen, LivenessChannel, registry.FormatLiveness(pks, seen, maxPayload))
 	if err != nil {
 		return fmt.Errorf("store: touch nodes: %w", translate(err))
 	}

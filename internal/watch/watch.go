@@ -65,7 +65,42 @@ type Options struct {
 	// Poll is the fallback interval when notifications are lost; default 1s.
 	Poll   time.Duration
 	Logger *slog.Logger
+	// Follower, when set, follows the change feed from the hub's own
+	// goroutines (internal/nodecache does), and gets the notifications of
+	// FollowChannels on the hub's connection.
+	Follower       Follower
+	FollowChannels []string
 }
+
+// Follower keeps something current from the change feed: every event in
+// order, proof of how current the feed is, and word of every gap. Its
+// methods run on the hub's goroutines and must be quick.
+type Follower interface {
+	// Start: from now on the hub delivers every event after last.
+	Start(last int64)
+	// Apply gets events after the previous ones, in order, each once.
+	Apply(events []registry.NodeEvent)
+	// Sequenced: every change committed before at has an event id of at
+	// most latest (a sequencing pass started at at and saw them all).
+	Sequenced(at time.Time, latest int64)
+	// Listening reports the notification connection: up (LISTEN is in
+	// place; notifications from now on arrive) or down (some may be lost).
+	Listening(up bool)
+	// Gap: events may have been missed (pruned before the hub read them,
+	// or the hub stopped).
+	Gap(reason string)
+	// Notified gets a notification on one of Options.FollowChannels.
+	Notified(channel, payload string)
+}
+
+type noFollower struct{}
+
+func (noFollower) Start(int64)                {}
+func (noFollower) Apply([]registry.NodeEvent) {}
+func (noFollower) Sequenced(time.Time, int64) {}
+func (noFollower) Listening(bool)             {}
+func (noFollower) Gap(string)                 {}
+func (noFollower) Notified(string, string)    {}
 
 // Defaults of Options.
 const (
@@ -137,6 +172,9 @@ func New(store Store, opts Options) *Hub {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
+	if opts.Follower == nil {
+		opts.Follower = noFollower{}
+	}
 	return &Hub{store: store, opts: opts, backfills: make(chan struct{}, opts.BackfillConcurrency),
 		pages: pageCache{budget: opts.MaxPending, byAfter: map[int64]*list.Element{}},
 		subs:  map[*Subscription]struct{}{}, byPrincipal: map[string]int{},
@@ -158,6 +196,7 @@ func (h *Hub) Run(ctx context.Context) {
 	wg.Go(func() { h.sequence(ctx) })
 	wg.Go(func() { h.fanOut(ctx) })
 	wg.Wait()
+	h.opts.Follower.Gap("the watch hub stopped")
 	h.mu.Lock()
 	h.stopped = true
 	for s := range h.subs {
@@ -170,18 +209,25 @@ func (h *Hub) Run(ctx context.Context) {
 func (h *Hub) listen(ctx context.Context) {
 	lifecycle.Retry(ctx, lifecycle.Backoff{}, h.opts.Logger, "watch: lost the notification connection; reconnecting",
 		func(ctx context.Context, alive func()) error {
-			return h.store.Listen(ctx, []string{h.opts.Channels.Changes, h.opts.Channels.Events}, func(ch, _ string) {
+			channels := append([]string{h.opts.Channels.Changes, h.opts.Channels.Events}, h.opts.FollowChannels...)
+			err := h.store.Listen(ctx, channels, func(ch, payload string) {
 				alive()
 				switch ch {
 				case h.opts.Channels.Changes:
 					signal(h.kick)
 				case h.opts.Channels.Events:
 					signal(h.events)
-				default: // (re)connected: catch up on anything missed
+				case "": // (re)connected: catch up on anything missed
+					h.opts.Follower.Listening(true)
 					signal(h.kick)
 					signal(h.events)
+				default:
+					h.opts.Follower.Notified(ch, payload)
 				}
 			})
+			// Notifications sent while the connection was down are lost.
+			h.opts.Follower.Listening(false)
+			return err
 		})
 }
 
@@ -198,12 +244,15 @@ func (h *Hub) sequence(ctx context.Context) {
 		case <-h.kick:
 		case <-tick.C:
 		}
-		if _, err := h.store.SequenceEvents(ctx); err != nil {
+		at := time.Now()
+		latest, err := h.store.SequenceEvents(ctx)
+		if err != nil {
 			if ctx.Err() == nil {
 				h.opts.Logger.Warn("watch: sequencing failed; will retry", "err", err)
 			}
 			continue
 		}
+		h.opts.Follower.Sequenced(at, latest)
 		signal(h.events)
 		if time.Since(lastPrune) > time.Minute {
 			lastPrune = time.Now()
@@ -225,6 +274,7 @@ func (h *Hub) fanOut(ctx context.Context) {
 			h.mu.Lock()
 			h.last = latest
 			h.mu.Unlock()
+			h.opts.Follower.Start(latest)
 			close(h.ready)
 			break
 		}
@@ -254,8 +304,26 @@ func (h *Hub) fanOut(ctx context.Context) {
 			if len(events) == 0 {
 				break
 			}
+			if events[0].ID > after+1 {
+				h.checkGap(ctx, after)
+			}
+			h.opts.Follower.Apply(events)
 			h.broadcast(events)
 		}
+	}
+}
+
+// checkGap tells the follower when events after after were pruned before
+// the hub read them. Ids have holes of their own (a sequencing pass that
+// rolled back), so only the horizon tells.
+func (h *Hub) checkGap(ctx context.Context, after int64) {
+	pruned, _, err := h.store.EventHorizon(ctx)
+	switch {
+	case err != nil:
+		h.opts.Follower.Gap("cannot read the event horizon: " + err.Error())
+	case pruned > after:
+		h.opts.Logger.Warn("watch: events were pruned before this replica read them", "after", after, "pruned_through", pruned)
+		h.opts.Follower.Gap("events were pruned before this replica read them")
 	}
 }
 

@@ -1234,6 +1234,9 @@ type WatchReset struct {
 	Reason string `json:"reason"`
 }
 
+// CacheControl Example: no-cache
+type CacheControl = string
+
 // Force defines model for Force.
 type Force = string
 
@@ -1519,6 +1522,9 @@ type GetNodeParams struct {
 
 	// IfNoneMatch One or more entity tags separated by commas, or `*`: node tags look like `"3"` (`W/"3"`), hardware generation tags like `"3-12"` (`W/"3-12"`). When one names the row's current `ETag` (weak comparison: `W/"3"` matches `"3"`) or the value is `*`, the answer is 304 Not Modified with no body. Otherwise the row is sent as usual. A hardware generation's tag includes its `nodes` count, so a tag read before nodes moved to or from it no longer matches.
 	IfNoneMatch *IfNoneMatch `json:"If-None-Match,omitempty"`
+
+	// CacheControl `no-cache` (among other directives, comma-separated, any case) reads the node straight from PostgreSQL instead of the replica's node cache: a strong read, as current as the database, at the price of a round trip. It applies to the `Node-Id` check of the same request too. Other directives are ignored.
+	CacheControl *CacheControl `json:"Cache-Control,omitempty"`
 }
 
 // HeadNodeParams defines parameters for HeadNode.
@@ -1528,6 +1534,9 @@ type HeadNodeParams struct {
 
 	// IfNoneMatch One or more entity tags separated by commas, or `*`: node tags look like `"3"` (`W/"3"`), hardware generation tags like `"3-12"` (`W/"3-12"`). When one names the row's current `ETag` (weak comparison: `W/"3"` matches `"3"`) or the value is `*`, the answer is 304 Not Modified with no body. Otherwise the row is sent as usual. A hardware generation's tag includes its `nodes` count, so a tag read before nodes moved to or from it no longer matches.
 	IfNoneMatch *IfNoneMatch `json:"If-None-Match,omitempty"`
+
+	// CacheControl `no-cache` (among other directives, comma-separated, any case) reads the node straight from PostgreSQL instead of the replica's node cache: a strong read, as current as the database, at the price of a round trip. It applies to the `Node-Id` check of the same request too. Other directives are ignored.
+	CacheControl *CacheControl `json:"Cache-Control,omitempty"`
 }
 
 // PatchNodeParams defines parameters for PatchNode.
@@ -2212,7 +2221,7 @@ type ClientInterface interface {
 
 	// GetNode Retrieve a node
 	//
-	// Answers 200 with the node and its `ETag`. When `If-None-Match` names the node's current `ETag` (weak comparison) or is `*`, it answers 304 Not Modified instead, with the `ETag` and no body. The `ETag` does not change with heartbeats, so a 304 may stand for a node whose `last_seen` has moved on. 400 when `pk` is not a pk (a positive int64 in plain decimal); 404 when no node has that pk; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+	// Answers 200 with the node and its `ETag`. When `If-None-Match` names the node's current `ETag` (weak comparison) or is `*`, it answers 304 Not Modified instead, with the `ETag` and no body. The node comes from the replica's node cache: this replica's own writes show at once, other replicas' within 2 seconds at most (usually milliseconds); `Cache-Control: no-cache` reads PostgreSQL instead (see "Read consistency" above). The `ETag` does not change with heartbeats, so a 304 may stand for a node whose `last_seen` has moved on. 400 when `pk` is not a pk (a positive int64 in plain decimal); 404 when no node has that pk; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 	// Roles: reader, scheduler, agent, admin (everyone).
 	//
 	// Corresponds with GET /v1/nodes/{pk} (the `GetNode` operationId).
@@ -3158,7 +3167,7 @@ func (c *Client) DeleteNode(ctx context.Context, pk NodePK, params *DeleteNodePa
 
 // GetNode Retrieve a node
 //
-// Answers 200 with the node and its `ETag`. When `If-None-Match` names the node's current `ETag` (weak comparison) or is `*`, it answers 304 Not Modified instead, with the `ETag` and no body. The `ETag` does not change with heartbeats, so a 304 may stand for a node whose `last_seen` has moved on. 400 when `pk` is not a pk (a positive int64 in plain decimal); 404 when no node has that pk; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+// Answers 200 with the node and its `ETag`. When `If-None-Match` names the node's current `ETag` (weak comparison) or is `*`, it answers 304 Not Modified instead, with the `ETag` and no body. The node comes from the replica's node cache: this replica's own writes show at once, other replicas' within 2 seconds at most (usually milliseconds); `Cache-Control: no-cache` reads PostgreSQL instead (see "Read consistency" above). The `ETag` does not change with heartbeats, so a 304 may stand for a node whose `last_seen` has moved on. 400 when `pk` is not a pk (a positive int64 in plain decimal); 404 when no node has that pk; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 // Roles: reader, scheduler, agent, admin (everyone).
 //
 // Corresponds with GET /v1/nodes/{pk} (the `GetNode` operationId).
@@ -4911,6 +4920,17 @@ func NewGetNodeRequest(server string, pk NodePK, params *GetNodeParams) (*http.R
 			req.Header.Set("If-None-Match", headerParam1)
 		}
 
+		if params.CacheControl != nil {
+			var headerParam2 string
+
+			headerParam2, err = runtime.StyleParamWithOptions("simple", false, "Cache-Control", *params.CacheControl, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Cache-Control", headerParam2)
+		}
+
 	}
 
 	return req, nil
@@ -4969,6 +4989,17 @@ func NewHeadNodeRequest(server string, pk NodePK, params *HeadNodeParams) (*http
 			}
 
 			req.Header.Set("If-None-Match", headerParam1)
+		}
+
+		if params.CacheControl != nil {
+			var headerParam2 string
+
+			headerParam2, err = runtime.StyleParamWithOptions("simple", false, "Cache-Control", *params.CacheControl, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Cache-Control", headerParam2)
 		}
 
 	}
@@ -5731,7 +5762,7 @@ type ClientWithResponsesInterface interface {
 
 	// GetNodeWithResponse Retrieve a node
 	//
-	// Answers 200 with the node and its `ETag`. When `If-None-Match` names the node's current `ETag` (weak comparison) or is `*`, it answers 304 Not Modified instead, with the `ETag` and no body. The `ETag` does not change with heartbeats, so a 304 may stand for a node whose `last_seen` has moved on. 400 when `pk` is not a pk (a positive int64 in plain decimal); 404 when no node has that pk; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+	// Answers 200 with the node and its `ETag`. When `If-None-Match` names the node's current `ETag` (weak comparison) or is `*`, it answers 304 Not Modified instead, with the `ETag` and no body. The node comes from the replica's node cache: this replica's own writes show at once, other replicas' within 2 seconds at most (usually milliseconds); `Cache-Control: no-cache` reads PostgreSQL instead (see "Read consistency" above). The `ETag` does not change with heartbeats, so a 304 may stand for a node whose `last_seen` has moved on. 400 when `pk` is not a pk (a positive int64 in plain decimal); 404 when no node has that pk; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 	// Roles: reader, scheduler, agent, admin (everyone).
 	//
 	// Returns a wrapper object for the known response body format(s).
@@ -11475,7 +11506,7 @@ func (c *ClientWithResponses) DeleteNodeWithResponse(ctx context.Context, pk Nod
 
 // GetNodeWithResponse Retrieve a node
 //
-// Answers 200 with the node and its `ETag`. When `If-None-Match` names the node's current `ETag` (weak comparison) or is `*`, it answers 304 Not Modified instead, with the `ETag` and no body. The `ETag` does not change with heartbeats, so a 304 may stand for a node whose `last_seen` has moved on. 400 when `pk` is not a pk (a positive int64 in plain decimal); 404 when no node has that pk; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+// Answers 200 with the node and its `ETag`. When `If-None-Match` names the node's current `ETag` (weak comparison) or is `*`, it answers 304 Not Modified instead, with the `ETag` and no body. The node comes from the replica's node cache: this replica's own writes show at once, other replicas' within 2 seconds at most (usually milliseconds); `Cache-Control: no-cache` reads PostgreSQL instead (see "Read consistency" above). The `ETag` does not change with heartbeats, so a 304 may stand for a node whose `last_seen` has moved on. 400 when `pk` is not a pk (a positive int64 in plain decimal); 404 when no node has that pk; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 // Roles: reader, scheduler, agent, admin (everyone).
 //
 // Returns a wrapper object for the known response body format(s).

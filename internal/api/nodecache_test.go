@@ -1,0 +1,204 @@
+package api_test
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"testing"
+	"time"
+
+	registryd "github.com/registryd/registryd"
+	"github.com/registryd/registryd/internal/api"
+	"github.com/registryd/registryd/internal/apitest"
+	"github.com/registryd/registryd/internal/auth"
+	"github.com/registryd/registryd/internal/heartbeat"
+	"github.com/registryd/registryd/internal/lifecycle"
+	"github.com/registryd/registryd/internal/nodecache"
+	"github.com/registryd/registryd/internal/pgtest"
+	"github.com/registryd/registryd/internal/registry"
+	"github.com/registryd/registryd/internal/store"
+	"github.com/registryd/registryd/internal/watch"
+)
+
+// cachedReplica is a server on dbURL whose reads by pk go through a node
+// cache. With follow it follows the change feed as serve wires it; without,
+// the cache is frozen: it serves, and only this server's own writes change
+// it (what a test needs to tell the cache's answer from PostgreSQL's).
+func cachedReplica(t *testing.T, dbURL string, follow bool) (*bundle, *nodecache.Cache) {
+	t.Helper()
+	st := pgtest.Open(t, dbURL, store.Options{})
+	verifier, err := auth.NewVerifier(auth.Config{Secret: testSecret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := nodecache.New(st, nodecache.Options{Size: 1000, LivenessChannel: store.LivenessChannel})
+	var follower watch.Follower
+	if follow {
+		follower = c
+	} else {
+		c.Start(0)
+		c.Listening(true)
+		c.Sequenced(time.Now().Add(time.Hour), 0)
+	}
+	hub := watch.New(st, watch.Options{
+		Channels:       watch.Channels{Changes: store.ChangesChannel, Events: store.EventsChannel},
+		Encode:         api.EncodeEvent,
+		Poll:           100 * time.Millisecond,
+		Follower:       follower,
+		FollowChannels: []string{store.LivenessChannel},
+	})
+	t.Cleanup(lifecycle.Go(context.Background(), hub.Run))
+	beats := heartbeat.New(st, heartbeat.Options{})
+	logger := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	ts := httptest.NewServer(api.New(api.Config{Store: st, OpenAPI: registryd.OpenAPI, Ready: st.Ping, Logger: logger,
+		Auth: verifier, Heartbeats: beats, Events: hub, Nodes: c}))
+	t.Cleanup(ts.Close)
+	apitest.Eventually(t, 5*time.Second, "the node cache serves", func() bool { return c.Stats().Serving })
+	return &bundle{t: t, url: ts.URL, client: apitest.Client(t), store: st, dbURL: dbURL, beats: beats,
+		token: tokenFor(t, "admin-test", registry.RoleAdmin)}, c
+}
+
+func nodePath(pk int64) string { return "/v1/nodes/" + strconv.FormatInt(pk, 10) }
+
+// A replica's own writes are visible to its next read, ETags included,
+// even with a cache that follows no feed.
+func TestNodeCacheOwnWrites(t *testing.T) {
+	t.Parallel()
+	a, c := cachedReplica(t, pgtest.New(t), false)
+	pk := a.createNode(nil)
+	old := a.must(http.StatusOK, a.do("GET", nodePath(pk), nil)).header.Get("ETag")
+	a.must(http.StatusNotModified, a.do("GET", nodePath(pk), nil, "If-None-Match", old))
+	a.must(http.StatusOK, a.do("PATCH", nodePath(pk), map[string]any{"driver_version": "560.1"}))
+	r := a.must(http.StatusOK, a.do("GET", nodePath(pk), nil, "If-None-Match", old))
+	if got := r.object(t)["driver_version"]; got != "560.1" {
+		t.Fatalf("own write not visible: driver_version %v", got)
+	}
+	if tag := r.header.Get("ETag"); tag == old {
+		t.Fatalf("ETag %s unchanged by the write", tag)
+	}
+	a.must(http.StatusNotModified, a.do("GET", nodePath(pk), nil, "If-None-Match", r.header.Get("ETag")))
+	// Claim and release go through the cache too.
+	a.must(http.StatusOK, a.do("POST", "/v1/nodes/claim", map[string]any{"job": 7}))
+	if got := a.must(http.StatusOK, a.do("GET", nodePath(pk), nil)).object(t)["current_job"]; got != 7.0 {
+		t.Fatalf("after an own claim current_job is %v", got)
+	}
+	a.must(http.StatusNoContent, a.do("DELETE", nodePath(pk)+"?force=true", nil))
+	a.must(http.StatusNotFound, a.do("GET", nodePath(pk), nil))
+	if s := c.Stats(); s.Hits < 4 {
+		t.Fatalf("%+v: reads did not use the cache", s)
+	}
+}
+
+// Cache-Control: no-cache reads PostgreSQL: it sees a write the cache
+// cannot know of yet.
+func TestNodeCacheStrongRead(t *testing.T) {
+	t.Parallel()
+	a, _ := cachedReplica(t, pgtest.New(t), false)
+	pk := a.createNode(nil)
+	a.must(http.StatusOK, a.do("GET", nodePath(pk), nil))
+	// Another replica's write: this frozen cache never hears of it.
+	a.exec(`UPDATE nodes SET driver_version = 'elsewhere', version = version + 1 WHERE pk = $1`, pk)
+	if got := a.must(http.StatusOK, a.do("GET", nodePath(pk), nil)).object(t)["driver_version"]; got != "550.54.15" {
+		t.Fatalf("the cached read shows %v; the test needs the cache's answer", got)
+	}
+	if got := a.must(http.StatusOK, a.do("GET", nodePath(pk), nil, "Cache-Control", "no-cache")).object(t)["driver_version"]; got != "elsewhere" {
+		t.Fatalf("a strong read shows %v, want PostgreSQL's elsewhere", got)
+	}
+}
+
+// Another replica's update and delete are served within the bound.
+func TestNodeCacheAcrossReplicas(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.New(t)
+	a, _ := cachedReplica(t, dbURL, true)
+	b, _ := cachedReplica(t, dbURL, true)
+	pk := b.createNode(nil)
+	old := a.must(http.StatusOK, a.do("GET", nodePath(pk), nil)).header.Get("ETag")
+	b.must(http.StatusOK, b.do("PATCH", nodePath(pk), map[string]any{"driver_version": "560.1"}))
+	apitest.Eventually(t, nodecache.DefaultMaxStale, "the other replica's update is served", func() bool {
+		r := a.do("GET", nodePath(pk), nil, "If-None-Match", old)
+		return r.status == http.StatusOK && r.object(t)["driver_version"] == "560.1"
+	})
+	b.must(http.StatusNoContent, b.do("DELETE", nodePath(pk), nil))
+	apitest.Eventually(t, nodecache.DefaultMaxStale, "the other replica's delete is served", func() bool {
+		return a.do("GET", nodePath(pk), nil).status == http.StatusNotFound
+	})
+}
+
+// Node-Id is refused on the very next request after this replica deletes
+// the node, and within the bound after another replica does; an owner
+// that adopts a node is let in the same way.
+func TestNodeCacheNodeID(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.New(t)
+	a, _ := cachedReplica(t, dbURL, true)
+	b, _ := cachedReplica(t, dbURL, true)
+	agent := tokenFor(t, "agent-1", registry.RoleAgent)
+	ping := func(x *bundle, pk int64, token string) int {
+		return x.do("GET", "/v1/nodes/ping", nil, "Node-Id", strconv.FormatInt(pk, 10), "Authorization", "Bearer "+token).status
+	}
+	a.token, b.token = agent, agent
+	own := a.createNode(map[string]any{"ip": "10.0.0.1"})
+	other := a.createNode(map[string]any{"ip": "10.0.0.2"})
+	a.token, b.token = tokenFor(t, "admin-test", registry.RoleAdmin), tokenFor(t, "admin-test", registry.RoleAdmin)
+	for _, pk := range []int64{own, other} {
+		if st := ping(a, pk, agent); st != http.StatusOK {
+			t.Fatalf("the owner's ping: %d", st)
+		}
+	}
+	a.must(http.StatusNoContent, a.do("DELETE", nodePath(own), nil))
+	if st := ping(a, own, agent); st != http.StatusForbidden {
+		t.Fatalf("ping as a node this replica just deleted: %d, want 403", st)
+	}
+	b.must(http.StatusNoContent, b.do("DELETE", nodePath(other), nil))
+	apitest.Eventually(t, nodecache.DefaultMaxStale, "a node deleted elsewhere is refused", func() bool {
+		return ping(a, other, agent) == http.StatusForbidden
+	})
+
+	// An imported node (no owner) is adopted through the other replica.
+	mem := int64(80) << 30
+	if _, err := a.store.ApplyImport(context.Background(),
+		registry.Actor{Principal: registry.Principal{Sub: "sync:scp", Role: registry.RoleSystem}}, "scp",
+		[]registry.ImportedNode{{ExternalID: "h1", IP: "10.9.0.1", CPUMem: 1 << 40, GPUMem: &mem, GPUModel: "H100", State: "RUNNING", Running: true}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	nodes, err := a.store.ListNodes(context.Background(), registry.NodeFilter{IP: ptr("10.9.0.1")})
+	if err != nil || len(nodes) != 1 {
+		t.Fatalf("imported node: %v %v", nodes, err)
+	}
+	imported := nodes[0].PK
+	if st := ping(a, imported, agent); st != http.StatusForbidden {
+		t.Fatalf("ping as an unowned node: %d, want 403", st)
+	}
+	b.token = agent
+	b.must(http.StatusOK, b.do("POST", "/v1/nodes/create", map[string]any{"ip": "10.9.0.1", "index": 0, "cpu_mem": 1 << 30,
+		"driver_version": "550", "hardware_generation": nil, "gpu_mem": nil}))
+	apitest.Eventually(t, nodecache.DefaultMaxStale, "the adopter is let in on the other replica", func() bool {
+		return ping(a, imported, agent) == http.StatusOK
+	})
+}
+
+// An agent that adopts a node through this replica acts as it on the very
+// next request, even with a cache that follows no feed.
+func TestNodeCacheOwnAdoption(t *testing.T) {
+	t.Parallel()
+	a, _ := cachedReplica(t, pgtest.New(t), false)
+	mem := int64(80) << 30
+	if _, err := a.store.ApplyImport(context.Background(),
+		registry.Actor{Principal: registry.Principal{Sub: "sync:scp", Role: registry.RoleSystem}}, "scp",
+		[]registry.ImportedNode{{ExternalID: "h1", IP: "10.9.0.1", CPUMem: 1 << 40, GPUMem: &mem, GPUModel: "H100", State: "RUNNING", Running: true}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	nodes, err := a.store.ListNodes(context.Background(), registry.NodeFilter{IP: ptr("10.9.0.1")})
+	if err != nil || len(nodes) != 1 {
+		t.Fatalf("imported node: %v %v", nodes, err)
+	}
+	pk := strconv.FormatInt(nodes[0].PK, 10)
+	a.token = tokenFor(t, "agent-1", registry.RoleAgent)
+	a.must(http.StatusForbidden, a.do("GET", "/v1/nodes/ping", nil, "Node-Id", pk))
+	a.must(http.StatusOK, a.do("POST", "/v1/nodes/create", map[string]any{"ip": "10.9.0.1", "index": 0, "cpu_mem": 1 << 30,
+		"driver_version": "550", "hardware_generation": nil, "gpu_mem": nil}))
+	a.must(http.StatusOK, a.do("GET", "/v1/nodes/ping", nil, "Node-Id", pk))
+}

@@ -1,0 +1,442 @@
+// Package nodecache serves reads of a node by pk from memory: a bounded
+// copy of recently read nodes, kept current from the change feed the
+// watch hub follows (it is the hub's Follower), after the model of
+// kube-apiserver's watch cache.
+//
+// The consistency a reader gets (README "Read consistency"):
+//
+//   - A replica's own writes are visible to its own reads at once: the
+//     API hands every node a write returns to Wrote, which updates the
+//     cached copy. Versions only move forward: an older version never
+//     replaces a newer one, whichever of the feed, a fill or a write
+//     brings it.
+//   - Other replicas' writes arrive through the feed, usually within a
+//     few milliseconds. The cache serves only while the feed proves it
+//     current: a sequencing pass that started at T and whose events have
+//     all been applied proves every change committed before T is in. A
+//     read is served from memory only when such a proof is at most
+//     MaxStale old; otherwise it reads PostgreSQL. So a cached read never
+//     misses a write committed more than MaxStale before it.
+//   - After a gap (the LISTEN connection failed, events were pruned
+//     before this replica read them, the hub stopped) everything cached
+//     is dropped and reads go to PostgreSQL until the LISTEN connection
+//     is back and a new proof has arrived.
+//   - last_seen comes from heartbeat flushes, which skip the change feed:
+//     every flush notifies its batch (store.LivenessChannel) in the same
+//     statement, and cached copies take the newer time. A GET shows a
+//     heartbeat once its flush commits, as when it read PostgreSQL.
+//
+// Misses read through (Loader) and fill the cache. A fill must never
+// install a version older than the feed already delivered: while a read
+// is in flight, every event and heartbeat for its pk is noted on the fill,
+// and the fill installs the newer of what it read and what it noted.
+package nodecache
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/registryd/registryd/internal/registry"
+)
+
+// Loader reads a node from PostgreSQL. *store.Store implements it.
+type Loader interface {
+	GetNode(ctx context.Context, pk int64) (registry.Node, error)
+}
+
+// Options tune a Cache.
+type Options struct {
+	// Size bounds the cached nodes; default DefaultSize. When full, a
+	// fill evicts a node at random.
+	Size int
+	// MaxStale is how old the feed's last proof of being current may be
+	// while the cache serves; default DefaultMaxStale.
+	MaxStale time.Duration
+	// LivenessChannel is the channel heartbeat flushes notify.
+	LivenessChannel string
+	Logger          *slog.Logger
+}
+
+// Defaults of Options.
+const (
+	DefaultSize     = 200_000
+	DefaultMaxStale = 2 * time.Second
+)
+
+// Stats counts what the cache did.
+type Stats struct {
+	Hits, Misses, Bypassed int64 // served, read through and filled, read through (not serving)
+	Drops                  int64 // times everything was dropped after a gap
+	Size                   int
+	Serving                bool
+}
+
+// Cache is one replica's cache of nodes.
+type Cache struct {
+	load     Loader
+	size     int
+	maxStale time.Duration
+	liveness string
+	logger   *slog.Logger
+
+	hits, misses, bypassed, drops atomic.Int64
+
+	// afterRead, when set (tests), runs between a fill's read and its
+	// install: the window of the stale-fill race.
+	afterRead func(pk int64)
+
+	mu    sync.RWMutex
+	nodes map[int64]*registry.Node // each packed (see pack)
+	fills map[int64]*fill          // reads in flight, by pk
+	epoch uint64                   // bumped by every drop; fills of an older epoch install nothing
+
+	started   bool      // the hub told where its feed starts
+	delivered int64     // the newest event applied
+	listening bool      // the LISTEN connection is up
+	since     time.Time // the last drop; proofs must be newer
+	current   time.Time // every change committed before it is applied; zero: none since the drop
+	proofs    []proof   // sequencing passes not yet confirmed by delivered events
+}
+
+type proof struct {
+	at     time.Time
+	latest int64
+}
+
+// fill is what the feed brought for a pk while reads of it were in flight.
+type fill struct {
+	readers  int
+	node     *registry.Node // the newest version the feed delivered
+	deleted  int64          // > 0: deleted at this version
+	lastSeen time.Time      // the newest heartbeat
+}
+
+// New returns a Cache reading misses through load. Register it as the
+// watch hub's Follower (with LivenessChannel among its FollowChannels).
+func New(load Loader, opts Options) *Cache {
+	if opts.Size <= 0 {
+		opts.Size = DefaultSize
+	}
+	if opts.MaxStale <= 0 {
+		opts.MaxStale = DefaultMaxStale
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Cache{load: load, size: opts.Size, maxStale: opts.MaxStale, liveness: opts.LivenessChannel,
+		logger: opts.Logger, nodes: map[int64]*registry.Node{}, fills: map[int64]*fill{}}
+}
+
+// servingLocked reports whether the feed is proven current enough to
+// serve from memory; c.mu held (either way).
+func (c *Cache) servingLocked(now time.Time) bool {
+	return c.listening && !c.current.IsZero() && now.Sub(c.current) <= c.maxStale
+}
+
+// GetNode returns node pk: from memory when the cache serves and holds
+// it, otherwise from the Loader (filling the cache). Errors are the
+// Loader's (ErrNotFound for a missing node).
+func (c *Cache) GetNode(ctx context.Context, pk int64) (registry.Node, error) {
+	now := time.Now()
+	c.mu.RLock()
+	if c.servingLocked(now) {
+		if n, ok := c.nodes[pk]; ok {
+			c.mu.RUnlock()
+			c.hits.Add(1)
+			return *n, nil
+		}
+	}
+	c.mu.RUnlock()
+	return c.readThrough(ctx, pk)
+}
+
+// readThrough reads pk from PostgreSQL and, when the cache serves, installs
+// the newer of what it read and what the feed brought meanwhile.
+func (c *Cache) readThrough(ctx context.Context, pk int64) (registry.Node, error) {
+	c.mu.Lock()
+	serving := c.servingLocked(time.Now())
+	epoch := c.epoch
+	var f *fill
+	if serving {
+		if f = c.fills[pk]; f == nil {
+			f = &fill{}
+			c.fills[pk] = f
+		}
+		f.readers++
+	}
+	c.mu.Unlock()
+	if !serving {
+		c.bypassed.Add(1)
+		return c.load.GetNode(ctx, pk)
+	}
+	c.misses.Add(1)
+	n, err := c.load.GetNode(ctx, pk)
+	if c.afterRead != nil {
+		c.afterRead(pk)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if f.readers--; f.readers == 0 {
+		delete(c.fills, pk)
+	}
+	if err != nil || epoch != c.epoch || !c.servingLocked(time.Now()) {
+		return n, err
+	}
+	best := n
+	if f.node != nil && f.node.Version > best.Version {
+		best = *f.node
+	}
+	if f.deleted > 0 && f.deleted >= best.Version {
+		return n, nil // deleted since: nothing to install
+	}
+	best = withLastSeen(best, f.lastSeen)
+	c.installLocked(best)
+	return best, nil
+}
+
+// installLocked puts n in the cache unless a newer version is there,
+// evicting at random when full; c.mu held.
+func (c *Cache) installLocked(n registry.Node) {
+	if cur, ok := c.nodes[n.PK]; ok {
+		c.nodes[n.PK] = pack(newer(*cur, n))
+		return
+	}
+	if len(c.nodes) >= c.size {
+		for pk := range c.nodes { // map order is random enough
+			delete(c.nodes, pk)
+			break
+		}
+	}
+	c.nodes[n.PK] = pack(n)
+}
+
+// newer is the newer version of a node, with the later of the two
+// last_seen times (heartbeats do not change the version).
+func newer(cur, n registry.Node) registry.Node {
+	if n.Version < cur.Version {
+		n, cur = cur, n
+	}
+	if cur.LastSeen != nil {
+		n = withLastSeen(n, *cur.LastSeen)
+	}
+	return n
+}
+
+// packed is a cached node in one object: the node and what its pointer
+// fields point at; its strings' bytes share one more. A node as the store
+// scans it is a dozen small objects, and a full cache of them made the
+// garbage collector's marking the largest cost of a cached read.
+type packed struct {
+	n   registry.Node
+	opt [4]string    // owner, cordon_reason, external_id, provider_state
+	i64 [3]int64     // hardware_generation, gpu_mem, current_job
+	ts  [2]time.Time // last_seen, lease_expires_at, in UTC (no location pointer)
+}
+
+// pack returns a copy of n that shares nothing with n and takes two
+// objects, neither pointing outside the pair. It is never modified: a
+// change packs a new copy.
+func pack(n registry.Node) *registry.Node {
+	p := &packed{n: n}
+	fields := []*string{&p.n.IP, &p.n.DriverVersion, &p.n.Source, (*string)(&p.n.State)}
+	for i, dst := range [...]**string{&p.n.Owner, &p.n.CordonReason, &p.n.ExternalID, &p.n.ProviderState} {
+		if *dst != nil {
+			p.opt[i] = **dst
+			*dst = &p.opt[i]
+			fields = append(fields, &p.opt[i])
+		}
+	}
+	var b strings.Builder
+	for _, f := range fields {
+		b.Grow(len(*f))
+	}
+	for _, f := range fields {
+		b.WriteString(*f)
+	}
+	text, at := b.String(), 0
+	for _, f := range fields {
+		l := len(*f)
+		*f = text[at : at+l]
+		at += l
+	}
+	for i, dst := range [...]**int64{&p.n.HardwareGeneration, &p.n.GPUMem, &p.n.CurrentJob} {
+		if *dst != nil {
+			p.i64[i] = **dst
+			*dst = &p.i64[i]
+		}
+	}
+	for i, dst := range [...]**time.Time{&p.n.LastSeen, &p.n.LeaseExpiresAt} {
+		if *dst != nil {
+			p.ts[i] = (**dst).UTC()
+			*dst = &p.ts[i]
+		}
+	}
+	return &p.n
+}
+
+// withLastSeen is n with last_seen at least t.
+func withLastSeen(n registry.Node, t time.Time) registry.Node {
+	if t.IsZero() || n.LastSeen != nil && !n.LastSeen.Before(t) {
+		return n
+	}
+	t = t.UTC()
+	n.LastSeen = &t
+	return n
+}
+
+// Wrote applies nodes this replica's writes returned (committed), so that
+// its own reads see them at once. Nodes not cached are left to the next
+// read: installing them could bring back a version the feed already
+// replaced and dropped.
+func (c *Cache) Wrote(nodes ...registry.Node) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, n := range nodes {
+		c.changeLocked(n, false)
+	}
+}
+
+// Deleted applies a node this replica deleted (as it was).
+func (c *Cache) Deleted(n registry.Node) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.changeLocked(n, true)
+}
+
+// changeLocked applies one change: to the fills in flight and to the
+// cached copy, versions only moving forward; c.mu held.
+func (c *Cache) changeLocked(n registry.Node, deleted bool) {
+	if f := c.fills[n.PK]; f != nil {
+		switch {
+		case deleted:
+			f.deleted = max(f.deleted, n.Version)
+		case f.node == nil || n.Version > f.node.Version:
+			f.node = &n
+		}
+	}
+	cur, ok := c.nodes[n.PK]
+	switch {
+	case !ok:
+	case deleted && n.Version >= cur.Version:
+		delete(c.nodes, n.PK)
+	case !deleted:
+		c.nodes[n.PK] = pack(newer(*cur, n))
+	}
+}
+
+// Start implements watch.Follower.
+func (c *Cache) Start(last int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.started, c.delivered = true, last
+}
+
+// Apply implements watch.Follower.
+func (c *Cache) Apply(events []registry.NodeEvent) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, e := range events {
+		c.changeLocked(e.Node, e.Kind == "deleted")
+		c.delivered = max(c.delivered, e.ID)
+	}
+	// Passes whose events are now all applied prove the cache current.
+	i := 0
+	for ; i < len(c.proofs) && c.proofs[i].latest <= c.delivered; i++ {
+		c.current = later(c.current, c.proofs[i].at)
+	}
+	c.proofs = c.proofs[:copy(c.proofs, c.proofs[i:])]
+}
+
+// maxProofs bounds the passes waiting for their events.
+const maxProofs = 16
+
+// Sequenced implements watch.Follower.
+func (c *Cache) Sequenced(at time.Time, latest int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.started || !c.listening || !at.After(c.since) {
+		return // a pass that started before the drop proves nothing after it
+	}
+	if latest <= c.delivered {
+		c.current = later(c.current, at)
+		return
+	}
+	if len(c.proofs) == maxProofs {
+		c.proofs[maxProofs-1] = proof{at, latest} // the oldest confirm first; keep them
+		return
+	}
+	c.proofs = append(c.proofs, proof{at, latest})
+}
+
+// Listening implements watch.Follower: down drops everything (heartbeat
+// notifications may be lost); up starts the wait for a new proof.
+func (c *Cache) Listening(up bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !up {
+		c.dropLocked("the notification connection was lost")
+	}
+	c.listening = up
+}
+
+// Gap implements watch.Follower.
+func (c *Cache) Gap(reason string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.dropLocked(reason)
+}
+
+// dropLocked forgets every node and proof: until a pass that starts after
+// now is confirmed, reads go to PostgreSQL; c.mu held.
+func (c *Cache) dropLocked(reason string) {
+	if len(c.nodes) > 0 || !c.current.IsZero() {
+		c.logger.Warn("node cache: dropped; reads go to PostgreSQL until the change feed is current again",
+			"reason", reason, "nodes", len(c.nodes))
+	}
+	c.drops.Add(1)
+	c.epoch++
+	clear(c.nodes)
+	c.proofs = c.proofs[:0]
+	c.current = time.Time{}
+	c.since = time.Now()
+}
+
+// Notified implements watch.Follower: heartbeat flushes.
+func (c *Cache) Notified(channel, payload string) {
+	if channel != c.liveness {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	err := registry.ParseLiveness(payload, func(pk int64, seen time.Time) {
+		if f := c.fills[pk]; f != nil && seen.After(f.lastSeen) {
+			f.lastSeen = seen
+		}
+		if n, ok := c.nodes[pk]; ok && (n.LastSeen == nil || seen.After(*n.LastSeen)) {
+			c.nodes[pk] = pack(withLastSeen(*n, seen))
+		}
+	})
+	if err != nil {
+		// Heartbeats were lost: cached last_seen could stay behind.
+		c.dropLocked(err.Error())
+	}
+}
+
+// Stats returns counts and the cache's state.
+func (c *Cache) Stats() Stats {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return Stats{Hits: c.hits.Load(), Misses: c.misses.Load(), Bypassed: c.bypassed.Load(), Drops: c.drops.Load(),
+		Size: len(c.nodes), Serving: c.servingLocked(time.Now())}
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
