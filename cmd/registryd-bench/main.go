@@ -37,6 +37,19 @@ func main() {
 
 type usageError struct{ error }
 
+// envList is a repeatable NAME=VALUE flag.
+type envList []string
+
+func (e *envList) String() string { return strings.Join(*e, " ") }
+
+func (e *envList) Set(v string) error {
+	if name, _, ok := strings.Cut(v, "="); !ok || name == "" {
+		return fmt.Errorf("want NAME=VALUE, not %q", v)
+	}
+	*e = append(*e, v)
+	return nil
+}
+
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("registryd-bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -66,7 +79,9 @@ errors.
 		url       = fs.String("url", "", "a running registryd to target instead of starting one")
 		pgbench   = fs.String("pgbench", "", "the pgbench binary (default: next to the PostgreSQL server binaries, or on PATH)")
 		workDir   = fs.String("workdir", "", "keep the server's data, its log and the pgbench scripts here (default: a temporary folder, removed)")
+		serverEnv envList
 	)
+	fs.Var(&serverEnv, "server-env", "NAME=VALUE added to the environment of the server it starts (repeatable), e.g. -server-env REGISTRY_NODE_CACHE=0")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -79,8 +94,8 @@ errors.
 	cfg := bench.Config{
 		Nodes: *nodes, Agents: *agents, Duration: *duration, Clients: *clients,
 		JSONOnly: *jsonOnly, URL: *url, Pgbench: *pgbench, WorkDir: *workDir,
-		RequirePgbench: getenv("CI") != "",
-		Stdout:         stdout, Stderr: stderr,
+		RequirePgbench: getenv("CI") != "", ServerEnv: serverEnv,
+		Stdout: stdout, Stderr: stderr,
 	}
 	for _, w := range strings.Split(*workloads, ",") {
 		if w = strings.TrimSpace(w); w != "" {

@@ -20,6 +20,7 @@ func TestRunRefusesBadUsage(t *testing.T) {
 		"unknown flag":     {args: []string{"-bogus"}, usage: true, want: "bogus"},
 		"argument":         {args: []string{"extra"}, usage: true, want: `unexpected argument "extra"`},
 		"bad duration":     {args: []string{"-duration", "soon"}, usage: true, want: "soon"},
+		"bad server-env":   {args: []string{"-server-env", "REGISTRY_NODE_CACHE"}, usage: true, want: "want NAME=VALUE"},
 		"unknown workload": {args: []string{"-registryd", "/bin/true", "-workloads", "heartbeat,bogus"}, want: `no workload "bogus"`},
 		"url alone":        {args: []string{"-url", "http://127.0.0.1:1"}, want: "REGISTRY_DATABASE_URL"},
 		"url, no secret": {args: []string{"-url", "http://127.0.0.1:1"}, env: map[string]string{"REGISTRY_DATABASE_URL": "postgres:///x"},
