@@ -37,6 +37,9 @@ func Markdown(rep *Report) string {
 		if r.Rate < 10 { // full lists, restarts: a handful a second
 			rate = fmt.Sprintf("%.2f/s", r.Rate)
 		}
+		if r.Start != nil { // restarts a second, stops included, mean nothing
+			rate = fmt.Sprintf("%d starts", len(r.Start.ReadyMS))
+		}
 		if l := r.List; l != nil && l.PgxReadMS > 0 {
 			tps, lat = "one full read (pgx)", fmt.Sprintf("%.1f ms", l.PgxReadMS)
 			ratio = fmt.Sprintf("%.2f× (time)", r.Ratio)
