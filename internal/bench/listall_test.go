@@ -1,8 +1,10 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -23,8 +25,9 @@ func TestCountList(t *testing.T) {
 		"long":          {`[{"pk":1},{"pk":2},{"pk":3},{"pk":4}]`, "4 nodes, want 3"},
 		"empty":         {`[]`, "0 nodes, want 3"},
 		"cut in a node": {`[{"pk":1},{"pk":2},{"pk"`, "node 3"},
-		"not closed":    {`[{"pk":1},{"pk":2},{"pk":3}`, "not closed after 3 nodes"},
+		"not closed":    {`[{"pk":1},{"pk":2},{"pk":3}`, "node 4: jsontext: unexpected EOF"},
 		"repeated pk":   {`[{"pk":1},{"pk":1},{"pk":3}]`, "pk 1, want one above 1"},
+		"pk a string":   {`[{"pk":"1"}]`, "want a number"},
 		"no pk":         {`[{"pk":1},{"ip":"10.0.0.1"},{"pk":3}]`, "pk missing"},
 		"not an array":  {`{"pk":1}`, "not a JSON array"},
 		"not objects":   {`[1,2,3]`, "node 1"},
@@ -126,5 +129,28 @@ func TestStartupNeedsAServerOfItsOwn(t *testing.T) {
 	cfg = Config{Registryd: "registryd"}
 	if err := cfg.defaults(); err != nil || !slices.Equal(cfg.Workloads, AllWorkloads) {
 		t.Errorf("default workloads of a server it starts: %v, %v", cfg.Workloads, err)
+	}
+}
+
+// How fast the harness's client counts a list, alone: listall's MB/s
+// cannot exceed it, and on a small machine the client's decoding competes
+// with the server for the same cores.
+func BenchmarkCountList(b *testing.B) {
+	const nodes = 10_000
+	var body bytes.Buffer
+	body.WriteByte('[')
+	for i := range nodes {
+		if i > 0 {
+			body.WriteByte(',')
+		}
+		fmt.Fprintf(&body, `{"pk":%d,"ip":"10.0.%d.%d","index":%d,"cpu_mem":2199023255552,"driver_version":"550.54.15","hardware_generation":2,"gpu_mem":85899345920,"last_seen":"2026-12-02T01:14:09.559826Z","current_job":null,"lease_expires_at":null,"owner":"bench-agent-%d","source":"api","schedulable":true,"lost":false,"cordon_reason":null,"external_id":null,"provider_state":null,"state":"free","created_at":"2026-12-02T01:14:09.559826Z","updated_at":"2026-12-02T01:14:09.559826Z","version":1}`,
+			i+1, i/2000, i%250, i%8, i/8)
+	}
+	body.WriteString("]\n")
+	b.SetBytes(int64(body.Len()))
+	for b.Loop() {
+		if _, err := countList(bytes.NewReader(body.Bytes()), nodes); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
