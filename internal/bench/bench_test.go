@@ -199,18 +199,21 @@ func checkStartup(t *testing.T, rep *Report, table string) {
 		t.Fatalf("no startup result with times: %+v", r)
 	}
 	s := r.Start
-	if r.Ops != startupRuns || len(s.ReadyMS) != startupRuns || len(s.BannerMS) != startupRuns {
+	if r.Ops != startupRuns || len(s.ReadyMS) != startupRuns || len(s.BannerMS) != startupRuns || len(s.StopMS) != startupRuns {
 		t.Fatalf("startup: %d ops, ready %v, banner %v: want %d of each", r.Ops, s.ReadyMS, s.BannerMS, startupRuns)
 	}
 	for i := range s.ReadyMS {
 		if s.BannerMS[i] <= 0 || s.ReadyMS[i] < s.BannerMS[i] || s.ReadyMS[i] > 2*60*1000 {
 			t.Errorf("start %d: banner %v ms, ready %v ms: want 0 < banner ≤ ready < 2 min", i, s.BannerMS[i], s.ReadyMS[i])
 		}
+		if s.StopMS[i] <= 0 || s.StopMS[i] > 60*1000 {
+			t.Errorf("start %d: stop took %v ms, want 0 < stop ≤ 60 s", i, s.StopMS[i])
+		}
 	}
 	if s.ReadyMinMS <= 0 || s.ReadyMinMS > s.ReadyMedianMS || s.BannerMinMS > s.BannerMedianMS || r.P50MS != s.ReadyMedianMS {
 		t.Errorf("startup: %+v, p50 %v", s, r.P50MS)
 	}
-	if !strings.Contains(table, "- startup with 800 nodes: banner after ") {
+	if !strings.Contains(table, "- startup with 800 nodes: banner after ") || !strings.Contains(table, "stop (SIGTERM to exit) ") {
 		t.Errorf("the table lacks startup's times:\n%s", table)
 	}
 }

@@ -80,8 +80,9 @@ func Markdown(rep *Report) string {
 			}
 		}
 		if s := r.Start; s != nil && len(s.ReadyMS) > 0 {
-			fmt.Fprintf(&b, "- %s with %s nodes: banner after %.0f ms min / %.0f ms median, /readyz 200 after %.0f ms min / %.0f ms median (%d starts)\n",
-				r.Workload, thousands(float64(r.Nodes)), s.BannerMinMS, s.BannerMedianMS, s.ReadyMinMS, s.ReadyMedianMS, len(s.ReadyMS))
+			_, stopMedian := minMedian(s.StopMS)
+			fmt.Fprintf(&b, "- %s with %s nodes: banner after %.0f ms min / %.0f ms median, /readyz 200 after %.0f ms min / %.0f ms median (%d starts); stop (SIGTERM to exit) %.0f ms median\n",
+				r.Workload, thousands(float64(r.Nodes)), s.BannerMinMS, s.BannerMedianMS, s.ReadyMinMS, s.ReadyMedianMS, len(s.ReadyMS), stopMedian)
 		}
 	}
 	for _, r := range rep.Results {

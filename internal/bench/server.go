@@ -83,9 +83,10 @@ func startServer(ctx context.Context, bin, dir string, secret []byte, timeout ti
 }
 
 // startTimes is how long a start took, from exec: until the banner
-// ("registryd is serving on") was written, and until /readyz answered 200.
+// ("registryd is serving on") was written, and until /readyz answered 200;
+// for a restart also how long the stop before it took (SIGTERM to exit).
 type startTimes struct {
-	banner, ready time.Duration
+	banner, ready, stop time.Duration
 }
 
 // start execs bin serve on s.dataDir (logFlag: os.O_TRUNC for the first
@@ -148,10 +149,14 @@ func (s *server) start(ctx context.Context, logFlag int) (startTimes, error) {
 // settings, and says how long the start took. The new server listens on a
 // new port: s.url changes.
 func (s *server) restart(ctx context.Context) (startTimes, error) {
+	t0 := time.Now()
 	if err := s.stop(); err != nil {
 		return startTimes{}, err
 	}
-	return s.start(ctx, os.O_APPEND)
+	stopped := time.Since(t0)
+	st, err := s.start(ctx, os.O_APPEND)
+	st.stop = stopped
+	return st, err
 }
 
 // findDatabaseURL reads the embedded cluster's URL from the server's log

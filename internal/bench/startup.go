@@ -12,10 +12,11 @@ const startupRuns = 3
 // StartStats is what the startup workload measured: for each restart of the
 // server on its data (the seeded fleet in it), the time from exec until
 // it wrote its banner ("registryd is serving on") and until /readyz
-// answered 200.
+// answered 200, and how long the stop before it took (SIGTERM to exit).
 type StartStats struct {
 	BannerMS       []float64 `json:"banner_ms"`
 	ReadyMS        []float64 `json:"ready_ms"`
+	StopMS         []float64 `json:"stop_ms"`
 	BannerMinMS    float64   `json:"banner_min_ms"`
 	BannerMedianMS float64   `json:"banner_median_ms"`
 	ReadyMinMS     float64   `json:"ready_min_ms"`
@@ -41,6 +42,7 @@ func restarts(ctx context.Context, srv *server, runs int) (*StartStats, Load, er
 		}
 		st.BannerMS = append(st.BannerMS, ms(times.banner))
 		st.ReadyMS = append(st.ReadyMS, ms(times.ready))
+		st.StopMS = append(st.StopMS, ms(times.stop))
 		ready = append(ready, times.ready)
 	}
 	l.Elapsed = time.Since(t0)
