@@ -276,6 +276,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 				// The server is down: nothing after this can run.
 				logf("%s: %v", name, restartErr)
 				rep.Results = append(rep.Results, res)
+				_ = enc.Encode(res)
 				return rep, fmt.Errorf("%w: %s: %w", ErrWorkloadErrors, name, restartErr)
 			}
 			// The connections of the pool went with the old PostgreSQL.

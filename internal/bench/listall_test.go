@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -152,5 +153,30 @@ func BenchmarkCountList(b *testing.B) {
 		if _, err := countList(bytes.NewReader(body.Bytes()), nodes); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// A restart whose exec fails is an error, and the server it leaves behind
+// is stopped without a wait or a panic.
+func TestRestartThatCannotExec(t *testing.T) {
+	t.Parallel()
+	bin := registrydBinary(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	srv, err := startServer(ctx, bin, workDir(t), []byte("bench-test-secret-0123456789abcdef"), time.Minute, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.bin = filepath.Join(t.TempDir(), "gone")
+	st, _, err := restarts(ctx, srv, startupRuns)
+	if err == nil || !strings.Contains(err.Error(), "start server") || len(st.ReadyMS) != 0 {
+		t.Fatalf("restarts = %+v, %v; want a start error", st, err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.stop() }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("stop waited on a server that never ran")
 	}
 }

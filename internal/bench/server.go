@@ -108,6 +108,8 @@ func (s *server) start(ctx context.Context, logFlag int) (startTimes, error) {
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 	t0 := time.Now()
 	if err := s.cmd.Start(); err != nil {
+		s.waitErr = err
+		close(s.exited) // nothing runs: stop has nothing to wait for
 		return st, fmt.Errorf("bench: start server: %w", err)
 	}
 	cmd, exited := s.cmd, s.exited
