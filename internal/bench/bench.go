@@ -284,7 +284,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			if pool, err = pgxpool.New(ctx, srv.dbURL); err != nil {
 				return nil, fmt.Errorf("bench: database: %w", err)
 			}
-			t.url, url, dbURL = srv.url, srv.url, srv.dbURL
+			t.url, dbURL = srv.url, srv.dbURL
 			logf("%s: serving again on %s (pid %d)", name, srv.url, srv.pid())
 		} else {
 			logf("%s: registryd, %d clients, %s", name, w.clients, cfg.Duration)
