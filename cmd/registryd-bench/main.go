@@ -73,7 +73,7 @@ errors.
 		agents    = fs.Int("agents", 1000, "hosts owned by an agent each (the heartbeat workload's nodes)")
 		duration  = fs.Duration("duration", 10*time.Second, "how long each workload runs, on each side")
 		clients   = fs.Int("clients", 32, "concurrent clients (gang always uses 16 schedulers)")
-		workloads = fs.String("workloads", strings.Join(bench.AllWorkloads, ","), "workloads to run, comma-separated")
+		workloads = fs.String("workloads", strings.Join(bench.AllWorkloads, ","), "workloads to run, comma-separated (with -url, startup is left out of the default: it restarts the server)")
 		jsonOnly  = fs.Bool("json", false, "print only the JSON lines")
 		registryd = fs.String("registryd", "", "the registryd binary to start (default: built from this module with go build)")
 		url       = fs.String("url", "", "a running registryd to target instead of starting one")
@@ -97,11 +97,18 @@ errors.
 		RequirePgbench: getenv("CI") != "", ServerEnv: serverEnv,
 		Stdout: stdout, Stderr: stderr,
 	}
-	for _, w := range strings.Split(*workloads, ",") {
-		if w = strings.TrimSpace(w); w != "" {
-			cfg.Workloads = append(cfg.Workloads, w)
+	// Unset, the list is bench's default, which leaves startup out for a
+	// server the harness does not start.
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name != "workloads" {
+			return
 		}
-	}
+		for _, w := range strings.Split(*workloads, ",") {
+			if w = strings.TrimSpace(w); w != "" {
+				cfg.Workloads = append(cfg.Workloads, w)
+			}
+		}
+	})
 	if *url != "" {
 		cfg.DatabaseURL, cfg.Secret, cfg.Token = getenv("REGISTRY_DATABASE_URL"), []byte(getenv("REGISTRY_JWT_SECRET")), getenv("REGISTRY_TOKEN")
 	} else {

@@ -25,6 +25,8 @@ func TestRunRefusesBadUsage(t *testing.T) {
 		"url alone":        {args: []string{"-url", "http://127.0.0.1:1"}, want: "REGISTRY_DATABASE_URL"},
 		"url, no secret": {args: []string{"-url", "http://127.0.0.1:1"}, env: map[string]string{"REGISTRY_DATABASE_URL": "postgres:///x"},
 			want: "REGISTRY_JWT_SECRET) or an admin token (REGISTRY_TOKEN"},
+		"url, startup": {args: []string{"-url", "http://127.0.0.1:1", "-workloads", "retrieve,startup"},
+			env: map[string]string{"REGISTRY_DATABASE_URL": "postgres:///x", "REGISTRY_JWT_SECRET": "s"}, want: "startup workload restarts the server"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

@@ -83,6 +83,11 @@ type Result struct {
 	// after it. 0: not known (a server the harness did not start).
 	ServerPeakRSS int64 `json:"server_peak_rss_bytes,omitempty"`
 	PostgresPSS   int64 `json:"postgres_pss_bytes,omitempty"`
+	// List is listall's throughput and PostgreSQL's own time for the same
+	// rows (Ratio is then that time over registryd's median list time);
+	// Start is startup's times.
+	List  *ListStats  `json:"listall,omitempty"`
+	Start *StartStats `json:"startup,omitempty"`
 }
 
 // Report is a whole run.
@@ -116,6 +121,9 @@ func (c *Config) defaults() error {
 	}
 	if len(c.Workloads) == 0 {
 		c.Workloads = AllWorkloads
+		if c.URL != "" { // a server the harness did not start, it cannot restart
+			c.Workloads = slices.DeleteFunc(slices.Clone(AllWorkloads), func(w string) bool { return w == Startup })
+		}
 	}
 	for _, w := range c.Workloads {
 		if !slices.Contains(AllWorkloads, w) {
@@ -138,6 +146,9 @@ func (c *Config) defaults() error {
 		return errors.New("bench: a running registryd (URL) needs its token secret (REGISTRY_JWT_SECRET) or an admin token (REGISTRY_TOKEN)")
 	case c.URL == "" && c.Registryd == "":
 		return errors.New("bench: no registryd binary to start, and no URL of a running one")
+	}
+	if c.URL != "" && slices.Contains(c.Workloads, Startup) {
+		return errors.New("bench: the startup workload restarts the server, so it needs one the harness starts (no URL)")
 	}
 	return nil
 }
@@ -203,7 +214,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bench: database: %w", err)
 	}
-	defer pool.Close()
+	defer func() { pool.Close() }() // the pool of the last start (see startup)
 	rep.Machine = describeMachine(ctx, pool, pgbench)
 
 	logf("seeding %d nodes", cfg.Nodes)
@@ -253,10 +264,34 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 				logf("cannot reset the server's peak RSS (%v): it is the peak since start", err)
 			}
 		}
-		logf("%s: registryd, %d clients, %s", name, w.clients, cfg.Duration)
-		l := generate(ctx, w.clients, warmup(cfg.Duration), cfg.Duration, w.op)
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
+		var l Load
+		if name == Startup {
+			logf("%s: %d restarts of registryd with %d nodes", name, startupRuns, cfg.Nodes)
+			var restartErr error
+			res.Start, l, restartErr = restarts(ctx, srv, startupRuns)
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			if restartErr != nil {
+				// The server is down: nothing after this can run.
+				logf("%s: %v", name, restartErr)
+				rep.Results = append(rep.Results, res)
+				_ = enc.Encode(res)
+				return rep, fmt.Errorf("%w: %s: %w", ErrWorkloadErrors, name, restartErr)
+			}
+			// The connections of the pool went with the old PostgreSQL.
+			pool.Close()
+			if pool, err = pgxpool.New(ctx, srv.dbURL); err != nil {
+				return nil, fmt.Errorf("bench: database: %w", err)
+			}
+			t.url, dbURL = srv.url, srv.dbURL
+			logf("%s: serving again on %s (pid %d)", name, srv.url, srv.pid())
+		} else {
+			logf("%s: registryd, %d clients, %s", name, w.clients, cfg.Duration)
+			l = generate(ctx, w.clients, warmup(cfg.Duration), cfg.Duration, w.op)
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
 		}
 		res.DurationS, res.Ops, res.Rate, res.Errors = l.Elapsed.Seconds(), l.Ops, l.Rate, l.Errors
 		res.P50MS, res.P99MS, res.MaxMS = ms(l.P50), ms(l.P99), ms(l.Max)
@@ -286,6 +321,25 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			res.ServerPeakRSS = peakRSS(srv.pid())
 			rep.ServerPeakRSS = max(rep.ServerPeakRSS, res.ServerPeakRSS)
 			res.PostgresPSS = pss(srv.postmasterPID())
+		}
+		if name == ListAll {
+			res.List = &ListStats{Nodes: int64(cfg.Nodes), Bytes: t.listBytes.Load()}
+			if l.P50 > 0 {
+				res.List.MBPerS = float64(res.List.Bytes) / 1e6 / l.P50.Seconds()
+				res.List.NodesPerS = float64(cfg.Nodes) / l.P50.Seconds()
+			}
+			logf("%s: PostgreSQL's own full read through pgx, %s", name, cfg.Duration)
+			read, reads, err := pgxFullReads(ctx, pool, int64(cfg.Nodes), cfg.Duration)
+			if err != nil {
+				res.List.PgxError = err.Error()
+				failed = true
+				logf("%s: %v", name, err)
+			} else {
+				res.List.PgxReadMS, res.List.PgxReads = ms(read), reads
+				if l.P50 > 0 {
+					res.Ratio = read.Seconds() / l.P50.Seconds()
+				}
+			}
 		}
 		if pgbench != "" && w.script != "" {
 			logf("%s: pgbench %s, %d clients, %s", name, w.script, w.clients, cfg.Duration)
@@ -319,7 +373,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 func failedWorkloads(rep *Report) string {
 	var names []string
 	for _, r := range rep.Results {
-		if r.Errors > 0 || r.Ops == 0 || (r.Pgbench != nil && r.Pgbench.Error != "") {
+		if r.Errors > 0 || r.Ops == 0 || (r.Pgbench != nil && r.Pgbench.Error != "") || (r.List != nil && r.List.PgxError != "") {
 			names = append(names, r.Workload)
 		}
 	}

@@ -138,7 +138,7 @@ func TestHarnessEndToEnd(t *testing.T) {
 		if rss, _ := l["server_peak_rss_bytes"].(float64); rss <= 0 {
 			t.Errorf("%s: no server peak RSS", name)
 		}
-		if pgbench != "" {
+		if pgbench != "" && name != ListAll && name != Startup { // those two have no pgbench script
 			p, _ := l["pgbench"].(map[string]any)
 			if tps, _ := p["tps"].(float64); tps <= 0 || p["error"] != nil {
 				t.Errorf("%s: pgbench %v, want a tps and no error", name, p)
@@ -151,6 +151,8 @@ func TestHarnessEndToEnd(t *testing.T) {
 			t.Errorf("the table has no row for %s:\n%s", name, table)
 		}
 	}
+	checkListAll(t, rep, table)
+	checkStartup(t, rep, table)
 	for _, want := range []string{"| path | clients | registryd rate | p50 | p99 |", "Machine: ", "synchronous_commit=", "registryd peak RSS"} {
 		if !strings.Contains(table, want) {
 			t.Errorf("the table lacks %q:\n%s", want, table)
@@ -160,6 +162,69 @@ func TestHarnessEndToEnd(t *testing.T) {
 	if procs := processesUsing(work); len(procs) > 0 {
 		t.Errorf("processes still running on %s: %v", work, procs)
 	}
+}
+
+// listall streamed whole lists of the 800 nodes, with a throughput, and
+// PostgreSQL's own read of the same rows to compare with.
+func checkListAll(t *testing.T, rep *Report, table string) {
+	t.Helper()
+	r := result(rep, ListAll)
+	if r == nil || r.List == nil {
+		t.Fatalf("no listall result with list stats: %+v", r)
+	}
+	l := r.List
+	if r.Clients != 1 || r.Ops == 0 || r.P50MS <= 0 || r.P99MS < r.P50MS {
+		t.Errorf("listall: clients %d, %d lists, p50 %v ms, p99 %v ms", r.Clients, r.Ops, r.P50MS, r.P99MS)
+	}
+	// A node's document is well over 300 bytes.
+	if l.Nodes != 800 || l.Bytes < 800*300 || l.MBPerS <= 0 || l.NodesPerS <= 0 {
+		t.Errorf("listall: %+v", l)
+	}
+	if l.PgxReadMS <= 0 || l.PgxReads < 1 || l.PgxError != "" || r.Ratio <= 0 {
+		t.Errorf("listall: pgx read %v ms ×%d (%s), ratio %v", l.PgxReadMS, l.PgxReads, l.PgxError, r.Ratio)
+	}
+	for _, want := range []string{"- listall: ", " MB/s, ", "nodes/s (one list: 800 nodes", "PostgreSQL hands the same rows to pgx in ", "| one full read (pgx) |"} {
+		if !strings.Contains(table, want) {
+			t.Errorf("the table lacks %q:\n%s", want, table)
+		}
+	}
+}
+
+// startup restarted the server three times on its data, each start timed
+// from exec to the banner and to /readyz 200.
+func checkStartup(t *testing.T, rep *Report, table string) {
+	t.Helper()
+	r := result(rep, Startup)
+	if r == nil || r.Start == nil {
+		t.Fatalf("no startup result with times: %+v", r)
+	}
+	s := r.Start
+	if r.Ops != startupRuns || len(s.ReadyMS) != startupRuns || len(s.BannerMS) != startupRuns || len(s.StopMS) != startupRuns {
+		t.Fatalf("startup: %d ops, ready %v, banner %v: want %d of each", r.Ops, s.ReadyMS, s.BannerMS, startupRuns)
+	}
+	for i := range s.ReadyMS {
+		if s.BannerMS[i] <= 0 || s.ReadyMS[i] < s.BannerMS[i] || s.ReadyMS[i] > 2*60*1000 {
+			t.Errorf("start %d: banner %v ms, ready %v ms: want 0 < banner ≤ ready < 2 min", i, s.BannerMS[i], s.ReadyMS[i])
+		}
+		if s.StopMS[i] <= 0 || s.StopMS[i] > 60*1000 {
+			t.Errorf("start %d: stop took %v ms, want 0 < stop ≤ 60 s", i, s.StopMS[i])
+		}
+	}
+	if s.ReadyMinMS <= 0 || s.ReadyMinMS > s.ReadyMedianMS || s.BannerMinMS > s.BannerMedianMS || r.P50MS != s.ReadyMedianMS {
+		t.Errorf("startup: %+v, p50 %v", s, r.P50MS)
+	}
+	if !strings.Contains(table, "- startup with 800 nodes: banner after ") || !strings.Contains(table, "stop (SIGTERM to exit) ") {
+		t.Errorf("the table lacks startup's times:\n%s", table)
+	}
+}
+
+func result(rep *Report, name string) *Result {
+	for i := range rep.Results {
+		if rep.Results[i].Workload == name {
+			return &rep.Results[i]
+		}
+	}
+	return nil
 }
 
 // processesUsing lists the command lines that mention dir: the server

@@ -152,6 +152,18 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 // call sends one request with a bearer token (and headers in pairs) and
 // returns the body of a 2xx answer; anything else is a *statusError.
 func call(ctx context.Context, c *http.Client, method, url, token string, body []byte, headers ...string) ([]byte, error) {
+	resp, err := send(ctx, c, method, url, token, body, headers...)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	return io.ReadAll(resp.Body)
+}
+
+// send is call for a body the caller reads as it comes: the response of a
+// 2xx answer, whose body the caller closes; anything else is a
+// *statusError.
+func send(ctx context.Context, c *http.Client, method, url, token string, body []byte, headers ...string) (*http.Response, error) {
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
@@ -171,21 +183,21 @@ func call(ctx context.Context, c *http.Client, method, url, token string, body [
 	if err != nil {
 		return nil, err
 	}
+	if resp.StatusCode/100 == 2 {
+		return resp, nil
+	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	if err != nil {
 		return nil, err
 	}
-	if resp.StatusCode/100 != 2 {
-		path := req.URL.Path
-		if strings.HasPrefix(path, "/v1/nodes/") && strings.Trim(path[len("/v1/nodes/"):], "0123456789") == "" {
-			path = "/v1/nodes/{pk}"
-		}
-		snippet := strings.TrimSpace(string(b))
-		if len(snippet) > 300 {
-			snippet = snippet[:300]
-		}
-		return nil, &statusError{method: method, path: path, code: resp.StatusCode, body: snippet}
+	path := req.URL.Path
+	if strings.HasPrefix(path, "/v1/nodes/") && strings.Trim(path[len("/v1/nodes/"):], "0123456789") == "" {
+		path = "/v1/nodes/{pk}"
 	}
-	return b, nil
+	snippet := strings.TrimSpace(string(b))
+	if len(snippet) > 300 {
+		snippet = snippet[:300]
+	}
+	return nil, &statusError{method: method, path: path, code: resp.StatusCode, body: snippet}
 }

@@ -33,6 +33,17 @@ func Markdown(rep *Report) string {
 			errs = fmt.Sprintf("**%d**", r.Errors)
 		}
 		tps, lat, ratio := "—", "—", "—"
+		rate := thousands(r.Rate) + "/s"
+		if r.Rate < 10 { // full lists, restarts: a handful a second
+			rate = fmt.Sprintf("%.2f/s", r.Rate)
+		}
+		if r.Start != nil { // restarts a second, stops included, mean nothing
+			rate = fmt.Sprintf("%d starts", len(r.Start.ReadyMS))
+		}
+		if l := r.List; l != nil && l.PgxReadMS > 0 {
+			tps, lat = "one full read (pgx)", fmt.Sprintf("%.1f ms", l.PgxReadMS)
+			ratio = fmt.Sprintf("%.2f× (time)", r.Ratio)
+		}
 		if p := r.Pgbench; p != nil {
 			if p.Error != "" {
 				tps = "**failed**"
@@ -44,8 +55,8 @@ func Markdown(rep *Report) string {
 				}
 			}
 		}
-		fmt.Fprintf(&b, "| %s | %d | %s/s | %.2f ms | %.2f ms | %.1f ms | %s | %s | %s | %s |\n",
-			r.Path, r.Clients, thousands(r.Rate), r.P50MS, r.P99MS, r.MaxMS, errs, tps, lat, ratio)
+		fmt.Fprintf(&b, "| %s | %d | %s | %.2f ms | %.2f ms | %.1f ms | %s | %s | %s | %s |\n",
+			r.Path, r.Clients, rate, r.P50MS, r.P99MS, r.MaxMS, errs, tps, lat, ratio)
 	}
 	b.WriteString("\n")
 	for _, r := range rep.Results {
@@ -55,6 +66,23 @@ func Markdown(rep *Report) string {
 				fmt.Fprintf(&b, ", PostgreSQL PSS after it %d MB", r.PostgresPSS>>20)
 			}
 			b.WriteString("\n")
+		}
+	}
+	for _, r := range rep.Results {
+		if l := r.List; l != nil {
+			fmt.Fprintf(&b, "- %s: %.1f MB/s, %s nodes/s (one list: %s nodes, %.1f MB, median %.0f ms)", r.Workload, l.MBPerS, thousands(l.NodesPerS), thousands(float64(l.Nodes)), float64(l.Bytes)/1e6, r.P50MS)
+			if l.PgxReadMS > 0 {
+				fmt.Fprintf(&b, "; PostgreSQL hands the same rows to pgx in %.0f ms (median of %d)", l.PgxReadMS, l.PgxReads)
+			}
+			b.WriteString("\n")
+			if l.PgxError != "" {
+				fmt.Fprintf(&b, "- **%s: PostgreSQL's full read failed**: %s\n", r.Workload, l.PgxError)
+			}
+		}
+		if s := r.Start; s != nil && len(s.ReadyMS) > 0 {
+			_, stopMedian := minMedian(s.StopMS)
+			fmt.Fprintf(&b, "- %s with %s nodes: banner after %.0f ms min / %.0f ms median, /readyz 200 after %.0f ms min / %.0f ms median (%d starts); stop (SIGTERM to exit) %.0f ms median\n",
+				r.Workload, thousands(float64(r.Nodes)), s.BannerMinMS, s.BannerMedianMS, s.ReadyMinMS, s.ReadyMedianMS, len(s.ReadyMS), stopMedian)
 		}
 	}
 	for _, r := range rep.Results {

@@ -29,6 +29,11 @@ type server struct {
 	stderr  string // the server's log file
 	exited  chan struct{}
 	waitErr error
+
+	// What start execs again on a restart.
+	bin     string
+	env     []string
+	timeout time.Duration
 }
 
 // passEnv are the variables of the harness's environment a server it
@@ -55,20 +60,13 @@ func startServer(ctx context.Context, bin, dir string, secret []byte, timeout ti
 			return nil, fmt.Errorf("bench: start server: %w", err)
 		}
 	}
-	s := &server{dataDir: data, stderr: filepath.Join(dir, "serve.log"), exited: make(chan struct{})}
-	logFile, err := os.Create(s.stderr)
-	if err != nil {
-		return nil, fmt.Errorf("bench: start server: %w", err)
-	}
-	defer logFile.Close()
-	stdout := &lockedBuffer{}
-	env := []string{}
+	s := &server{bin: bin, dataDir: data, stderr: filepath.Join(dir, "serve.log"), timeout: timeout}
 	for _, k := range passEnv {
 		if v, ok := os.LookupEnv(k); ok {
-			env = append(env, k+"="+v)
+			s.env = append(s.env, k+"="+v)
 		}
 	}
-	env = append(env,
+	s.env = append(s.env,
 		"REGISTRY_DATA_DIR="+data,
 		"REGISTRY_LISTEN=127.0.0.1:0",
 		"REGISTRY_JWT_SECRET="+string(secret),
@@ -77,55 +75,95 @@ func startServer(ctx context.Context, bin, dir string, secret []byte, timeout ti
 		// workload runs.
 		"REGISTRY_NODE_TTL=24h",
 	)
-	env = append(env, extraEnv...)
-	s.cmd = exec.Command(bin, "serve")
-	s.cmd.Env = env
-	s.cmd.Stdout, s.cmd.Stderr = stdout, logFile
-	// If the harness dies, the server (and so its PostgreSQL) goes too.
-	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
-	if err := s.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("bench: start server: %w", err)
-	}
-	go func() {
-		s.waitErr = s.cmd.Wait()
-		close(s.exited)
-	}()
-	deadline := time.NewTimer(timeout)
-	defer deadline.Stop()
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		if m := servingRE.FindStringSubmatch(stdout.String()); m != nil {
-			s.url = m[1]
-			break
-		}
-		select {
-		case <-s.exited:
-			return nil, fmt.Errorf("bench: registryd serve exited before serving (%v); last log lines:\n%s", s.waitErr, s.logTail(20))
-		case <-deadline.C:
-			s.stop()
-			return nil, fmt.Errorf("bench: registryd serve did not serve within %s; last log lines:\n%s", timeout, s.logTail(20))
-		case <-ctx.Done():
-			s.stop()
-			return nil, ctx.Err()
-		case <-tick.C:
-		}
-	}
-	s.dbURL = s.findDatabaseURL()
-	if s.dbURL == "" {
-		s.stop()
-		return nil, fmt.Errorf("bench: registryd serve runs, but its log names no embedded PostgreSQL URL; last log lines:\n%s", s.logTail(20))
-	}
-	if err := s.ready(ctx); err != nil {
-		s.stop()
+	s.env = append(s.env, extraEnv...)
+	if _, err := s.start(ctx, os.O_TRUNC); err != nil {
 		return nil, err
 	}
 	return s, nil
 }
 
+// startTimes is how long a start took, from exec: until the banner
+// ("registryd is serving on") was written, and until /readyz answered 200;
+// for a restart also how long the stop before it took (SIGTERM to exit).
+type startTimes struct {
+	banner, ready, stop time.Duration
+}
+
+// start execs bin serve on s.dataDir (logFlag: os.O_TRUNC for the first
+// start, os.O_APPEND for a restart, which keeps the earlier log) and
+// waits, at most s.timeout, until it serves and /readyz answers 200.
+func (s *server) start(ctx context.Context, logFlag int) (startTimes, error) {
+	var st startTimes
+	logFile, err := os.OpenFile(s.stderr, os.O_WRONLY|os.O_CREATE|logFlag, 0o644)
+	if err != nil {
+		return st, fmt.Errorf("bench: start server: %w", err)
+	}
+	defer logFile.Close()
+	stdout := &lockedBuffer{match: servingRE, matched: make(chan struct{})}
+	s.exited, s.waitErr = make(chan struct{}), nil
+	s.cmd = exec.Command(s.bin, "serve")
+	s.cmd.Env = s.env
+	s.cmd.Stdout, s.cmd.Stderr = stdout, logFile
+	// If the harness dies, the server (and so its PostgreSQL) goes too.
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
+	t0 := time.Now()
+	if err := s.cmd.Start(); err != nil {
+		s.waitErr = err
+		close(s.exited) // nothing runs: stop has nothing to wait for
+		return st, fmt.Errorf("bench: start server: %w", err)
+	}
+	cmd, exited := s.cmd, s.exited
+	go func() {
+		err := cmd.Wait()
+		s.waitErr = err
+		close(exited)
+	}()
+	deadline := time.NewTimer(s.timeout)
+	defer deadline.Stop()
+	select {
+	case <-stdout.matched:
+		st.banner = stdout.matchedAt.Sub(t0)
+		s.url = servingRE.FindStringSubmatch(stdout.String())[1]
+	case <-s.exited:
+		return st, fmt.Errorf("bench: registryd serve exited before serving (%v); last log lines:\n%s", s.waitErr, s.logTail(20))
+	case <-deadline.C:
+		s.stop()
+		return st, fmt.Errorf("bench: registryd serve did not serve within %s; last log lines:\n%s", s.timeout, s.logTail(20))
+	case <-ctx.Done():
+		s.stop()
+		return st, ctx.Err()
+	}
+	s.dbURL = s.findDatabaseURL()
+	if s.dbURL == "" {
+		s.stop()
+		return st, fmt.Errorf("bench: registryd serve runs, but its log names no embedded PostgreSQL URL; last log lines:\n%s", s.logTail(20))
+	}
+	if err := s.ready(ctx, deadline.C); err != nil {
+		s.stop()
+		return st, err
+	}
+	st.ready = time.Since(t0)
+	return st, nil
+}
+
+// restart stops the server (SIGTERM, waiting for it and its PostgreSQL)
+// and starts it again on the same data folder, with the same secret and
+// settings, and says how long the start took. The new server listens on a
+// new port: s.url changes.
+func (s *server) restart(ctx context.Context) (startTimes, error) {
+	t0 := time.Now()
+	if err := s.stop(); err != nil {
+		return startTimes{}, err
+	}
+	stopped := time.Since(t0)
+	st, err := s.start(ctx, os.O_APPEND)
+	st.stop = stopped
+	return st, err
+}
+
 // findDatabaseURL reads the embedded cluster's URL from the server's log
 // ("pglocal: cluster ready"), which names the socket directory however it
-// was chosen.
+// was chosen: the last one, which is this start's after a restart.
 func (s *server) findDatabaseURL() string {
 	f, err := os.Open(s.stderr)
 	if err != nil {
@@ -134,23 +172,29 @@ func (s *server) findDatabaseURL() string {
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	url := ""
 	for sc.Scan() {
 		var line struct {
 			Msg string `json:"msg"`
 			URL string `json:"url"`
 		}
 		if json.Unmarshal(sc.Bytes(), &line) == nil && strings.Contains(line.Msg, "cluster ready") && line.URL != "" {
-			return line.URL
+			url = line.URL
 		}
 	}
-	return ""
+	return url
 }
 
-// ready waits for /readyz to answer 200.
-func (s *server) ready(ctx context.Context) error {
+// readyPoll is how often ready asks /readyz: often enough that a start's
+// time to ready is measured to about this much.
+const readyPoll = 5 * time.Millisecond
+
+// ready waits until /readyz answers 200, or deadline fires.
+func (s *server) ready(ctx context.Context, deadline <-chan time.Time) error {
 	c := &http.Client{Timeout: 2 * time.Second}
+	defer c.CloseIdleConnections()
 	var last error
-	for range 100 {
+	for {
 		resp, err := c.Get(s.url + "/readyz")
 		if err == nil {
 			resp.Body.Close()
@@ -165,10 +209,11 @@ func (s *server) ready(ctx context.Context) error {
 			return ctx.Err()
 		case <-s.exited:
 			return fmt.Errorf("bench: registryd serve exited (%v); last log lines:\n%s", s.waitErr, s.logTail(20))
-		case <-time.After(100 * time.Millisecond):
+		case <-deadline:
+			return fmt.Errorf("bench: registryd serve is not ready within %s: /readyz: %v", s.timeout, last)
+		case <-time.After(readyPoll):
 		}
 	}
-	return fmt.Errorf("bench: registryd serve is not ready: /readyz: %v", last)
 }
 
 // stop sends SIGTERM and waits for the server (which stops its
@@ -214,16 +259,26 @@ func (s *server) logTail(n int) string {
 }
 
 // lockedBuffer is a bytes.Buffer the child's output goroutine writes and
-// the harness reads.
+// the harness reads. When the output first matches match, it notes the
+// time and closes matched.
 type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
+	mu        sync.Mutex
+	buf       bytes.Buffer
+	match     *regexp.Regexp
+	matched   chan struct{}
+	matchedAt time.Time // set before matched is closed
 }
 
 func (b *lockedBuffer) Write(p []byte) (int, error) {
+	now := time.Now()
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.buf.Write(p)
+	n, err := b.buf.Write(p)
+	if b.match != nil && b.matchedAt.IsZero() && b.match.Match(b.buf.Bytes()) {
+		b.matchedAt = now
+		close(b.matched)
+	}
+	return n, err
 }
 
 func (b *lockedBuffer) String() string {

@@ -19,10 +19,14 @@ const (
 	FreePage  = "free"
 	Claim     = "claim"
 	Gang      = "gang"
+	ListAll   = "listall"
+	Startup   = "startup"
 )
 
-// AllWorkloads is every workload, in run order.
-var AllWorkloads = []string{Heartbeat, Retrieve, FreePage, Claim, Gang}
+// AllWorkloads is every workload, in run order. startup comes last: it
+// restarts the server (the workloads after it, if any, run on the
+// restarted one).
+var AllWorkloads = []string{Heartbeat, Retrieve, FreePage, Claim, Gang, ListAll, Startup}
 
 // gangClients is the number of concurrent schedulers of the gang workload,
 // whatever -clients says: the target is stated for 16.
@@ -55,6 +59,8 @@ type target struct {
 	// holds checks that no node is given to two jobs at once.
 	holds *holdings
 	jobs  atomic.Int64
+	// listBytes is the size of the last whole list listall read.
+	listBytes atomic.Int64
 }
 
 func (t *target) workload(name string, clients int) (workload, error) {
@@ -107,6 +113,13 @@ func (t *target) workload(name string, clients int) (workload, error) {
 			op: func(ctx context.Context, c *http.Client, _ *rand.Rand) error {
 				return t.claimRelease(ctx, c, gangSize, true)
 			}}, nil
+	case ListAll:
+		return workload{name: name, path: "list all: POST /v1/nodes/list {} (every node, streamed)", clients: listAllClients,
+			op: t.listAllOp(int64(f.nodes), &t.listBytes)}, nil
+	case Startup:
+		// No op: Run restarts the server itself (restarts).
+		return workload{name: name, path: fmt.Sprintf("startup: SIGTERM, serve again on the same data, until /readyz 200 (%d starts)", startupRuns),
+			clients: 1}, nil
 	}
 	return workload{}, fmt.Errorf("bench: no workload %q (want %v)", name, AllWorkloads)
 }
