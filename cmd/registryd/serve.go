@@ -357,6 +357,13 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 	if cfg.NodeCache > 0 {
 		c := nodecache.New(db.store, nodecache.Options{Size: cfg.NodeCache, LivenessChannel: store.LivenessChannel, Logger: logger})
 		nodes, follower, follow = c, c, []string{store.LivenessChannel}
+		// Filled with the fleet once the feed is current (and again
+		// after a drop), so reads are hits from the start.
+		defer lifecycle.Go(ctx, func(ctx context.Context) {
+			c.Preload(ctx, func(ctx context.Context, after int64, limit int) ([]registry.Node, error) {
+				return db.store.ListNodes(ctx, registry.NodeFilter{After: after, Limit: limit})
+			})
+		})()
 	}
 	// The watch hub stops with the signal, which ends every watch stream so
 	// that the HTTP shutdown below is not held up by them.

@@ -86,10 +86,11 @@ func generate(ctx context.Context, clients int, warmup, d time.Duration, do op) 
 	for i := range workers {
 		w := &workers[i]
 		w.errs, w.samples = map[string]int64{}, map[string]string{}
-		// One transport per client: a fixed number of keep-alive
-		// connections, never a shared pool that opens more under load.
-		tr := &http.Transport{MaxIdleConnsPerHost: 1, MaxConnsPerHost: 1, DisableCompression: true}
-		c := &http.Client{Transport: tr, Timeout: requestTimeout}
+		// One connection per client, kept alive, never a shared pool
+		// that opens more under load; requests are bounded by
+		// requestTimeout (see connTransport).
+		tr := &connTransport{}
+		c := &http.Client{Transport: tr}
 		rng := rand.New(rand.NewPCG(uint64(i), uint64(start.UnixNano())))
 		wg.Go(func() {
 			defer tr.CloseIdleConnections()

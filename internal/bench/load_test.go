@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"io"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -73,5 +74,80 @@ func TestPercentile(t *testing.T) {
 	}
 	if p := percentile(s[:1], 0.99); p != time.Millisecond {
 		t.Errorf("p99 of one = %s", p)
+	}
+}
+
+// The load generator's own client keeps one connection across answers of
+// every shape the server sends (chunked, unread, with a body sent), opens
+// a new one only after Connection: close, and a request that times out
+// does not poison the next.
+func TestConnTransport(t *testing.T) {
+	t.Parallel()
+	var conns atomic.Int64
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/chunked":
+			for i := range 3 {
+				w.Write([]byte(strings.Repeat("x", 10_000*(i+1))))
+				w.(http.Flusher).Flush()
+			}
+		case "/close":
+			w.Header().Set("Connection", "close")
+			w.Write([]byte("bye"))
+		case "/echo":
+			b, _ := io.ReadAll(r.Body)
+			w.Write([]byte(r.Method + " " + r.Header.Get("Authorization") + " " + string(b)))
+		case "/slow":
+			time.Sleep(300 * time.Millisecond)
+		}
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	srv.Start()
+	defer srv.Close()
+	tr := &connTransport{}
+	defer tr.CloseIdleConnections()
+	c := &http.Client{Transport: tr}
+	ctx := t.Context()
+	get := func(path string) []byte {
+		t.Helper()
+		b, err := call(ctx, c, "GET", srv.URL+path, "tok", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	if b := get("/chunked"); len(b) != 60_000 {
+		t.Fatalf("chunked body of %d bytes", len(b))
+	}
+	resp, err := send(ctx, c, "GET", srv.URL+"/chunked", "tok", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close() // unread: closing drains it
+	b, err := call(ctx, c, "POST", srv.URL+"/echo", "tok", []byte(`{"a":1}`))
+	if err != nil || string(b) != `POST Bearer tok {"a":1}` {
+		t.Fatalf("echo %q, %v", b, err)
+	}
+	if n := conns.Load(); n != 1 {
+		t.Fatalf("%d connections, want 1 kept alive", n)
+	}
+	if b := get("/close"); string(b) != "bye" {
+		t.Fatalf("close: %q", b)
+	}
+	get("/echo")
+	if n := conns.Load(); n != 2 {
+		t.Fatalf("%d connections after Connection: close, want 2", n)
+	}
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if _, err := call(short, c, "GET", srv.URL+"/slow", "tok", nil); err == nil {
+		t.Fatal("a request past its deadline succeeded")
+	}
+	if b := get("/echo"); !strings.HasPrefix(string(b), "GET Bearer tok") {
+		t.Fatalf("after a timeout: %q", b)
 	}
 }

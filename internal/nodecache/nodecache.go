@@ -92,6 +92,10 @@ type Cache struct {
 	mu    sync.RWMutex
 	nodes map[int64]*registry.Node // each packed (see pack)
 	fills map[int64]*fill          // reads in flight, by pk
+	// touched, while a preload batch is being read (non-nil), notes the
+	// pks the feed changed or deleted (zero time) or heartbeats touched
+	// (the newest last_seen) meanwhile; see Preload.
+	touched map[int64]time.Time
 	epoch uint64                   // bumped by every drop; fills of an older epoch install nothing
 
 	started   bool      // the hub told where its feed starts
@@ -310,6 +314,9 @@ func (c *Cache) Deleted(n registry.Node) {
 // changeLocked applies one change: to the fills in flight and to the
 // cached copy, versions only moving forward; c.mu held.
 func (c *Cache) changeLocked(n registry.Node, deleted bool) {
+	if c.touched != nil {
+		c.touched[n.PK] = time.Time{}
+	}
 	if f := c.fills[n.PK]; f != nil {
 		switch {
 		case deleted:
@@ -416,6 +423,11 @@ func (c *Cache) Notified(channel, payload string) {
 		if f := c.fills[pk]; f != nil && seen.After(f.lastSeen) {
 			f.lastSeen = seen
 		}
+		if c.touched != nil {
+			if t, ok := c.touched[pk]; !ok || !t.IsZero() && seen.After(t) {
+				c.touched[pk] = seen
+			}
+		}
 		if n, ok := c.nodes[pk]; ok && (n.LastSeen == nil || seen.After(*n.LastSeen)) {
 			c.nodes[pk] = pack(withLastSeen(*n, seen))
 		}
@@ -432,6 +444,127 @@ func (c *Cache) Stats() Stats {
 	defer c.mu.RUnlock()
 	return Stats{Hits: c.hits.Load(), Misses: c.misses.Load(), Bypassed: c.bypassed.Load(), Drops: c.drops.Load(),
 		Size: len(c.nodes), Serving: c.servingLocked(time.Now())}
+}
+
+// Lister reads a page of nodes in pk order, after a pk. *store.Store's
+// ListNodes does, through a closure.
+type Lister func(ctx context.Context, after int64, limit int) ([]registry.Node, error)
+
+// preloadBatch is how many nodes a preload reads at a time.
+const preloadBatch = 1000 // the most ListNodes reads at once
+
+// preloadPoll is how often a preload checks whether the cache serves.
+const preloadPoll = 100 * time.Millisecond
+
+// Preload fills the cache with the fleet, lowest pk first, up to its
+// size, as kube-apiserver's watch cache lists before it watches: a
+// long-running replica's reads are then hits from the start, not misses
+// that fill it one by one. It waits until the cache serves (the feed is
+// proven current), and starts again after every drop, until ctx ends.
+//
+// A page read from PostgreSQL may be older than what the feed delivers
+// while it is read. So each page is read with the feed noting the pks it
+// changes (touched); a noted pk is not installed (its next read fills it),
+// and a heartbeat noted meanwhile is merged in. A page is installed only
+// if no drop happened since its read began.
+func (c *Cache) Preload(ctx context.Context, list Lister) {
+	for ctx.Err() == nil {
+		if !c.waitServing(ctx) {
+			return
+		}
+		c.mu.RLock()
+		epoch := c.epoch
+		c.mu.RUnlock()
+		if !c.preloadOnce(ctx, list) {
+			// Cut short (the feed lapsed, a drop, an error): again.
+			select {
+			case <-ctx.Done():
+			case <-time.After(preloadPoll):
+			}
+			continue
+		}
+		// Done: wait for the next drop (or the end).
+		for ctx.Err() == nil {
+			c.mu.RLock()
+			again := c.epoch != epoch
+			c.mu.RUnlock()
+			if again {
+				break
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(preloadPoll):
+			}
+		}
+	}
+}
+
+// waitServing waits until the cache serves; false when ctx ended first.
+func (c *Cache) waitServing(ctx context.Context) bool {
+	for {
+		c.mu.RLock()
+		ok := c.servingLocked(time.Now())
+		c.mu.RUnlock()
+		if ok {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(preloadPoll):
+		}
+	}
+}
+
+// preloadOnce reads pages until the fleet is read or the cache is full
+// (true), or until the feed lapses, a drop or an error cuts it short.
+func (c *Cache) preloadOnce(ctx context.Context, list Lister) bool {
+	start := time.Now()
+	var after int64
+	installed := 0
+	for ctx.Err() == nil {
+		c.mu.Lock()
+		epoch, full := c.epoch, len(c.nodes) >= c.size
+		if !full {
+			c.touched = map[int64]time.Time{}
+		}
+		c.mu.Unlock()
+		if full {
+			break
+		}
+		page, err := list(ctx, after, preloadBatch)
+		c.mu.Lock()
+		touched := c.touched
+		c.touched = nil
+		if err != nil || epoch != c.epoch || !c.servingLocked(time.Now()) {
+			c.mu.Unlock()
+			if err != nil && ctx.Err() == nil {
+				c.logger.Warn("node cache: preload interrupted; it starts again", "err", err)
+			}
+			return false
+		}
+		for _, n := range page {
+			if len(c.nodes) >= c.size {
+				break
+			}
+			seen, ok := touched[n.PK]
+			switch {
+			case ok && seen.IsZero():
+				continue // changed while read: the page may be older
+			case ok:
+				n = withLastSeen(n, seen)
+			}
+			c.installLocked(n)
+			installed++
+		}
+		c.mu.Unlock()
+		if len(page) < preloadBatch {
+			break
+		}
+		after = page[len(page)-1].PK
+	}
+	c.logger.Info("node cache: preloaded", "nodes", installed, "took", time.Since(start).Round(time.Millisecond))
+	return ctx.Err() == nil
 }
 
 func later(a, b time.Time) time.Time {

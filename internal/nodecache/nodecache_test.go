@@ -385,3 +385,110 @@ func TestPack(t *testing.T) {
 		t.Fatalf("packed zero node: %+v", got)
 	}
 }
+
+// lister pages st's nodes for Preload; between reading a page and handing
+// it over, during (when set) runs once per page.
+func lister(st *store.Store, during func(page []registry.Node)) Lister {
+	return func(ctx context.Context, after int64, limit int) ([]registry.Node, error) {
+		page, err := st.ListNodes(ctx, registry.NodeFilter{After: after, Limit: limit})
+		if err == nil && during != nil {
+			during(page)
+		}
+		return page, err
+	}
+}
+
+// Preload fills the cache with the fleet once the feed is current: every
+// read after it is a hit, none a read through; it stops at the size bound.
+func TestPreload(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.New(t)
+	a := newReplica(t, dbURL, 7000)
+	if _, err := a.store.Pool().Exec(context.Background(), `
+		INSERT INTO nodes (ip, gpu_index, cpu_mem, driver_version)
+		SELECT '10.1.0.0'::inet + (g / 8), g % 8, 1024, '550' FROM generate_series(0, 7999) g`); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); a.cache.Preload(ctx, lister(a.store, nil)) }()
+	defer func() { cancel(); <-done }()
+	apitest.Eventually(t, 10*time.Second, "the preload fills the cache to its bound", func() bool { return a.cache.Stats().Size == 7000 })
+	var pks []int64
+	if err := pgxscan(a.store, &pks, `SELECT pk FROM nodes ORDER BY pk LIMIT 7000`); err != nil {
+		t.Fatal(err)
+	}
+	for _, pk := range pks {
+		get(t, a.cache, pk)
+	}
+	if s := a.cache.Stats(); s.Hits != 7000 || s.Misses != 0 || s.Size != 7000 {
+		t.Fatalf("%+v: want every read of a preloaded node a hit, and the bound kept", s)
+	}
+}
+
+// A page read before another replica's change, and handed over after the
+// feed delivered it, does not install the older version of that node;
+// and after a drop the preload starts again.
+func TestPreloadStalePageAndDrop(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.New(t)
+	a, b := newReplica(t, dbURL, 100), newReplica(t, dbURL, 100)
+	n1, n2 := createNode(t, b.store, "10.0.0.1"), createNode(t, b.store, "10.0.0.2")
+	apitest.Eventually(t, 5*time.Second, "the creations reach the cache before the preload", func() bool {
+		var created []int64 // the latest event, once both creations have one
+		if err := pgxscan(a.store, &created, `SELECT max(event_id) FROM node_changes HAVING count(event_id) = 2`); err != nil {
+			t.Fatal(err)
+		}
+		a.cache.mu.RLock()
+		defer a.cache.mu.RUnlock()
+		return len(created) == 1 && a.cache.delivered >= created[0]
+	})
+	var up registry.Node
+	raced := false
+	during := func(page []registry.Node) {
+		if raced || len(page) == 0 {
+			return
+		}
+		raced = true
+		up = setDriver(t, b.store, n1.PK, "560")
+		apitest.Eventually(t, 5*time.Second, "the feed delivers the update while the page is in hand", func() bool {
+			a.cache.mu.RLock()
+			defer a.cache.mu.RUnlock()
+			_, ok := a.cache.touched[n1.PK]
+			return ok
+		})
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); a.cache.Preload(ctx, lister(a.store, during)) }()
+	defer func() { cancel(); <-done }()
+	apitest.Eventually(t, 5*time.Second, "the page's other node is installed", func() bool { return a.cache.Stats().Size == 1 })
+	a.cache.mu.RLock()
+	_, stale := a.cache.nodes[n1.PK]
+	_, other := a.cache.nodes[n2.PK]
+	a.cache.mu.RUnlock()
+	if stale || !other {
+		t.Fatalf("n1 installed %v (it changed while its page was read), n2 installed %v", stale, other)
+	}
+	if got := get(t, a.cache, n1.PK); got.Version != up.Version {
+		t.Fatalf("served version %d, want %d", got.Version, up.Version)
+	}
+	a.cache.Gap("test")
+	apitest.Eventually(t, 10*time.Second, "the preload fills the cache again after a drop", func() bool { return a.cache.Stats().Size == 2 })
+}
+
+func pgxscan(st *store.Store, dst *[]int64, sql string) error {
+	rows, err := st.Pool().Query(context.Background(), sql)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var v int64
+		if err := rows.Scan(&v); err != nil {
+			return err
+		}
+		*dst = append(*dst, v)
+	}
+	return rows.Err()
+}
