@@ -96,7 +96,7 @@ type Cache struct {
 	// pks the feed changed or deleted (zero time) or heartbeats touched
 	// (the newest last_seen) meanwhile; see Preload.
 	touched map[int64]time.Time
-	epoch uint64                   // bumped by every drop; fills of an older epoch install nothing
+	epoch   uint64 // bumped by every drop; fills of an older epoch install nothing
 
 	started   bool      // the hub told where its feed starts
 	delivered int64     // the newest event applied
