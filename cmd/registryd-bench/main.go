@@ -79,6 +79,7 @@ errors.
 		url       = fs.String("url", "", "a running registryd to target instead of starting one")
 		pgbench   = fs.String("pgbench", "", "the pgbench binary (default: next to the PostgreSQL server binaries, or on PATH)")
 		workDir   = fs.String("workdir", "", "keep the server's data, its log and the pgbench scripts here (default: a temporary folder, removed)")
+		client    = fs.String("client", "", "what drives heartbeat, retrieve and free page: wrk, go (the harness's own client), or empty for wrk when installed")
 		serverEnv envList
 	)
 	fs.Var(&serverEnv, "server-env", "NAME=VALUE added to the environment of the server it starts (repeatable), e.g. -server-env REGISTRY_NODE_CACHE=0")
@@ -94,7 +95,7 @@ errors.
 	cfg := bench.Config{
 		Nodes: *nodes, Agents: *agents, Duration: *duration, Clients: *clients,
 		JSONOnly: *jsonOnly, URL: *url, Pgbench: *pgbench, WorkDir: *workDir,
-		RequirePgbench: getenv("CI") != "", ServerEnv: serverEnv,
+		RequirePgbench: getenv("CI") != "", ServerEnv: serverEnv, Client: *client,
 		Stdout: stdout, Stderr: stderr,
 	}
 	// Unset, the list is bench's default, which leaves startup out for a

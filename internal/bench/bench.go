@@ -54,6 +54,12 @@ type Config struct {
 	Pgbench        string
 	RequirePgbench bool
 
+	// Client drives heartbeat, retrieve and free page: "wrk" (wrk,
+	// required), "go" (the harness's own client), or "" for wrk when it
+	// is installed (FindWrk) and the Go client otherwise. The table says
+	// which did.
+	Client string
+
 	// WorkDir holds the server's data folder, log and the pgbench
 	// scripts; "" is a temporary folder removed at the end.
 	WorkDir string
@@ -65,6 +71,7 @@ type Config struct {
 type Result struct {
 	Workload   string            `json:"workload"`
 	Path       string            `json:"path"`
+	Client     string            `json:"client,omitempty"` // what sent the requests: wrk or go
 	Nodes      int               `json:"nodes"`
 	Clients    int               `json:"clients"`
 	DurationS  float64           `json:"duration_s"`
@@ -189,6 +196,21 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, fmt.Errorf("%w at %s", ErrNoPgbench, pgbench)
 	}
 
+	var wrk string
+	switch cfg.Client {
+	case "go":
+	case "wrk":
+		if wrk = FindWrk(); wrk == "" {
+			return nil, errors.New("bench: -client wrk: wrk is not installed (apt-get install wrk)")
+		}
+	case "":
+		if wrk = FindWrk(); wrk == "" {
+			rep.Notes = append(rep.Notes, "wrk not found: heartbeat, retrieve and free page use the harness's Go client, which takes more of the cores than wrk")
+		}
+	default:
+		return nil, fmt.Errorf("bench: client %q: want wrk or go", cfg.Client)
+	}
+
 	url, dbURL, secret := cfg.URL, cfg.DatabaseURL, cfg.Secret
 	var srv *server
 	if url == "" {
@@ -287,8 +309,22 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			t.url, dbURL = srv.url, srv.dbURL
 			logf("%s: serving again on %s (pid %d)", name, srv.url, srv.pid())
 		} else {
-			logf("%s: registryd, %d clients, %s", name, w.clients, cfg.Duration)
-			l = generate(ctx, w.clients, warmup(cfg.Duration), cfg.Duration, w.op)
+			script, byWrk := t.wrkScript(name)
+			if byWrk && wrk != "" {
+				res.Client = "wrk"
+				logf("%s: registryd through wrk, %d connections, %s", name, w.clients, cfg.Duration)
+				var err error
+				if l, err = runWrk(ctx, wrk, work, name, script, t.url, w.clients, warmup(cfg.Duration), cfg.Duration); err != nil {
+					if ctx.Err() != nil {
+						return nil, ctx.Err()
+					}
+					l = Load{ErrorKinds: map[string]int64{"wrk failed": 1}, ErrorSamples: map[string]string{"wrk failed": err.Error()}, Errors: 1}
+				}
+			} else {
+				res.Client = "go"
+				logf("%s: registryd, %d clients, %s", name, w.clients, cfg.Duration)
+				l = generate(ctx, w.clients, warmup(cfg.Duration), cfg.Duration, w.op)
+			}
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}

@@ -6,11 +6,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -138,6 +141,15 @@ func TestHarnessEndToEnd(t *testing.T) {
 		if rss, _ := l["server_peak_rss_bytes"].(float64); rss <= 0 {
 			t.Errorf("%s: no server peak RSS", name)
 		}
+		if name == Heartbeat || name == Retrieve || name == FreePage {
+			want := "go"
+			if FindWrk() != "" {
+				want = "wrk"
+			}
+			if l["client"] != want {
+				t.Errorf("%s: driven by %v, want %s", name, l["client"], want)
+			}
+		}
 		if pgbench != "" && name != ListAll && name != Startup { // those two have no pgbench script
 			p, _ := l["pgbench"].(map[string]any)
 			if tps, _ := p["tps"].(float64); tps <= 0 || p["error"] != nil {
@@ -147,7 +159,7 @@ func TestHarnessEndToEnd(t *testing.T) {
 				t.Errorf("%s: no ratio", name)
 			}
 		}
-		if !strings.Contains(table, "| "+rep.Results[i].Path+" |") {
+		if !strings.Contains(table, "| "+rep.Results[i].Path+clientNote(rep.Results[i].Client)+" |") {
 			t.Errorf("the table has no row for %s:\n%s", name, table)
 		}
 	}
@@ -287,7 +299,7 @@ func TestFailuresAreReported(t *testing.T) {
 	defer cancel()
 	var stdout bytes.Buffer
 	rep, err := Run(ctx, Config{
-		Nodes: 80, Agents: 2, Duration: time.Second, Clients: 2, Workloads: []string{Retrieve},
+		Nodes: 80, Agents: 2, Duration: time.Second, Clients: 2, Workloads: []string{Retrieve}, Client: "go",
 		Registryd: bin, Pgbench: fake, WorkDir: workDir(t), Stdout: &stdout,
 		// The harness mints 12 h tokens: a server capping them at 1 h
 		// refuses every request with 401.
@@ -477,5 +489,84 @@ func TestRunningServerWithAdminToken(t *testing.T) {
 	}
 	if _, err := Run(ctx, cfg); err == nil || !strings.Contains(err.Error(), "holds 80 nodes already") {
 		t.Errorf("second Run = %v, want a refusal of the seeded registry", err)
+	}
+}
+
+// wrkOrSkip finds wrk; without it the test skips, except under CI, whose
+// script installs it.
+func wrkOrSkip(t *testing.T) string {
+	t.Helper()
+	p := FindWrk()
+	if p == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatal("CI is set, so wrk must be installed")
+		}
+		t.Skip("wrk not installed")
+	}
+	return p
+}
+
+// The request-only workloads through the harness's own Go client, as when
+// wrk is missing.
+func TestGoClientWorkloads(t *testing.T) {
+	t.Parallel()
+	bin := registrydBinary(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	rep, err := Run(ctx, Config{
+		Nodes: 400, Agents: 10, Duration: time.Second, Clients: 4, Client: "go",
+		Workloads: []string{Heartbeat, Retrieve, FreePage}, Registryd: bin, Pgbench: pgbenchOrSkip(t), WorkDir: workDir(t),
+		Stdout: &stdout, Stderr: &stderr,
+	})
+	if err != nil {
+		t.Fatalf("Run: %v\n%s\n%s", err, stdout.String(), stderr.String())
+	}
+	for _, r := range rep.Results {
+		if r.Client != "go" || r.Ops == 0 || r.Errors != 0 {
+			t.Errorf("%s: client %s, %d ops, %d errors", r.Workload, r.Client, r.Ops, r.Errors)
+		}
+	}
+}
+
+// wrk's runs count non-2xx answers as errors, apart from the rate, and
+// what its script's done function prints is read back.
+func TestRunWrkCountsErrors(t *testing.T) {
+	t.Parallel()
+	wrk := wrkOrSkip(t)
+	var n atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer tok" {
+			http.Error(w, "no token", http.StatusUnauthorized)
+			return
+		}
+		if n.Add(1)%4 == 0 {
+			http.Error(w, "busy", http.StatusServiceUnavailable)
+			return
+		}
+		w.Write([]byte("{}"))
+	}))
+	defer srv.Close()
+	tg := &target{url: srv.URL, fleet: &fleet{minPK: 1, maxPK: 100, scheduler: "tok"}}
+	script, ok := tg.wrkScript(Retrieve)
+	if !ok {
+		t.Fatal("retrieve has no wrk script")
+	}
+	l, err := runWrk(t.Context(), wrk, t.TempDir(), Retrieve, script, srv.URL, 4, 0, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := n.Load()
+	if l.Ops == 0 || l.Errors == 0 || l.ErrorKinds["HTTP non-2xx (wrk)"] != l.Errors {
+		t.Fatalf("ops %d, errors %d %v: want both, the errors as non-2xx", l.Ops, l.Errors, l.ErrorKinds)
+	}
+	if got := l.Ops + l.Errors; got < served-8 || got > served {
+		t.Errorf("ops + errors = %d, the server answered %d", got, served)
+	}
+	if l.Rate <= 0 || l.P50 <= 0 || l.P99 < l.P50 || l.Max < l.P99 {
+		t.Errorf("rate %v, p50 %v, p99 %v, max %v", l.Rate, l.P50, l.P99, l.Max)
+	}
+	if _, err := parseWrk([]byte("Running 1s test\nno marker here\n")); err == nil {
+		t.Error("output without the marker line parsed")
 	}
 }

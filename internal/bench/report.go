@@ -56,7 +56,7 @@ func Markdown(rep *Report) string {
 			}
 		}
 		fmt.Fprintf(&b, "| %s | %d | %s | %.2f ms | %.2f ms | %.1f ms | %s | %s | %s | %s |\n",
-			r.Path, r.Clients, rate, r.P50MS, r.P99MS, r.MaxMS, errs, tps, lat, ratio)
+			r.Path+clientNote(r.Client), r.Clients, rate, r.P50MS, r.P99MS, r.MaxMS, errs, tps, lat, ratio)
 	}
 	b.WriteString("\n")
 	for _, r := range rep.Results {
@@ -120,4 +120,12 @@ func thousands(f float64) string {
 		out = append(out, s[i])
 	}
 	return string(out)
+}
+
+// clientNote names what sent a workload's requests, in the table.
+func clientNote(client string) string {
+	if client == "" {
+		return ""
+	}
+	return " [" + client + "]"
 }
