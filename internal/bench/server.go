@@ -286,3 +286,27 @@ func (b *lockedBuffer) String() string {
 	defer b.mu.Unlock()
 	return b.buf.String()
 }
+
+// waitForLog waits until the file at path holds a line containing what
+// past its first from bytes (what an earlier start wrote), for at most
+// timeout.
+func waitForLog(ctx context.Context, path string, from int64, what string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		if int64(len(b)) > from && bytes.Contains(b[from:], []byte(what)) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the server did not log %q within %s", what, timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
