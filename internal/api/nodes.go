@@ -5,6 +5,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/registryd/registryd/internal/registry"
@@ -268,6 +269,11 @@ func optPtr[T any](o registry.Optional[T]) *T {
 	return &o.Value
 }
 
+// listWriters are the 32 KiB buffers list responses are written through,
+// reused: a page of free nodes is the request schedulers send most, and a
+// fresh buffer each (zeroed) cost as much as encoding the page.
+var listWriters = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 32<<10) }}
+
 // listNodes streams the matching nodes as one JSON array. It reads them in
 // keyset batches so memory stays flat and no query holds a connection while
 // a slow client drains the response.
@@ -307,7 +313,12 @@ func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) error {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusOK)
-	bw := bufio.NewWriterSize(w, 32<<10)
+	bw := listWriters.Get().(*bufio.Writer)
+	bw.Reset(w)
+	defer func() {
+		bw.Reset(nil) // holds no response after this one
+		listWriters.Put(bw)
+	}()
 	bw.WriteByte('[')
 	first := true
 	rc := http.NewResponseController(w)

@@ -343,9 +343,26 @@ func (s *Store) ListNodes(ctx context.Context, f registry.NodeFilter) ([]registr
 		return nil, err
 	}
 	sql, args := listQuery(f)
-	rows, _ := s.db.Query(ctx, sql, args...)
-	nodes, err := pgx.CollectRows(rows, scanNode)
+	rows, err := s.db.Query(ctx, sql, args...)
 	if err != nil {
+		return nil, fmt.Errorf("store: list nodes: %w", translate(err))
+	}
+	defer rows.Close()
+	// One set of scan destinations for every row (scanNode makes one per
+	// row), and the slice sized for the page: a page of 100 is the free
+	// list schedulers read all day.
+	nodes := make([]registry.Node, 0, min(max(f.Limit, 16), 1000))
+	var n registry.Node
+	dests := nodeDests(&n)
+	for rows.Next() {
+		n = registry.Node{}
+		if err := rows.Scan(dests...); err != nil {
+			return nil, fmt.Errorf("store: list nodes: %w", translate(err))
+		}
+		n.State = n.DeriveState()
+		nodes = append(nodes, n.UTC())
+	}
+	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("store: list nodes: %w", translate(err))
 	}
 	return nodes, nil
