@@ -34,6 +34,7 @@ var layers = map[string][]string{
 	"internal/registry":              nil,
 	"internal/jsonscan":              nil,
 	"internal/lifecycle":             nil,
+	"internal/logbatch":              nil,
 	"internal/connlimit":             nil,
 	"internal/docs":                  nil, // the API browser's files; internal/api serves them
 	"internal/heartbeat":             nil,

@@ -24,6 +24,7 @@ import (
 	"github.com/registryd/registryd/internal/docs"
 	"github.com/registryd/registryd/internal/heartbeat"
 	"github.com/registryd/registryd/internal/lifecycle"
+	"github.com/registryd/registryd/internal/logbatch"
 	"github.com/registryd/registryd/internal/nodecache"
 	"github.com/registryd/registryd/internal/pglocal"
 	"github.com/registryd/registryd/internal/registry"
@@ -261,7 +262,11 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 		c, _ := findCommand("serve")
 		return usageError(stderr, c, err)
 	}
-	logger := newLogger(cfg, stderr)
+	// Informational lines (an access-log line per request) are written in
+	// batches at most 50 ms apart; warnings and errors at once.
+	logs := logbatch.New(stderr, 0, 0)
+	defer logs.Flush()
+	logger := newLogger(cfg, logs)
 	// Cancelled on a signal, or when the embedded database is lost for
 	// good: either way every background loop below stops.
 	ctx, cancel := context.WithCancel(ctx)
@@ -419,6 +424,7 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 			return err
 		}
 	}
+	logs.Flush() // whoever reads the banner finds the log lines before it
 	stdout.Write(banner.Bytes())
 
 	if metricsLn != nil {
