@@ -95,6 +95,18 @@ type Result struct {
 	// Start is startup's times.
 	List  *ListStats  `json:"listall,omitempty"`
 	Start *StartStats `json:"startup,omitempty"`
+	// Claim is the claim requests alone of claim and gang, whose ops
+	// are a claim and its release.
+	Claim *ClaimStats `json:"claim_only,omitempty"`
+}
+
+// ClaimStats times the claim requests of a claim workload apart from
+// their releases.
+type ClaimStats struct {
+	Claims int     `json:"claims"`
+	Rate   float64 `json:"rate"`
+	P50MS  float64 `json:"p50_ms"`
+	P99MS  float64 `json:"p99_ms"`
 }
 
 // Report is a whole run.
@@ -350,7 +362,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			} else {
 				res.Client = "go"
 				logf("%s: registryd, %d clients, %s", name, w.clients, cfg.Duration)
+				t.claims.reset(time.Now().Add(warmup(cfg.Duration)))
 				l = generate(ctx, w.clients, warmup(cfg.Duration), cfg.Duration, w.op)
+				if n, p50, p99 := t.claims.stats(); n > 0 && (name == Claim || name == Gang) && l.Elapsed > 0 {
+					res.Claim = &ClaimStats{Claims: n, Rate: float64(n) / l.Elapsed.Seconds(), P50MS: ms(p50), P99MS: ms(p99)}
+				}
 			}
 			if ctx.Err() != nil {
 				return nil, ctx.Err()

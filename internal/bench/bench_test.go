@@ -141,6 +141,17 @@ func TestHarnessEndToEnd(t *testing.T) {
 		if rss, _ := l["server_peak_rss_bytes"].(float64); rss <= 0 {
 			t.Errorf("%s: no server peak RSS", name)
 		}
+		if name == Claim || name == Gang { // the claim requests timed apart from their releases
+			c, _ := l["claim_only"].(map[string]any)
+			n, _ := c["claims"].(float64)
+			p99, _ := c["p99_ms"].(float64)
+			opMax, _ := l["max_ms"].(float64)
+			// An op whose claim ended in the warm-up counts; its claim does
+			// not: at most one per client.
+			if ops, _ := l["ops"].(float64); n <= 0 || n < ops-gangClients || p99 <= 0 || p99 > opMax {
+				t.Errorf("%s: claim_only %v: want about one claim per op (%v) and a p99 within the ops' max %v", name, c, ops, opMax)
+			}
+		}
 		if name == Heartbeat || name == Retrieve || name == FreePage {
 			want := "go"
 			if FindWrk() != "" {

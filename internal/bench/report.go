@@ -79,6 +79,10 @@ func Markdown(rep *Report) string {
 				fmt.Fprintf(&b, "- **%s: PostgreSQL's full read failed**: %s\n", r.Workload, l.PgxError)
 			}
 		}
+		if c := r.Claim; c != nil {
+			fmt.Fprintf(&b, "- %s: the claim requests alone: %s/s, p50 %.2f ms, p99 %.2f ms (%d claims)\n",
+				r.Workload, thousands(c.Rate), c.P50MS, c.P99MS, c.Claims)
+		}
 		if s := r.Start; s != nil && len(s.ReadyMS) > 0 {
 			_, stopMedian := minMedian(s.StopMS)
 			fmt.Fprintf(&b, "- %s with %s nodes: banner after %.0f ms min / %.0f ms median, /readyz 200 after %.0f ms min / %.0f ms median (%d starts); stop (SIGTERM to exit) %.0f ms median\n",

@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Workload names, in the order a run takes them.
@@ -61,6 +63,9 @@ type target struct {
 	jobs  atomic.Int64
 	// listBytes is the size of the last whole list listall read.
 	listBytes atomic.Int64
+	// claims times the claim requests alone of the claim and gang
+	// workloads (an op is a claim and its release).
+	claims claimTimes
 }
 
 func (t *target) workload(name string, clients int) (workload, error) {
@@ -136,10 +141,12 @@ type claimedNode struct {
 func (t *target) claimRelease(ctx context.Context, c *http.Client, count int, sameHost bool) error {
 	job := t.jobs.Add(1)
 	body := fmt.Appendf(nil, `{"job":%d,"count":%d,"same_host":%t}`, job, count, sameHost)
+	t0 := time.Now()
 	b, err := call(ctx, c, "POST", t.url+"/v1/nodes/claim", t.fleet.scheduler, body)
 	if err != nil {
 		return err
 	}
+	t.claims.add(t0, time.Since(t0))
 	var got struct {
 		Job   int64         `json:"job"`
 		Nodes []claimedNode `json:"nodes"`
@@ -236,4 +243,38 @@ func (h *holdings) drop(pks []int64) {
 	for _, pk := range pks {
 		delete(h.held, pk)
 	}
+}
+
+// claimTimes collects the latencies of successful claim requests that
+// end after since (the measured part of a run, not its warm-up).
+type claimTimes struct {
+	mu    sync.Mutex
+	since time.Time
+	lat   []time.Duration
+}
+
+// reset starts a new collection of claims that end after since.
+func (c *claimTimes) reset(since time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.since, c.lat = since, nil
+}
+
+func (c *claimTimes) add(start time.Time, d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.since.IsZero() && start.Add(d).After(c.since) {
+		c.lat = append(c.lat, d)
+	}
+}
+
+// stats are the claims' count, p50 and p99.
+func (c *claimTimes) stats() (n int, p50, p99 time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.lat) == 0 {
+		return 0, 0, 0
+	}
+	sorted := slices.Sorted(slices.Values(c.lat))
+	return len(sorted), percentile(sorted, 0.50), percentile(sorted, 0.99)
 }
