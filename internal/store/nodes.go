@@ -583,8 +583,17 @@ func hostCandidatesQuery(f registry.NodeFilter, count int, tried []string) (stri
 			       (SELECT ip, hardware_generation, gpu_mem, cpu_mem, source FROM p)
 			 ORDER BY b.free LIMIT ` + strconv.Itoa(hostCandidates) + `)
 			UNION ALL
+			-- One primary-key lookup per pending class, whatever the
+			-- planner believes of host_free_delta's size (its statistics
+			-- swing from a bulk import's thousands of rows to a handful: a
+			-- hash join on a stale estimate read all of host_free, 0.1 s
+			-- a claim at 1,000,000 nodes).
 			SELECT p.ip, p.hardware_generation, p.gpu_mem, p.cpu_mem, p.source, coalesce(b.free, 0) + p.delta
-			FROM p LEFT JOIN host_free b USING (ip, hardware_generation, gpu_mem, cpu_mem, source)
+			FROM p LEFT JOIN LATERAL (
+				SELECT h.free FROM host_free h
+				WHERE (h.ip, h.hardware_generation, h.gpu_mem, h.cpu_mem, h.source) = (p.ip, p.hardware_generation, p.gpu_mem, p.cpu_mem, p.source)
+				LIMIT 1 -- the key is unique; the LIMIT keeps the planner from turning this back into a join
+			) b ON true
 			WHERE coalesce(b.free, 0) + p.delta >= ` + n + ` AND ` + pendingCond + `
 		)
 		SELECT host(ip), hardware_generation, gpu_mem, cpu_mem, source
