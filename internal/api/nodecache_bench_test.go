@@ -33,21 +33,7 @@ import (
 func cachedBenchServer(b *testing.B, n, size int, withBeats bool) string {
 	b.Helper()
 	ctx := context.Background()
-	st := pgtest.Open(b, pgtest.New(b), store.Options{})
-	_, err := st.Pool().Exec(ctx, `
-		SET statement_timeout = 0; -- a million rows on a busy machine
-		INSERT INTO hardware_generations (name) VALUES ('H100');
-		INSERT INTO nodes (ip, gpu_index, cpu_mem, driver_version, hardware_generation, gpu_mem)
-		SELECT ('10.0.0.0'::inet + (g / 8)), g % 8, 2199023255552, '550.54.15', 1, 85899345920
-		FROM generate_series(0, `+fmt.Sprint(n-1)+`) g;
-		ANALYZE nodes;`)
-	if err != nil {
-		b.Fatal(err)
-	}
-	verifier, err := auth.NewVerifier(auth.Config{Secret: testSecret})
-	if err != nil {
-		b.Fatal(err)
-	}
+	st, verifier := benchFleet(b, n)
 	c := nodecache.New(st, nodecache.Options{Size: size, LivenessChannel: store.LivenessChannel})
 	hub := watch.New(st, watch.Options{
 		Channels: watch.Channels{Changes: store.ChangesChannel, Events: store.EventsChannel},
