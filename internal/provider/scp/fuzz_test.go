@@ -4,8 +4,11 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/registryd/registryd/internal/provider"
 	"github.com/registryd/registryd/internal/provider/providertest"
@@ -80,5 +83,34 @@ func TestNodeWithoutIDIsSkipped(t *testing.T) {
 	}
 	if len(inv.Skipped) != 2 || inv.Skipped[0].Reason != "no id" || inv.Skipped[1].Reason != "no id" {
 		t.Errorf("skipped = %+v, want two without id", inv.Skipped)
+	}
+}
+
+// A server that answers every page with the same full page of id-less
+// nodes and no count cannot be paged: the pass fails at once instead of
+// paging up to the node limit (38 s here before). (Found by FuzzFetch.)
+func TestFullPagesWithoutIDsOrCountFail(t *testing.T) {
+	t.Parallel()
+	var pages atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/gpu-nodes/products" {
+			w.Write([]byte(`{"products":[]}`))
+			return
+		}
+		pages.Add(1)
+		w.Write([]byte(`{"gpu_nodes":[{"policy_ip":"10.0.0.1"},{"policy_ip":"10.0.0.2"}]}`))
+	}))
+	defer srv.Close()
+	c, err := scp.New(scp.Config{Endpoint: srv.URL, AccessKey: "ak", SecretKey: "sk", PageSize: 2, Retry: provider.Retry{Attempts: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := c.Fetch(ctx); err == nil || !strings.Contains(err.Error(), "without an id and no count") {
+		t.Fatalf("Fetch = %v, want the pass refused", err)
+	}
+	if n := pages.Load(); n != 1 {
+		t.Errorf("%d pages read, want 1", n)
 	}
 }

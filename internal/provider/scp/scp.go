@@ -225,12 +225,23 @@ func (c *Client) listNodes(ctx context.Context) ([]gpuNode, error) {
 			return nil, c.fail(op, fmt.Sprintf("count changed from %s to %s while paging; inventory not applied",
 				countString(count), countString(nl.Count)))
 		}
+		fresh := 0 // nodes with an id not seen before
 		for _, n := range *nl.GPUNodes {
 			if n.ID != "" && seen[n.ID] { // id-less nodes are skipped later, not fatal
 				return nil, c.fail(op, fmt.Sprintf("GPU node %q listed twice (list changed while paging?); inventory not applied", n.ID))
 			}
+			if n.ID != "" {
+				fresh++
+			}
 			seen[n.ID] = true
 			nodes = append(nodes, n)
+		}
+		// Without a count only a short page ends the list, and repeated ids
+		// are how a page that does not advance shows; a full page of
+		// id-less nodes shows nothing, so a server answering it for every
+		// page would be paged up to maxNodes. (Found by FuzzFetch.)
+		if count == nil && fresh == 0 && len(*nl.GPUNodes) >= c.pageSize {
+			return nil, c.fail(op, fmt.Sprintf("a full page of %d GPU nodes without an id and no count: paging cannot be followed; inventory not applied", len(*nl.GPUNodes)))
 		}
 		switch {
 		case count != nil && len(nodes) >= *count:
