@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/registryd/registryd/internal/metrics"
+	"github.com/registryd/registryd/internal/nodecache"
 	"github.com/registryd/registryd/internal/store"
 	"github.com/registryd/registryd/internal/syncer"
 )
@@ -181,4 +182,13 @@ func apiMetrics(m *metrics.Metrics, own net.Listener) http.Handler {
 		return nil
 	}
 	return m.Handler()
+}
+
+// nodeCacheStats reads c's figures for the metrics.
+func nodeCacheStats(c *nodecache.Cache) func() metrics.NodeCacheStats {
+	return func() metrics.NodeCacheStats {
+		s := c.Stats()
+		return metrics.NodeCacheStats{Hits: s.Hits, Misses: s.Misses, Bypassed: s.Bypassed, ListHits: s.ListHits,
+			ListMisses: s.ListMisses, Drops: s.Drops, Nodes: s.Size, Serving: s.Serving, Complete: s.Complete}
+	}
 }

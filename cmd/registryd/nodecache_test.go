@@ -98,4 +98,18 @@ func TestServeNodeCacheAcrossReplicas(t *testing.T) {
 	apitest.Eventually(t, nodecache.DefaultMaxStale, "the update shows on the cached replica", func() bool {
 		return node(a)["driver_version"] == "560"
 	})
+	// The cached replica holds the whole fleet, so it answers list pages
+	// from memory, b's update included; /metrics says so.
+	apitest.Eventually(t, 5*time.Second, "the cache holds the whole fleet", func() bool {
+		return apitest.Scrape(t, a.url+"/metrics").Get(t, "registryd_node_cache_complete") == 1
+	})
+	pages := apitest.Scrape(t, a.url+"/metrics").Get(t, "registryd_node_cache_list_pages_total", "source", "memory")
+	code, body = call(t, "POST", a.url+"/v1/nodes/list", `{"free":true,"limit":10}`, admin)
+	var listed []map[string]any
+	if code != 200 || json.Unmarshal([]byte(body), &listed) != nil || len(listed) != 1 || listed[0]["driver_version"] != "560" {
+		t.Fatalf("list on the cached replica: %d %s", code, body)
+	}
+	if got := apitest.Scrape(t, a.url+"/metrics").Get(t, "registryd_node_cache_list_pages_total", "source", "memory"); got != pages+1 {
+		t.Fatalf("list pages from memory %v, want %v", got, pages+1)
+	}
 }

@@ -362,6 +362,7 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 	if cfg.NodeCache > 0 {
 		c := nodecache.New(db.store, nodecache.Options{Size: cfg.NodeCache, LivenessChannel: store.LivenessChannel, Logger: logger})
 		nodes, follower, follow = c, c, []string{store.LivenessChannel}
+		m.NodeCache(nodeCacheStats(c))
 		// Filled with the fleet once the feed is current (and again
 		// after a drop), so reads are hits from the start.
 		defer lifecycle.Go(ctx, func(ctx context.Context) {

@@ -131,7 +131,7 @@ var settings = []setting{
 	{Name: "REGISTRY_NODE_TTL", Default: "60s", value: "60s", Cmds: cmdServe,
 		Meaning: "how long a node with an agent (or that has heartbeated) may stay silent before it is lost (5s..24h)"},
 	{Name: "REGISTRY_NODE_CACHE", Default: "200000", value: "200000", Cmds: cmdServe,
-		Meaning: "nodes kept in memory for reads by pk and Node-Id checks; 0 turns the cache off (0..10000000)"},
+		Meaning: "nodes kept in memory for reads by pk, Node-Id checks and (holding the whole fleet) list pages; 0 turns the cache off (0..10000000)"},
 	{Name: "REGISTRY_CORS_ORIGINS", Default: "(unset: CORS off)", Cmds: cmdServe,
 		Meaning: "origins whose browser pages may call the API, comma-separated; * for any"},
 	{Name: "REGISTRY_SERVER", Cmds: cmdAgent,

@@ -14,6 +14,9 @@ import (
 type NodeCache interface {
 	// GetNode returns node pk, reading PostgreSQL when it must.
 	GetNode(ctx context.Context, pk int64) (registry.Node, error)
+	// ListNodes returns a page of nodes as Store.ListNodes does, from
+	// memory when the cache holds the whole fleet.
+	ListNodes(ctx context.Context, f registry.NodeFilter) ([]registry.Node, error)
 	// Wrote and Deleted take what this replica's committed writes
 	// returned, so that its own reads see them at once.
 	Wrote(nodes ...registry.Node)
@@ -41,6 +44,15 @@ func (s *Server) readNode(r *http.Request, pk int64) (registry.Node, error) {
 		return s.store.GetNode(r.Context(), pk)
 	}
 	return s.nodes.GetNode(r.Context(), pk)
+}
+
+// listPage is a page of nodes for a list: from the node cache, or from
+// PostgreSQL when there is none or the client asks for a strong read.
+func (s *Server) listPage(r *http.Request, f registry.NodeFilter) ([]registry.Node, error) {
+	if s.nodes == nil || strongRead(r) {
+		return s.store.ListNodes(r.Context(), f)
+	}
+	return s.nodes.ListNodes(r.Context(), f)
 }
 
 // writeThrough is the Store with every committed node write handed to the

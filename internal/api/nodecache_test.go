@@ -202,3 +202,41 @@ func TestNodeCacheOwnAdoption(t *testing.T) {
 		"driver_version": "550", "hardware_generation": nil, "gpu_mem": nil}))
 	a.must(http.StatusOK, a.do("GET", "/v1/nodes/ping", nil, "Node-Id", pk))
 }
+
+// Once the cache holds the whole fleet, pages of a list come from memory:
+// this replica's own writes are in the next page, and Cache-Control:
+// no-cache reads PostgreSQL instead.
+func TestNodeCacheLists(t *testing.T) {
+	t.Parallel()
+	a, c := cachedReplica(t, pgtest.New(t), true)
+	first := a.createNode(nil)
+	t.Cleanup(lifecycle.Go(context.Background(), func(ctx context.Context) {
+		c.Preload(ctx, func(ctx context.Context, after int64, limit int) ([]registry.Node, error) {
+			return a.store.ListNodes(ctx, registry.NodeFilter{After: after, Limit: limit})
+		})
+	}))
+	apitest.Eventually(t, 5*time.Second, "the cache holds the whole fleet", func() bool { return c.Stats().Complete })
+	before := c.Stats()
+	second := a.createNode(map[string]any{"ip": "10.7.0.2"})
+	if got := a.listed(map[string]any{"free": true, "limit": 10}); len(got) != 2 || got[0] != first || got[1] != second {
+		t.Fatalf("free nodes %v, want [%d %d]: this replica's new node at once", got, first, second)
+	}
+	a.must(http.StatusOK, a.do("POST", "/v1/nodes/claim", map[string]any{"job": 9, "ip": "10.7.0.2"}))
+	if got := a.listed(map[string]any{"free": true, "limit": 10}); len(got) != 1 || got[0] != first {
+		t.Fatalf("free nodes %v after claiming %d, want [%d]", got, second, first)
+	}
+	if s := c.Stats(); s.ListHits != before.ListHits+2 || s.ListMisses != before.ListMisses {
+		t.Fatalf("%+v (before %+v): want both pages from memory", s, before)
+	}
+	// A write the feed does not carry: the cache's page keeps the node
+	// free; a strong read shows PostgreSQL's row.
+	a.exec(`UPDATE nodes SET current_job = 8, version = version + 1 WHERE pk = $1`, first)
+	if got := a.listed(map[string]any{"free": true, "limit": 10}); len(got) != 1 {
+		t.Fatalf("free nodes %v; the test needs the cache's answer", got)
+	}
+	var nodes []map[string]any
+	a.must(http.StatusOK, a.do("POST", "/v1/nodes/list", map[string]any{"free": true, "limit": 10}, "Cache-Control", "no-cache")).json(t, &nodes)
+	if len(nodes) != 0 {
+		t.Fatalf("a strong list shows %d free nodes, want PostgreSQL's none", len(nodes))
+	}
+}

@@ -293,7 +293,7 @@ func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) error {
 		if remaining > 0 {
 			page.Limit = min(page.Limit, remaining)
 		}
-		nodes, err := s.store.ListNodes(r.Context(), page)
+		nodes, err := s.listPage(r, page)
 		if err != nil {
 			return nil, err
 		}

@@ -181,3 +181,57 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(fleetNodes, prometheus.GaugeValue, float64(n), k.gen, string(k.state))
 	}
 }
+
+// NodeCacheStats are the node cache's figures at one moment (what
+// nodecache.Cache.Stats reports).
+type NodeCacheStats struct {
+	Hits, Misses, Bypassed int64 // reads by pk: from memory, read through and filled, read through (not serving)
+	ListHits, ListMisses   int64 // list pages: from memory, from PostgreSQL
+	Drops                  int64
+	Nodes                  int
+	Serving, Complete      bool
+}
+
+// NodeCache reports the node cache's figures, read by stats at each scrape.
+func (m *Metrics) NodeCache(stats func() NodeCacheStats) {
+	m.reg.MustRegister(&nodeCacheCollector{stats: stats})
+}
+
+var (
+	cacheReads    = desc("node_cache_reads_total", "Reads of a node by pk (GET, Node-Id) by where they were answered: hit (memory), miss (PostgreSQL, then cached), bypass (PostgreSQL: the cache was not current).", "result")
+	cacheLists    = desc("node_cache_list_pages_total", "List pages by where they were answered: memory or database.", "source")
+	cacheDrops    = desc("node_cache_drops_total", "Times the node cache dropped everything after a gap in the change feed.")
+	cacheNodes    = desc("node_cache_nodes", "Nodes in the node cache now.")
+	cacheServing  = desc("node_cache_serving", "1 while the change feed is proven current and the cache answers reads.")
+	cacheComplete = desc("node_cache_complete", "1 while the cache holds the whole fleet and answers list pages.")
+)
+
+type nodeCacheCollector struct{ stats func() NodeCacheStats }
+
+func (c *nodeCacheCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{cacheReads, cacheLists, cacheDrops, cacheNodes, cacheServing, cacheComplete} {
+		ch <- d
+	}
+}
+
+func (c *nodeCacheCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.stats()
+	metric := func(d *prometheus.Desc, t prometheus.ValueType, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, t, v, labels...)
+	}
+	flag := func(b bool) float64 {
+		if b {
+			return 1
+		}
+		return 0
+	}
+	metric(cacheReads, prometheus.CounterValue, float64(s.Hits), "hit")
+	metric(cacheReads, prometheus.CounterValue, float64(s.Misses), "miss")
+	metric(cacheReads, prometheus.CounterValue, float64(s.Bypassed), "bypass")
+	metric(cacheLists, prometheus.CounterValue, float64(s.ListHits), "memory")
+	metric(cacheLists, prometheus.CounterValue, float64(s.ListMisses), "database")
+	metric(cacheDrops, prometheus.CounterValue, float64(s.Drops))
+	metric(cacheNodes, prometheus.GaugeValue, float64(s.Nodes))
+	metric(cacheServing, prometheus.GaugeValue, flag(s.Serving))
+	metric(cacheComplete, prometheus.GaugeValue, flag(s.Complete))
+}

@@ -43,9 +43,10 @@ import (
 	"github.com/registryd/registryd/internal/registry"
 )
 
-// Loader reads a node from PostgreSQL. *store.Store implements it.
+// Loader reads nodes from PostgreSQL. *store.Store implements it.
 type Loader interface {
 	GetNode(ctx context.Context, pk int64) (registry.Node, error)
+	ListNodes(ctx context.Context, f registry.NodeFilter) ([]registry.Node, error)
 }
 
 // Options tune a Cache.
@@ -70,9 +71,12 @@ const (
 // Stats counts what the cache did.
 type Stats struct {
 	Hits, Misses, Bypassed int64 // served, read through and filled, read through (not serving)
+	ListHits, ListMisses   int64 // list pages served from memory, read from PostgreSQL
 	Drops                  int64 // times everything was dropped after a gap
 	Size                   int
 	Serving                bool
+	// Complete: the cache holds the whole fleet, so it answers lists.
+	Complete bool
 }
 
 // Cache is one replica's cache of nodes.
@@ -84,6 +88,7 @@ type Cache struct {
 	logger   *slog.Logger
 
 	hits, misses, bypassed, drops atomic.Int64
+	listHits, listMisses          atomic.Int64
 
 	// afterRead, when set (tests), runs between a fill's read and its
 	// install: the window of the stale-fill race.
@@ -91,7 +96,17 @@ type Cache struct {
 
 	mu    sync.RWMutex
 	nodes map[int64]*registry.Node // each packed (see pack)
+	index index                    // nodes' pks in order (list.go)
 	fills map[int64]*fill          // reads in flight, by pk
+	// tracking: a preload pass began in this epoch, and since then every
+	// node the feed or a write brings is installed, cached or not (not only
+	// updated when cached), except those deleted meanwhile (tombs). Once
+	// that pass has read the whole fleet without an eviction since
+	// tracking began, the cache is complete: it holds every node, and
+	// answers lists.
+	tracking, complete, evicted bool
+	tombs                       map[int64]time.Time // deleted while tracking, when
+	tombsPruned                 time.Time
 	// touched, while a preload batch is being read (non-nil), notes the
 	// pks the feed changed or deleted (zero time) or heartbeats touched
 	// (the newest last_seen) meanwhile; see Preload.
@@ -132,7 +147,8 @@ func New(load Loader, opts Options) *Cache {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	return &Cache{load: load, size: opts.Size, maxStale: opts.MaxStale, liveness: opts.LivenessChannel,
-		logger: opts.Logger, nodes: map[int64]*registry.Node{}, fills: map[int64]*fill{}}
+		logger: opts.Logger, nodes: map[int64]*registry.Node{}, index: newIndex(), fills: map[int64]*fill{},
+		tombs: map[int64]time.Time{}}
 }
 
 // servingLocked reports whether the feed is proven current enough to
@@ -206,16 +222,17 @@ func (c *Cache) readThrough(ctx context.Context, pk int64) (registry.Node, error
 // evicting at random when full; c.mu held.
 func (c *Cache) installLocked(n registry.Node) {
 	if cur, ok := c.nodes[n.PK]; ok {
-		c.nodes[n.PK] = pack(newer(*cur, n))
+		c.setLocked(pack(newer(*cur, n)))
 		return
 	}
 	if len(c.nodes) >= c.size {
 		for pk := range c.nodes { // map order is random enough
-			delete(c.nodes, pk)
+			c.deleteLocked(pk)
 			break
 		}
+		c.evicted, c.complete = true, false
 	}
-	c.nodes[n.PK] = pack(n)
+	c.setLocked(pack(n))
 }
 
 // newer is the newer version of a node, with the later of the two
@@ -294,8 +311,9 @@ func withLastSeen(n registry.Node, t time.Time) registry.Node {
 
 // Wrote applies nodes this replica's writes returned (committed), so that
 // its own reads see them at once. Nodes not cached are left to the next
-// read: installing them could bring back a version the feed already
-// replaced and dropped.
+// read unless the cache is tracking the whole fleet (see Cache.tracking);
+// then they are installed unless deleted meanwhile, so that a node this
+// replica created is in its next list.
 func (c *Cache) Wrote(nodes ...registry.Node) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -327,11 +345,17 @@ func (c *Cache) changeLocked(n registry.Node, deleted bool) {
 	}
 	cur, ok := c.nodes[n.PK]
 	switch {
-	case !ok:
-	case deleted && n.Version >= cur.Version:
-		delete(c.nodes, n.PK)
-	case !deleted:
-		c.nodes[n.PK] = pack(newer(*cur, n))
+	case deleted:
+		if !ok || n.Version >= cur.Version {
+			c.deleteLocked(n.PK)
+			c.buryLocked(n.PK, time.Now())
+		}
+	case ok:
+		c.setLocked(pack(newer(*cur, n)))
+	case c.tracking:
+		if _, gone := c.tombs[n.PK]; !gone {
+			c.installLocked(n)
+		}
 	}
 }
 
@@ -407,6 +431,9 @@ func (c *Cache) dropLocked(reason string) {
 	c.drops.Add(1)
 	c.epoch++
 	clear(c.nodes)
+	c.index = newIndex()
+	c.tracking, c.complete, c.evicted = false, false, false
+	clear(c.tombs)
 	c.proofs = c.proofs[:0]
 	c.current = time.Time{}
 	c.since = time.Now()
@@ -429,7 +456,7 @@ func (c *Cache) Notified(channel, payload string) {
 			}
 		}
 		if n, ok := c.nodes[pk]; ok && (n.LastSeen == nil || seen.After(*n.LastSeen)) {
-			c.nodes[pk] = pack(withLastSeen(*n, seen))
+			c.setLocked(pack(withLastSeen(*n, seen)))
 		}
 	})
 	if err != nil {
@@ -442,8 +469,9 @@ func (c *Cache) Notified(channel, payload string) {
 func (c *Cache) Stats() Stats {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	return Stats{Hits: c.hits.Load(), Misses: c.misses.Load(), Bypassed: c.bypassed.Load(), Drops: c.drops.Load(),
-		Size: len(c.nodes), Serving: c.servingLocked(time.Now())}
+	return Stats{Hits: c.hits.Load(), Misses: c.misses.Load(), Bypassed: c.bypassed.Load(),
+		ListHits: c.listHits.Load(), ListMisses: c.listMisses.Load(), Drops: c.drops.Load(),
+		Size: len(c.nodes), Serving: c.servingLocked(time.Now()), Complete: c.complete}
 }
 
 // Lister reads a page of nodes in pk order, after a pk. *store.Store's
@@ -522,9 +550,22 @@ func (c *Cache) preloadOnce(ctx context.Context, list Lister) bool {
 	start := time.Now()
 	var after int64
 	installed := 0
+	c.mu.Lock()
+	if !c.tracking {
+		// From here on the feed installs what it brings; the pages
+		// bring the rest.
+		c.tracking, c.evicted = true, false
+	}
+	passEpoch := c.epoch
+	c.mu.Unlock()
+	whole := false
 	for ctx.Err() == nil {
 		c.mu.Lock()
 		epoch, full := c.epoch, len(c.nodes) >= c.size
+		if epoch != passEpoch {
+			c.mu.Unlock()
+			return false // dropped: tracking starts again with the next pass
+		}
 		if !full {
 			c.touched = map[int64]time.Time{}
 		}
@@ -545,6 +586,7 @@ func (c *Cache) preloadOnce(ctx context.Context, list Lister) bool {
 		}
 		for _, n := range page {
 			if len(c.nodes) >= c.size {
+				full = true
 				break
 			}
 			seen, ok := touched[n.PK]
@@ -557,13 +599,18 @@ func (c *Cache) preloadOnce(ctx context.Context, list Lister) bool {
 			c.installLocked(n)
 			installed++
 		}
-		c.mu.Unlock()
-		if len(page) < preloadBatch {
+		if len(page) < preloadBatch || full {
+			// The whole fleet read: complete unless a node was left out
+			// or evicted.
+			whole = !full
+			c.complete = whole && c.tracking && !c.evicted
+			c.mu.Unlock()
 			break
 		}
+		c.mu.Unlock()
 		after = page[len(page)-1].PK
 	}
-	c.logger.Info("node cache: preloaded", "nodes", installed, "took", time.Since(start).Round(time.Millisecond))
+	c.logger.Info("node cache: preloaded", "nodes", installed, "whole_fleet", whole, "took", time.Since(start).Round(time.Millisecond))
 	return ctx.Err() == nil
 }
 

@@ -1,0 +1,175 @@
+package nodecache
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"github.com/google/btree"
+
+	"github.com/registryd/registryd/internal/registry"
+)
+
+// Lists are served from memory only while the cache holds the whole fleet
+// (complete): a preload pass read every node, and since that pass began
+// the feed has installed every node it brought, cached or not (tracking),
+// and nothing was evicted. Pages come in pk order from two ordered sets of
+// pks: every cached node, and the free ones (the page schedulers read all
+// day). A list the cache cannot answer exactly reads PostgreSQL.
+
+// maxExamined bounds the nodes one cached page looks at: a filter that
+// matches few of them (one ip, one job) is what PostgreSQL's indexes are
+// for.
+const maxExamined = 20_000
+
+// tombstoneAge is how long a deletion is remembered while tracking, so
+// that a write of this replica that committed before it, applied late,
+// does not bring the node back.
+const tombstoneAge = time.Minute
+
+// index is the cache's ordered view: the pks of every cached node and of
+// the free ones.
+type index struct {
+	all, free *btree.BTreeG[int64]
+}
+
+func newIndex() index {
+	less := func(a, b int64) bool { return a < b }
+	return index{all: btree.NewG(32, less), free: btree.NewG(32, less)}
+}
+
+// setLocked caches n (packed) as node pk, keeping the index; c.mu held.
+func (c *Cache) setLocked(n *registry.Node) {
+	old, had := c.nodes[n.PK]
+	c.nodes[n.PK] = n
+	if !had {
+		c.index.all.ReplaceOrInsert(n.PK)
+	}
+	wasFree, isFree := had && old.State == registry.StateFree, n.State == registry.StateFree
+	switch {
+	case isFree && !wasFree:
+		c.index.free.ReplaceOrInsert(n.PK)
+	case wasFree && !isFree:
+		c.index.free.Delete(n.PK)
+	}
+}
+
+// deleteLocked forgets node pk, keeping the index; c.mu held.
+func (c *Cache) deleteLocked(pk int64) {
+	if _, had := c.nodes[pk]; !had {
+		return
+	}
+	delete(c.nodes, pk)
+	c.index.all.Delete(pk)
+	c.index.free.Delete(pk)
+}
+
+// buryLocked remembers that node pk was deleted while tracking; c.mu held.
+func (c *Cache) buryLocked(pk int64, now time.Time) {
+	if !c.tracking {
+		return
+	}
+	if len(c.tombs) >= 4096 && now.Sub(c.tombsPruned) > time.Second {
+		for pk, at := range c.tombs {
+			if now.Sub(at) > tombstoneAge {
+				delete(c.tombs, pk)
+			}
+		}
+		c.tombsPruned = now
+	}
+	c.tombs[pk] = now
+}
+
+// ListNodes returns the nodes matching f in pk order, as the Loader's
+// ListNodes would: from memory when the cache serves and holds the whole
+// fleet and can evaluate f, otherwise from PostgreSQL. A list from memory
+// gives the consistency of a cached GetNode (README "Read consistency").
+func (c *Cache) ListNodes(ctx context.Context, f registry.NodeFilter) ([]registry.Node, error) {
+	if err := f.Normalize(); err != nil {
+		return nil, err
+	}
+	if nodes, ok := c.listCached(f); ok {
+		c.listHits.Add(1)
+		return nodes, nil
+	}
+	c.listMisses.Add(1)
+	return c.load.ListNodes(ctx, f)
+}
+
+// cachedFilter reports whether f is one the cache evaluates exactly as
+// the store's SQL does: seen_within compares with the database's clock,
+// and a list with no limit is a stream of pages read from PostgreSQL.
+func cachedFilter(f registry.NodeFilter) bool {
+	return f.SeenWithin == nil && f.Limit > 0
+}
+
+// listCached is a page of f from memory; false when the cache cannot
+// answer it.
+func (c *Cache) listCached(f registry.NodeFilter) ([]registry.Node, bool) {
+	if !cachedFilter(f) {
+		return nil, false
+	}
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if !c.complete || !c.servingLocked(time.Now()) {
+		return nil, false
+	}
+	out := make([]registry.Node, 0, min(f.Limit, 128))
+	if f.PK != nil {
+		if n, ok := c.nodes[*f.PK]; ok && *f.PK > f.After && matches(f, n) {
+			out = append(out, *n)
+		}
+		return out, true
+	}
+	set := c.index.all
+	if onlyFree(f) {
+		set = c.index.free
+	}
+	examined, whole := 0, true
+	set.AscendGreaterOrEqual(f.After+1, func(pk int64) bool {
+		if examined++; examined > maxExamined {
+			whole = false
+			return false
+		}
+		if n := c.nodes[pk]; matches(f, n) {
+			out = append(out, *n)
+		}
+		return len(out) < f.Limit
+	})
+	return out, whole
+}
+
+// onlyFree reports whether f selects free nodes only.
+func onlyFree(f registry.NodeFilter) bool {
+	return f.Free != nil && *f.Free || len(f.State) > 0 && !slices.ContainsFunc(f.State, func(s registry.State) bool { return s != registry.StateFree })
+}
+
+// matches is the store's WHERE clause for f (store.query.where) in Go, for
+// a cached node, whose State is current (the feed's documents carry it).
+func matches(f registry.NodeFilter, n *registry.Node) bool {
+	switch {
+	case n.PK <= f.After:
+		return false
+	case f.Free != nil && *f.Free != (n.State == registry.StateFree):
+		return false
+	case len(f.State) > 0 && !slices.Contains(f.State, n.State):
+		return false
+	case f.Source != nil && *f.Source != n.Source:
+		return false
+	case f.CurrentJob != nil && (n.CurrentJob == nil || *n.CurrentJob != *f.CurrentJob):
+		return false
+	case f.HardwareGeneration != nil && (n.HardwareGeneration == nil || *n.HardwareGeneration != *f.HardwareGeneration):
+		return false
+	case f.MinGPUMem != nil && (n.GPUMem == nil || *n.GPUMem < *f.MinGPUMem):
+		return false
+	case f.MinCPUMem != nil && n.CPUMem < *f.MinCPUMem:
+		return false
+	case f.IP != nil && *f.IP != n.IP:
+		return false
+	case f.Index != nil && *f.Index != n.Index:
+		return false
+	case f.PK != nil && *f.PK != n.PK:
+		return false
+	}
+	return true
+}
