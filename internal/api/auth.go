@@ -27,12 +27,19 @@ const (
 )
 
 func principalFrom(ctx context.Context) registry.Principal {
+	if st := stateOf(ctx); st != nil && st.authed {
+		return st.principal
+	}
 	p, _ := ctx.Value(principalKey).(registry.Principal)
 	return p
 }
 
 // actingNode is the node named by an allowed Node-Id header, or nil.
 func actingNode(ctx context.Context) *int64 {
+	if st := stateOf(ctx); st != nil && st.acting != 0 {
+		pk := st.acting
+		return &pk
+	}
 	pk, _ := ctx.Value(actingNodeKey).(*int64)
 	return pk
 }
@@ -134,6 +141,11 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			s.writeError(w, r, &unauthorized{detail: err.Error(), invalid: true})
 			return
 		}
+		if st := stateOf(r.Context()); st != nil {
+			st.principal, st.authed = p, true
+			next.ServeHTTP(w, r)
+			return
+		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), principalKey, p)))
 	})
 }
@@ -197,8 +209,13 @@ func (s *Server) nodeID(next http.Handler) http.Handler {
 		}
 		// The heartbeat counts only requests that succeed: a refused request
 		// changes nothing, last_seen included.
-		sw := &statusWriter{ResponseWriter: w}
-		next.ServeHTTP(sw, r.WithContext(context.WithValue(r.Context(), actingNodeKey, &pk)))
+		sw := watchStatus(w)
+		if st := stateOf(r.Context()); st != nil {
+			st.acting = pk
+			next.ServeHTTP(sw, r)
+		} else {
+			next.ServeHTTP(sw, r.WithContext(context.WithValue(r.Context(), actingNodeKey, &pk)))
+		}
 		if sw.status < http.StatusBadRequest {
 			s.heartbeats.Record(pk)
 		}

@@ -55,7 +55,7 @@ func (s *Server) measure(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		s.observer.RequestStarted()
-		sw := &statusWriter{ResponseWriter: w}
+		sw := watchStatus(w)
 		defer func() {
 			status := sw.status
 			if status == 0 {
