@@ -17,6 +17,8 @@ type NodeCache interface {
 	// ListNodes returns a page of nodes as Store.ListNodes does, from
 	// memory when the cache holds the whole fleet.
 	ListNodes(ctx context.Context, f registry.NodeFilter) ([]registry.Node, error)
+	// Recycle takes back a page ListNodes returned, once it is written.
+	Recycle(page []registry.Node)
 	// Wrote and Deleted take what this replica's committed writes
 	// returned, so that its own reads see them at once.
 	Wrote(nodes ...registry.Node)

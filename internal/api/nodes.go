@@ -333,6 +333,9 @@ func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) error {
 			bw.Write(buf)
 		}
 		done := len(nodes) < s.listBatch || remaining == 0 && filter.Limit > 0
+		if s.nodes != nil {
+			s.nodes.Recycle(nodes)
+		}
 		if done {
 			break
 		}
