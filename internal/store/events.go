@@ -42,10 +42,16 @@ type nodeDoc struct {
 // encoding/json would for the struct, without its reflection: every write
 // encodes a document or two per node (change log, audit log).
 func (d nodeDoc) MarshalJSON() ([]byte, error) {
-	b := d.AppendJSON(make([]byte, 0, 640))
+	return d.appendJSON(make([]byte, 0, 640)), nil
+}
+
+// appendJSON appends the document as MarshalJSON writes it (and so as
+// json.Marshal does) to b.
+func (d nodeDoc) appendJSON(b []byte) []byte {
+	b = d.AppendJSON(b)
 	b = append(b[:len(b)-1], `,"version":`...)
 	b = strconv.AppendInt(b, d.Version, 10)
-	return append(b, '}'), nil
+	return append(b, '}')
 }
 
 func (d nodeDoc) node() registry.Node {
