@@ -511,23 +511,27 @@ func (tx *pipeTx) claimAny(ctx context.Context, c registry.Claim) ([]registry.No
 
 // queueClaim queues the statement that picks c.Count free nodes matching
 // c.Filter (on, when not nil, narrows the match: to one host, or to one
-// class of a host) and gives them to c.Job; they are appended to out. It
+// class of a host, and may return CTEs its conditions read) and gives
+// them to c.Job; they are appended to out. It
 // locks up to c.Count rows that no one else is locking, lowest pk first,
 // and updates them only when it locked c.Count: with fewer, it updates and
 // returns nothing, and the rows it locked stay locked until the
 // transaction (or its savepoint) is rolled back.
-func queueClaim(b *pgx.Batch, c registry.Claim, on func(*query), out *[]registry.Node) {
+func queueClaim(b *pgx.Batch, c registry.Claim, on func(*query) string, out *[]registry.Node) {
 	var q query
 	q.where(c.Filter)
+	with := ""
 	if on != nil {
-		on(&q)
+		if w := on(&q); w != "" {
+			with = w + ", "
+		}
 	}
 	n := q.arg(c.Count)
 	// pk = ANY(ARRAY(...)) rather than pk IN (...): an index lookup per
 	// picked pk whatever the planner guesses of the pick's size (a generic
 	// plan does not know the LIMIT).
 	sql := `
-		WITH picked AS MATERIALIZED (
+		WITH ` + with + `picked AS MATERIALIZED (
 			SELECT pk FROM nodes WHERE ` + q.cond() + ` ORDER BY pk LIMIT ` + n + ` FOR UPDATE SKIP LOCKED
 		)
 		UPDATE nodes SET current_job = ` + q.arg(c.Job) + `, expired_job = NULL,
@@ -618,13 +622,23 @@ const hostCandidates = 64
 // from host_free's index on the count; those with deltas are summed.
 func hostCandidatesQuery(f registry.NodeFilter, count int, tried []string) (string, []any) {
 	var q query
+	sql := q.hostCandidates(f, count, tried, "host(ip)")
+	return sql, q.args
+}
+
+// hostCandidates is hostCandidatesQuery's statement with its arguments in
+// q, selecting ip as ipExpr.
+func (q *query) hostCandidates(f registry.NodeFilter, count int, tried []string, ipExpr string) string {
 	n := q.arg(count)
+	saved := q.conds
+	q.conds = nil
 	q.hostWhere("b", f, tried)
 	baseCond := q.cond()
 	q.conds = nil
 	q.hostWhere("p", f, tried)
 	pendingCond := q.cond()
-	sql := `
+	q.conds = saved
+	return `
 		WITH p AS MATERIALIZED (
 			SELECT ip, hardware_generation, gpu_mem, cpu_mem, source, sum(delta) AS delta
 			FROM host_free_delta GROUP BY 1, 2, 3, 4, 5
@@ -648,11 +662,25 @@ func hostCandidatesQuery(f registry.NodeFilter, count int, tried []string) (stri
 			) b ON true
 			WHERE coalesce(b.free, 0) + p.delta >= ` + n + ` AND ` + pendingCond + `
 		)
-		SELECT host(ip), hardware_generation, gpu_mem, cpu_mem, source
+		SELECT ` + ipExpr + ` AS ip, hardware_generation, gpu_mem, cpu_mem, source
 		FROM (SELECT * FROM c ORDER BY free LIMIT ` + strconv.Itoa(hostCandidates) + `) c
 		WHERE pg_try_advisory_xact_lock(` + strconv.Itoa(hostLockClass) + `, hashtext(host(ip)))
 		LIMIT 1`
-	return sql, q.args
+}
+
+// onFirstCandidate narrows a claim to the class hostCandidatesQuery finds
+// first (nothing, when it finds none), in the same statement: the lookup
+// becomes the claim's CTE "host".
+func onFirstCandidate(f registry.NodeFilter, count int) func(q *query) string {
+	return func(q *query) string {
+		with := `host AS MATERIALIZED (` + q.hostCandidates(f, count, []string{}, "ip") + `)`
+		q.add("ip = (SELECT ip FROM host)")
+		q.add("coalesce(hardware_generation, 0) = (SELECT hardware_generation FROM host)")
+		q.add("coalesce(gpu_mem, -1) = (SELECT gpu_mem FROM host)")
+		q.add("cpu_mem = (SELECT cpu_mem FROM host)")
+		q.add("source = (SELECT source FROM host)")
+		return with
+	}
 }
 
 // claimOneHost claims c.Count free matching nodes of one host, without
@@ -671,17 +699,18 @@ func hostCandidatesQuery(f registry.NodeFilter, count int, tried []string) (stri
 // the counts once no single class fits. At most maxHostsTried hosts are
 // tried.
 //
-// Each try is one round trip: the host lookup, the savepoint and the claim
-// cannot go together (the claim needs the host), but the rollback of a
-// failed try travels with the next lookup. It returns the nodes and the
-// batch for the transaction's next round trip.
+// The first try is one round trip: BEGIN, the savepoint and the claim,
+// whose statement looks the host up itself. Later ones are two: the
+// lookup (with the rollback of the try before), then the savepoint and
+// the claim. It returns the nodes and the batch for the transaction's
+// next round trip.
 func (tx *pipeTx) claimOneHost(ctx context.Context, c registry.Claim) ([]registry.Node, *pgx.Batch, error) {
 	tried := []string{}
 	b := tx.batch()
 	// try claims the nodes on narrows c.Filter to, in a savepoint, with
 	// what b holds; it keeps the claim if it took c.Count nodes, and
 	// otherwise queues the savepoint's rollback on the next batch (b).
-	try := func(on func(*query)) ([]registry.Node, error) {
+	try := func(on func(*query) string) ([]registry.Node, error) {
 		b.Queue("savepoint host_try")
 		var out []registry.Node
 		queueClaim(b, c, on, &out)
@@ -694,6 +723,12 @@ func (tx *pipeTx) claimOneHost(ctx context.Context, c registry.Claim) ([]registr
 		}
 		b.Queue("rollback to savepoint host_try")
 		return nil, nil
+	}
+	// The first try looks its host up in the claim's own statement. When
+	// it falls short, which host it tried is not known: the tries go on a
+	// round trip each, and may try that host once more.
+	if out, err := try(onFirstCandidate(c.Filter, c.Count)); err != nil || out != nil {
+		return out, b, err
 	}
 	for len(tried) < maxHostsTried {
 		sql, args := hostCandidatesQuery(c.Filter, c.Count, tried)
@@ -715,7 +750,7 @@ func (tx *pipeTx) claimOneHost(ctx context.Context, c registry.Claim) ([]registr
 			break
 		}
 		tried = append(tried, h.ip)
-		out, err := try(h.nodes)
+		out, err := try(func(q *query) string { h.nodes(q); return "" })
 		if err != nil || out != nil {
 			return out, b, err
 		}
@@ -743,7 +778,7 @@ func (tx *pipeTx) claimOneHost(ctx context.Context, c registry.Claim) ([]registr
 		}
 		b = tx.batch()
 		for _, h := range hosts {
-			out, err := try(func(q *query) { q.add("ip = " + q.arg(h) + "::inet") })
+			out, err := try(func(q *query) string { q.add("ip = " + q.arg(h) + "::inet"); return "" })
 			if err != nil || out != nil {
 				return out, b, err
 			}
