@@ -3,8 +3,8 @@
 -- trips registryd sends them (store.pipeTx), the host given: that of a
 -- random node, its class (hardware, memory, source) read with it, on
 -- copies of the tables like claim.sql. It does not search for a host with
--- 8 free nodes (registryd's first round trip, BEGIN with the host_free
--- lookup); that search is what registryd has to make cheap. A host with
+-- 8 free nodes (registryd's claim statement looks it up in host_free
+-- itself); that search is what registryd has to make cheap. A host with
 -- fewer than 8 free nodes claims nothing, as registryd's try would.
 -- pgbench has no pks to list in the release (it cannot \gset inside a
 -- pipeline), so it finds the job's nodes by current_job, and the
