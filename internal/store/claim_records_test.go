@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strconv"
 	"testing"
 	"time"
 
@@ -254,5 +255,72 @@ func TestClaimThatFailsLateChangesNothing(t *testing.T) {
 	other := pgtest.Open(t, dbURL, store.Options{})
 	if err := other.Pool().QueryRow(ctx, `SELECT count(*) FROM nodes WHERE current_job = 4`).Scan(&held); err != nil || held != 8 {
 		t.Errorf("another session sees %d nodes held by the claim (%v), want 8", held, err)
+	}
+}
+
+// A sequencing pass (one round trip) stamps the unstamped change rows in
+// row order, answers the latest event id and notifies it on
+// EventsChannel; a pass with nothing to stamp answers the same id and
+// notifies nothing. Faults caught (each tried once): the latest id read
+// from the rows as they were before the pass (the statement's snapshot);
+// a notification on every pass.
+func TestSequenceEventsOneRoundTrip(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := pgtest.New(t)
+	st := pgtest.Open(t, dbURL, store.Options{})
+	gangFleet(t, st, 1)
+	if _, err := st.SequenceEvents(ctx); err != nil {
+		t.Fatal(err)
+	}
+	listener, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { listener.Close(context.Background()) })
+	if _, err := listener.Exec(ctx, "LISTEN "+store.EventsChannel); err != nil {
+		t.Fatal(err)
+	}
+	changeID, _ := lastIDs(t, st)
+	if _, err := st.ClaimNodes(ctx, sys, registry.Claim{Job: 1, Count: 3}); err != nil {
+		t.Fatal(err)
+	}
+	latest, err := st.SequenceEvents(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, _ := st.Pool().Query(ctx, `SELECT event_id FROM node_changes WHERE row_id > $1 ORDER BY row_id`, changeID)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[*int64])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ids) != 3 {
+		t.Fatalf("%d change rows for a claim of 3", len(ids))
+	}
+	for i, id := range ids {
+		if id == nil || (i > 0 && *id <= *ids[i-1]) {
+			t.Fatalf("event ids in row order: %v", ids)
+		}
+	}
+	if latest != *ids[2] {
+		t.Errorf("the pass answered %d, the last stamp is %d", latest, *ids[2])
+	}
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	n, err := listener.WaitForNotification(wctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.Payload != strconv.FormatInt(latest, 10) {
+		t.Errorf("notified %q, want %d", n.Payload, latest)
+	}
+	again, err := st.SequenceEvents(ctx)
+	if err != nil || again != latest {
+		t.Errorf("a pass with nothing new: %d, %v; want %d", again, err, latest)
+	}
+	wctx, cancel = context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	if n, err := listener.WaitForNotification(wctx); err == nil {
+		t.Errorf("a pass with nothing new notified %q", n.Payload)
 	}
 }
