@@ -209,8 +209,9 @@ func TestClaimAndReleaseRecords(t *testing.T) {
 // trigger) leaves nothing behind: the nodes stay free, no change row or
 // entry is kept, and the connection goes back to the pool usable. So
 // does a claim that finds too few nodes after locking some. Fault caught
-// (tried once): the failed batch's transaction left open on the
-// connection, which the next claim on it then joined.
+// (tried once): the failed transaction left open on the connection (the
+// pool then closes it, so a claim on the next one is still right, but
+// every failed claim costs a new connection).
 func TestClaimThatFailsLateChangesNothing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -227,6 +228,7 @@ func TestClaimThatFailsLateChangesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	changeID, auditID := lastIDs(t, st)
+	conns := st.Pool().Stat().NewConnsCount()
 	refused := registry.Actor{Principal: registry.Principal{Sub: "refused", Role: registry.RoleScheduler}}
 	for _, c := range []registry.Claim{{Job: 1, Count: 2}, {Job: 2, Count: 3, SameHost: true}} {
 		if _, err := st.ClaimNodes(ctx, refused, c); err == nil {
@@ -246,8 +248,12 @@ func TestClaimThatFailsLateChangesNothing(t *testing.T) {
 	if changes, audits := recordsSince(t, st, changeID, auditID); len(changes)+len(audits) > 0 {
 		t.Errorf("failed claims left %d change rows and %d audit entries", len(changes), len(audits))
 	}
-	// The one connection is back, outside any transaction: a claim on it
-	// commits on its own.
+	// The one connection is back, rolled back rather than closed by the
+	// pool for being left in a transaction, and a claim on it commits on
+	// its own.
+	if n := st.Pool().Stat().NewConnsCount(); n != conns {
+		t.Errorf("the failed claims cost %d new connections", n-conns)
+	}
 	got, err := st.ClaimNodes(ctx, sys, registry.Claim{Job: 4, Count: 8, SameHost: true})
 	if err != nil || len(got) != 8 {
 		t.Fatalf("claim after the failures: %d nodes, %v", len(got), err)
