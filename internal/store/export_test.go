@@ -1,6 +1,12 @@
 package store
 
-import "context"
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/registryd/registryd/internal/registry"
+)
 
 // Translate exposes translate to the external tests, which cannot live in
 // package store (they import pgtest, which imports store).
@@ -21,3 +27,17 @@ func WithImportChunk(ctx context.Context, n int) context.Context {
 // HostCandidatesQuery exposes the statement a gang claim's try runs, for
 // plans.
 var HostCandidatesQuery = hostCandidatesQuery
+
+// ClaimStatement is the statement a claim's first try runs (for a gang
+// claim, with its host lookup), for plans.
+func ClaimStatement(c registry.Claim) (string, []any) {
+	free := true
+	c.Filter.Free = &free
+	b := &pgx.Batch{}
+	var on func(*query) string
+	if c.SameHost {
+		on = onFirstCandidate(c.Filter, c.Count)
+	}
+	queueClaim(b, c, on, new([]registry.Node))
+	return b.QueuedQueries[0].SQL, b.QueuedQueries[0].Arguments
+}

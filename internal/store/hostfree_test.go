@@ -437,3 +437,56 @@ func TestHostLookupPlanIgnoresStaleDeltaStatistics(t *testing.T) {
 		t.Fatalf("the lookup reads all of host_free:\n%s", text)
 	}
 }
+
+// A claim's statement reads no more of the fleet than it takes, at
+// 100,000 nodes with a thousand held: the single claim walks the free
+// index from the lowest pk; the gang claim's own host lookup goes through
+// host_free's index on the count, and its pick through the host's nodes by
+// ip, never the free index of the whole fleet (which a plan ordered by pk
+// would walk until it met the host).
+func TestClaimPlansReadNoFleet(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st := pgtest.Open(t, pgtest.New(t), store.Options{})
+	exec := func(sql string) {
+		t.Helper()
+		if _, err := st.Pool().Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exec(`INSERT INTO nodes (ip, gpu_index, cpu_mem, driver_version)
+		SELECT '10.0.0.0'::inet + (g / 8), g % 8, 1024, '550' FROM generate_series(0, 99999) g`)
+	if err := st.FoldHostFree(ctx); err != nil {
+		t.Fatal(err)
+	}
+	exec(`UPDATE nodes SET current_job = 1 WHERE pk % 100 = 0`)
+	exec(`ANALYZE nodes`)
+	exec(`ANALYZE host_free`)
+	exec(`ANALYZE host_free_delta`)
+	for _, c := range []registry.Claim{{Job: 2, Count: 1}, {Job: 3, Count: 8, SameHost: true}} {
+		sql, args := store.ClaimStatement(c)
+		rows, err := st.Pool().Query(ctx, `EXPLAIN `+sql, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var plan []string
+		for rows.Next() {
+			var line string
+			if err := rows.Scan(&line); err != nil {
+				t.Fatal(err)
+			}
+			plan = append(plan, line)
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		text := strings.Join(plan, "\n")
+		if strings.Contains(text, "Seq Scan on nodes") || strings.Contains(text, "Seq Scan on host_free ") {
+			t.Errorf("claim %+v reads a whole table:\n%s", c, text)
+		}
+		if c.SameHost && (strings.Contains(text, "nodes_free_idx") || !strings.Contains(text, "nodes_ip_index_key")) {
+			t.Errorf("gang claim picks its host's nodes other than by ip:\n%s", text)
+		}
+		t.Logf("claim %+v:\n%s", c, text)
+	}
+}

@@ -446,6 +446,11 @@ const maxHostsTried = 32
 // taking are skipped (FOR UPDATE SKIP LOCKED), never waited for, and the
 // row lock re-checks that a node is still free, so no node is ever given
 // to two jobs. Fewer matches than asked: ErrConflict, nothing held.
+//
+// The transaction is two round trips (see pipeTx): BEGIN with the
+// statement that picks and updates the nodes, then their change-log and
+// audit rows (one statement, documents made here from what the update
+// returned) with COMMIT. A gang claim adds a round trip per host it tries.
 func (s *Store) ClaimNodes(ctx context.Context, actor registry.Actor, c registry.Claim) ([]registry.Node, error) {
 	if err := c.Normalize(); err != nil {
 		return nil, err
@@ -453,36 +458,23 @@ func (s *Store) ClaimNodes(ctx context.Context, actor registry.Actor, c registry
 	free := true
 	c.Filter.Free = &free
 	var out []registry.Node
-	err := s.WithTx(ctx, func(tx *Store) error {
-		var pks []int64
+	err := s.pipelined(ctx, func(tx *pipeTx) error {
+		var b *pgx.Batch
 		var err error
 		if c.SameHost {
-			pks, err = tx.pickOneHost(ctx, c)
+			out, b, err = tx.claimOneHost(ctx, c)
 		} else {
-			pks, err = tx.pick(ctx, c.Filter, nil, c.Count)
-			if err == nil && len(pks) < c.Count {
-				err = registry.Conflictf("only %d free node(s) match and are not being claimed right now; %d requested", len(pks), c.Count)
-			}
+			out, b, err = tx.claimAny(ctx, c)
 		}
 		if err != nil {
 			return err
 		}
-		rows, _ := tx.db.Query(ctx, `
-			UPDATE nodes SET current_job = $2, expired_job = NULL, lease_expires_at = now() + $3::bigint * interval '1 second',
-				updated_at = now(), version = version + 1
-			WHERE pk = ANY($1)
-			RETURNING `+nodeColumns, pks, c.Job, leaseSeconds(c.Lease))
-		if out, err = pgx.CollectRows(rows, scanNode); err != nil {
-			return err
-		}
 		slices.SortFunc(out, func(a, b registry.Node) int { return cmp.Compare(a.PK, b.PK) })
-		if err := tx.recordChanges(ctx, "claimed", out...); err != nil {
-			return err
-		}
-		return tx.auditNodes(ctx, actor, registry.ActionNodeClaim, out, func(n registry.Node) any {
+		queueRecord(b, actor, "claimed", registry.ActionNodeClaim, out, func(n registry.Node) nodeDoc {
 			n.CurrentJob, n.LeaseExpiresAt = nil, nil
 			return docOfNode(n)
 		})
+		return tx.commit(ctx, b)
 	})
 	if err != nil {
 		if _, ok := errors.AsType[*registry.Error](err); ok {
@@ -493,17 +485,81 @@ func (s *Store) ClaimNodes(ctx context.Context, actor registry.Actor, c registry
 	return out, nil
 }
 
-// pick locks up to n free matching nodes that no one else is locking,
-// lowest pk first; on, when not nil, narrows the match (to one host, or to
-// one class of a host).
-func (s *Store) pick(ctx context.Context, f registry.NodeFilter, on func(*query), n int) ([]int64, error) {
+// claimAny claims c.Count nodes matching c.Filter, lowest pk first, in
+// one round trip, and returns them with the batch for the next one.
+func (tx *pipeTx) claimAny(ctx context.Context, c registry.Claim) ([]registry.Node, *pgx.Batch, error) {
+	b := tx.batch()
+	var out []registry.Node
+	queueClaim(b, c, nil, &out)
+	if err := tx.send(ctx, b); err != nil {
+		return nil, nil, err
+	}
+	if len(out) == c.Count {
+		return out, tx.batch(), nil
+	}
+	// Too few: say how many there are. The pick ran in this transaction,
+	// so it finds the rows it locked again (SKIP LOCKED skips only other
+	// transactions' locks).
+	b = tx.batch()
+	var pks []int64
+	queuePick(b, c.Filter, nil, c.Count, &pks)
+	if err := tx.send(ctx, b); err != nil {
+		return nil, nil, err
+	}
+	return nil, nil, registry.Conflictf("only %d free node(s) match and are not being claimed right now; %d requested", len(pks), c.Count)
+}
+
+// queueClaim queues the statement that picks c.Count free nodes matching
+// c.Filter (on, when not nil, narrows the match: to one host, or to one
+// class of a host, and may return CTEs its conditions read) and gives
+// them to c.Job; they are appended to out. It
+// locks up to c.Count rows that no one else is locking, lowest pk first,
+// and updates them only when it locked c.Count: with fewer, it updates and
+// returns nothing, and the rows it locked stay locked until the
+// transaction (or its savepoint) is rolled back.
+func queueClaim(b *pgx.Batch, c registry.Claim, on func(*query) string, out *[]registry.Node) {
+	var q query
+	q.where(c.Filter)
+	with := ""
+	if on != nil {
+		if w := on(&q); w != "" {
+			with = w + ", "
+		}
+	}
+	n := q.arg(c.Count)
+	// pk = ANY(ARRAY(...)) rather than pk IN (...): an index lookup per
+	// picked pk whatever the planner guesses of the pick's size (a generic
+	// plan does not know the LIMIT).
+	sql := `
+		WITH ` + with + `picked AS MATERIALIZED (
+			SELECT pk FROM nodes WHERE ` + q.cond() + ` ORDER BY pk LIMIT ` + n + ` FOR UPDATE SKIP LOCKED
+		)
+		UPDATE nodes SET current_job = ` + q.arg(c.Job) + `, expired_job = NULL,
+			lease_expires_at = now() + ` + q.arg(leaseSeconds(c.Lease)) + `::bigint * interval '1 second',
+			updated_at = now(), version = version + 1
+		WHERE pk = ANY(ARRAY(SELECT pk FROM picked)) AND (SELECT count(*) FROM picked) = ` + n + `
+		RETURNING ` + nodeColumns
+	b.Queue(sql, q.args...).Query(func(rows pgx.Rows) error {
+		var err error
+		*out, err = pgx.AppendRows(*out, rows, scanNode)
+		return err
+	})
+}
+
+// queuePick queues the statement that locks up to n free matching nodes
+// that no one else is locking, lowest pk first (on as for queueClaim);
+// their pks are appended to out.
+func queuePick(b *pgx.Batch, f registry.NodeFilter, on func(*query), n int, out *[]int64) {
 	var q query
 	q.where(f)
 	if on != nil {
 		on(&q)
 	}
-	rows, _ := s.db.Query(ctx, `SELECT pk FROM nodes WHERE `+q.cond()+` ORDER BY pk LIMIT `+q.arg(n)+` FOR UPDATE SKIP LOCKED`, q.args...)
-	return pgx.CollectRows(rows, pgx.RowTo[int64])
+	b.Queue(`SELECT pk FROM nodes WHERE `+q.cond()+` ORDER BY pk LIMIT `+q.arg(n)+` FOR UPDATE SKIP LOCKED`, q.args...).Query(func(rows pgx.Rows) error {
+		var err error
+		*out, err = pgx.AppendRows(*out, rows, pgx.RowTo[int64])
+		return err
+	})
 }
 
 // hostClass is a class of host_free (migration 00013): the free nodes of
@@ -566,13 +622,23 @@ const hostCandidates = 64
 // from host_free's index on the count; those with deltas are summed.
 func hostCandidatesQuery(f registry.NodeFilter, count int, tried []string) (string, []any) {
 	var q query
+	sql := q.hostCandidates(f, count, tried, "host(ip)")
+	return sql, q.args
+}
+
+// hostCandidates is hostCandidatesQuery's statement with its arguments in
+// q, selecting ip as ipExpr.
+func (q *query) hostCandidates(f registry.NodeFilter, count int, tried []string, ipExpr string) string {
 	n := q.arg(count)
+	saved := q.conds
+	q.conds = nil
 	q.hostWhere("b", f, tried)
 	baseCond := q.cond()
 	q.conds = nil
 	q.hostWhere("p", f, tried)
 	pendingCond := q.cond()
-	sql := `
+	q.conds = saved
+	return `
 		WITH p AS MATERIALIZED (
 			SELECT ip, hardware_generation, gpu_mem, cpu_mem, source, sum(delta) AS delta
 			FROM host_free_delta GROUP BY 1, 2, 3, 4, 5
@@ -596,67 +662,104 @@ func hostCandidatesQuery(f registry.NodeFilter, count int, tried []string) (stri
 			) b ON true
 			WHERE coalesce(b.free, 0) + p.delta >= ` + n + ` AND ` + pendingCond + `
 		)
-		SELECT host(ip), hardware_generation, gpu_mem, cpu_mem, source
+		SELECT ` + ipExpr + ` AS ip, hardware_generation, gpu_mem, cpu_mem, source
 		FROM (SELECT * FROM c ORDER BY free LIMIT ` + strconv.Itoa(hostCandidates) + `) c
 		WHERE pg_try_advisory_xact_lock(` + strconv.Itoa(hostLockClass) + `, hashtext(host(ip)))
 		LIMIT 1`
-	return sql, q.args
 }
 
-// pickOneHost finds a host with c.Count free matching nodes and locks them,
-// without reading the fleet: host_free (migration 00013) counts the free
-// nodes of each class of each host, and its index on the count leads to
-// the classes with c.Count or more, fewest first (best fit, so whole
-// hosts stay whole for larger gangs); the deltas not yet folded into it
-// are added. Each try takes, of the first candidates, the first class whose
-// host no concurrent claimer is trying (a transaction-level advisory lock,
-// tried without waiting), so concurrent claimers spread over different
-// hosts instead of queueing for the first; it then locks that class's
-// nodes with SKIP LOCKED, re-checking every filter on the rows. A try that
-// falls short is a rolled-back savepoint, giving back its row locks. A host
-// whose classes only together have c.Count (nodes of one host with
-// different memory or hardware, all matching) is looked for by a grouped
-// read of the counts once no single class fits. At most maxHostsTried hosts
-// are tried.
-func (s *Store) pickOneHost(ctx context.Context, c registry.Claim) ([]int64, error) {
-	tx := s.db.(pgx.Tx)
+// onFirstCandidate narrows a claim to the class hostCandidatesQuery finds
+// first (nothing, when it finds none), in the same statement: the lookup
+// becomes the claim's CTE "host".
+func onFirstCandidate(f registry.NodeFilter, count int) func(q *query) string {
+	return func(q *query) string {
+		with := `host AS MATERIALIZED (` + q.hostCandidates(f, count, []string{}, "ip") + `)`
+		q.add("ip = (SELECT ip FROM host)")
+		q.add("coalesce(hardware_generation, 0) = (SELECT hardware_generation FROM host)")
+		q.add("coalesce(gpu_mem, -1) = (SELECT gpu_mem FROM host)")
+		q.add("cpu_mem = (SELECT cpu_mem FROM host)")
+		q.add("source = (SELECT source FROM host)")
+		return with
+	}
+}
+
+// claimOneHost claims c.Count free matching nodes of one host, without
+// reading the fleet: host_free (migration 00013) counts the free nodes of
+// each class of each host, and its index on the count leads to the classes
+// with c.Count or more, fewest first (best fit, so whole hosts stay whole
+// for larger gangs); the deltas not yet folded into it are added. Each try
+// takes, of the first candidates, the first class whose host no concurrent
+// claimer is trying (a transaction-level advisory lock, tried without
+// waiting), so concurrent claimers spread over different hosts instead of
+// queueing for the first; it then claims that class's nodes with SKIP
+// LOCKED, re-checking every filter on the rows. A try that falls short is
+// rolled back to its savepoint, giving back its row locks. A host whose
+// classes only together have c.Count (nodes of one host with different
+// memory or hardware, all matching) is looked for by a grouped read of
+// the counts once no single class fits. At most maxHostsTried hosts are
+// tried.
+//
+// The first try is one round trip: BEGIN, the savepoint and the claim,
+// whose statement looks the host up itself. Later ones are two: the
+// lookup (with the rollback of the try before), then the savepoint and
+// the claim. It returns the nodes and the batch for the transaction's
+// next round trip.
+func (tx *pipeTx) claimOneHost(ctx context.Context, c registry.Claim) ([]registry.Node, *pgx.Batch, error) {
 	tried := []string{}
-	// try runs fn in a savepoint, keeping its locks if it picked c.Count
-	// nodes and giving them back otherwise.
-	try := func(fn func(tx *Store) ([]int64, error)) ([]int64, error) {
-		sp, err := tx.Begin(ctx) // a savepoint
-		if err != nil {
+	b := tx.batch()
+	// try claims the nodes on narrows c.Filter to, in a savepoint, with
+	// what b holds; it keeps the claim if it took c.Count nodes, and
+	// otherwise queues the savepoint's rollback on the next batch (b).
+	try := func(on func(*query) string) ([]registry.Node, error) {
+		b.Queue("savepoint host_try")
+		var out []registry.Node
+		queueClaim(b, c, on, &out)
+		if err := tx.send(ctx, b); err != nil {
 			return nil, err
 		}
-		pks, err := fn(&Store{pool: s.pool, db: sp, inTx: true})
-		if err != nil {
-			return nil, err
+		b = tx.batch()
+		if len(out) == c.Count {
+			return out, nil // the savepoint is committed with the transaction
 		}
-		if len(pks) == c.Count {
-			return pks, sp.Commit(ctx) // releases the savepoint, keeps the locks
-		}
-		return nil, sp.Rollback(ctx)
+		b.Queue("rollback to savepoint host_try")
+		return nil, nil
+	}
+	// The first try looks its host up in the claim's own statement. When
+	// it falls short, which host it tried is not known: the tries go on a
+	// round trip each, and may try that host once more.
+	if out, err := try(onFirstCandidate(c.Filter, c.Count)); err != nil || out != nil {
+		return out, b, err
 	}
 	for len(tried) < maxHostsTried {
 		sql, args := hostCandidatesQuery(c.Filter, c.Count, tried)
 		var h hostClass
-		err := s.db.QueryRow(ctx, sql, args...).Scan(&h.ip, &h.hw, &h.gpuMem, &h.cpuMem, &h.source)
-		if errors.Is(err, pgx.ErrNoRows) {
+		found := false
+		b.Queue(sql, args...).QueryRow(func(row pgx.Row) error {
+			err := row.Scan(&h.ip, &h.hw, &h.gpuMem, &h.cpuMem, &h.source)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil
+			}
+			found = err == nil
+			return err
+		})
+		if err := tx.send(ctx, b); err != nil {
+			return nil, nil, err
+		}
+		b = tx.batch()
+		if !found {
 			break
 		}
-		if err != nil {
-			return nil, err
-		}
 		tried = append(tried, h.ip)
-		pks, err := try(func(sp *Store) ([]int64, error) { return sp.pick(ctx, c.Filter, h.nodes, c.Count) })
-		if err != nil || pks != nil {
-			return pks, err
+		out, err := try(func(q *query) string { h.nodes(q); return "" })
+		if err != nil || out != nil {
+			return out, b, err
 		}
 	}
 	if c.Count > 1 && len(tried) < maxHostsTried {
 		var q query
 		q.hostWhere("t", c.Filter, tried)
-		rows, _ := s.db.Query(ctx, `
+		var hosts []string
+		b.Queue(`
 			SELECT host(t.ip) FROM (
 				SELECT ip, hardware_generation, gpu_mem, cpu_mem, source, free FROM host_free
 				UNION ALL
@@ -665,21 +768,23 @@ func (s *Store) pickOneHost(ctx context.Context, c registry.Claim) ([]int64, err
 			WHERE `+q.cond()+`
 			GROUP BY t.ip
 			HAVING count(DISTINCT (t.hardware_generation, t.gpu_mem, t.cpu_mem, t.source)) > 1 AND sum(t.free) >= `+q.arg(c.Count)+`
-			ORDER BY sum(t.free) LIMIT `+q.arg(maxHostsTried-len(tried)), q.args...)
-		hosts, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			return nil, err
+			ORDER BY sum(t.free) LIMIT `+q.arg(maxHostsTried-len(tried)), q.args...).Query(func(rows pgx.Rows) error {
+			var err error
+			hosts, err = pgx.AppendRows(hosts, rows, pgx.RowTo[string])
+			return err
+		})
+		if err := tx.send(ctx, b); err != nil {
+			return nil, nil, err
 		}
+		b = tx.batch()
 		for _, h := range hosts {
-			pks, err := try(func(sp *Store) ([]int64, error) {
-				return sp.pick(ctx, c.Filter, func(q *query) { q.add("ip = " + q.arg(h) + "::inet") }, c.Count)
-			})
-			if err != nil || pks != nil {
-				return pks, err
+			out, err := try(func(q *query) string { q.add("ip = " + q.arg(h) + "::inet"); return "" })
+			if err != nil || out != nil {
+				return out, b, err
 			}
 		}
 	}
-	return nil, registry.Conflictf("no single host has %d free matching node(s) that are not being claimed right now", c.Count)
+	return nil, nil, registry.Conflictf("no single host has %d free matching node(s) that are not being claimed right now", c.Count)
 }
 
 // FoldHostFree folds the committed deltas of host_free_delta into host_free
@@ -723,40 +828,68 @@ func (s *Store) FoldHostFree(ctx context.Context) error {
 
 // ReleaseNodes takes nodes back from r.Job: the listed ones, or all it
 // holds. Listed nodes the job does not hold are reported, not failed.
+//
+// Like a claim, it is two round trips (see pipeTx): BEGIN, the lock of the
+// nodes and their update; then their change-log and audit rows with
+// COMMIT. The update re-states on the locked rows what is decided here
+// from them (held by r.Job), and the two are checked to agree.
 func (s *Store) ReleaseNodes(ctx context.Context, actor registry.Actor, r registry.Release) ([]registry.Node, []registry.NotReleased, error) {
 	if err := r.Normalize(); err != nil {
 		return nil, nil, err
 	}
 	var released []registry.Node
 	var notReleased []registry.NotReleased
-	err := s.WithTx(ctx, func(tx *Store) error {
-		var pks []int64
+	err := s.pipelined(ctx, func(tx *pipeTx) error {
+		var pks []int64 // the nodes to release, as decided here
+		b := tx.batch()
 		if r.Nodes == nil {
-			rows, _ := tx.db.Query(ctx, `SELECT pk FROM nodes WHERE current_job = $1 ORDER BY pk FOR UPDATE`, r.Job)
-			var err error
-			if pks, err = pgx.CollectRows(rows, pgx.RowTo[int64]); err != nil {
+			b.Queue(`
+				WITH held AS MATERIALIZED (
+					SELECT pk FROM nodes WHERE current_job = $1 ORDER BY pk FOR UPDATE
+				)
+				UPDATE nodes SET current_job = NULL, lease_expires_at = NULL, updated_at = now(), version = version + 1
+				WHERE pk = ANY(ARRAY(SELECT pk FROM held)) AND current_job = $1
+				RETURNING `+nodeColumns, r.Job).Query(func(rows pgx.Rows) error {
+				var err error
+				released, err = pgx.AppendRows(released, rows, scanNode)
 				return err
-			}
+			})
 			// The nodes whose lease of this job ran out: the job thinks it
 			// holds them, and is told it does not.
-			rows, _ = tx.db.Query(ctx, `SELECT pk FROM nodes WHERE expired_job = $1 ORDER BY pk`, r.Job)
-			lapsed, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-			if err != nil {
+			b.Queue(`SELECT pk FROM nodes WHERE expired_job = $1 ORDER BY pk`, r.Job).Query(func(rows pgx.Rows) error {
+				lapsed, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+				for _, pk := range lapsed {
+					notReleased = append(notReleased, registry.NotReleased{PK: pk, Reason: registry.LeaseExpiredReason(r.Job)})
+				}
+				return err
+			})
+			if err := tx.send(ctx, b); err != nil {
 				return err
 			}
-			for _, pk := range lapsed {
-				notReleased = append(notReleased, registry.NotReleased{PK: pk, Reason: registry.LeaseExpiredReason(r.Job)})
+			for _, n := range released {
+				pks = append(pks, n.PK)
 			}
 		} else {
 			want := slices.Compact(slices.Sorted(slices.Values(r.Nodes)))
-			rows, _ := tx.db.Query(ctx, `SELECT pk, current_job, expired_job FROM nodes WHERE pk = ANY($1) ORDER BY pk FOR UPDATE`, want)
 			held, expired := map[int64]*int64{}, map[int64]*int64{}
-			var pk int64
-			var job, expiredJob *int64
-			if _, err := pgx.ForEachRow(rows, []any{&pk, &job, &expiredJob}, func() error {
-				held[pk], expired[pk] = job, expiredJob
-				return nil
-			}); err != nil {
+			b.Queue(`SELECT pk, current_job, expired_job FROM nodes WHERE pk = ANY($1) ORDER BY pk FOR UPDATE`, want).Query(func(rows pgx.Rows) error {
+				var pk int64
+				var job, expiredJob *int64
+				_, err := pgx.ForEachRow(rows, []any{&pk, &job, &expiredJob}, func() error {
+					held[pk], expired[pk] = job, expiredJob
+					return nil
+				})
+				return err
+			})
+			b.Queue(`
+				UPDATE nodes SET current_job = NULL, lease_expires_at = NULL, updated_at = now(), version = version + 1
+				WHERE pk = ANY($1) AND current_job = $2
+				RETURNING `+nodeColumns, want, r.Job).Query(func(rows pgx.Rows) error {
+				var err error
+				released, err = pgx.AppendRows(released, rows, scanNode)
+				return err
+			})
+			if err := tx.send(ctx, b); err != nil {
 				return err
 			}
 			for _, pk := range want {
@@ -775,25 +908,23 @@ func (s *Store) ReleaseNodes(ctx context.Context, actor registry.Actor, r regist
 				}
 			}
 		}
-		if len(pks) == 0 {
-			return nil
-		}
-		rows, _ := tx.db.Query(ctx, `
-			UPDATE nodes SET current_job = NULL, lease_expires_at = NULL, updated_at = now(), version = version + 1
-			WHERE pk = ANY($1) RETURNING `+nodeColumns, pks)
-		var err error
-		if released, err = pgx.CollectRows(rows, scanNode); err != nil {
-			return err
-		}
+		slices.Sort(pks)
 		slices.SortFunc(released, func(a, b registry.Node) int { return cmp.Compare(a.PK, b.PK) })
-		if err := tx.recordChanges(ctx, "released", released...); err != nil {
-			return err
+		if !slices.EqualFunc(pks, released, func(pk int64, n registry.Node) bool { return pk == n.PK }) {
+			// The rows were locked before they were updated: this cannot
+			// happen unless the statements disagree.
+			return fmt.Errorf("job %d holds %d of the nodes, %d were updated", r.Job, len(pks), len(released))
 		}
+		if len(released) == 0 {
+			return nil // nothing changed; the transaction is rolled back
+		}
+		b = tx.batch()
 		job := r.Job
-		return tx.auditNodes(ctx, actor, registry.ActionNodeRelease, released, func(n registry.Node) any {
+		queueRecord(b, actor, "released", registry.ActionNodeRelease, released, func(n registry.Node) nodeDoc {
 			n.CurrentJob = &job
 			return docOfNode(n)
 		})
+		return tx.commit(ctx, b)
 	})
 	if err != nil {
 		if _, ok := errors.AsType[*registry.Error](err); ok {
@@ -839,4 +970,37 @@ func (s *Store) TouchNodes(ctx context.Context, pks []int64, seen []time.Time) e
 		return fmt.Errorf("store: touch nodes: %w", translate(err))
 	}
 	return nil
+}
+
+// queueRecord queues, for nodes a claim or release changed, their
+// change-log rows (kind) and their audit entries (action) with the
+// change notification, in one statement: the change log's document is
+// the node as it is now, which is also the entry's "after"; the entry's
+// "before" is what beforeOf reconstructs. The documents are what
+// recordChanges and auditNodes write.
+func queueRecord(b *pgx.Batch, actor registry.Actor, kind, action string, nodes []registry.Node, beforeOf func(registry.Node) nodeDoc) {
+	pks := make([]int64, len(nodes))
+	docs := make([]string, len(nodes))
+	befores := make([]string, len(nodes))
+	buf := make([]byte, 0, 1024)
+	for i, n := range nodes {
+		pks[i] = n.PK
+		buf = docOfNode(n).appendJSON(buf[:0])
+		docs[i] = string(buf)
+		buf = beforeOf(n).appendJSON(buf[:0])
+		befores[i] = string(buf)
+	}
+	b.Queue(`
+		WITH u AS MATERIALIZED (
+			SELECT * FROM unnest($1::bigint[], $2::jsonb[], $3::jsonb[]) AS u(pk, doc, before)
+		), changes AS (
+			INSERT INTO node_changes (kind, node_pk, doc) SELECT $4, u.pk, u.doc FROM u
+		), audit AS (
+			INSERT INTO audit_log (principal, role, acting_node, action, target_type, target_pk, before, after, request_id, client_request_id)
+			SELECT $5, $6, $7, $8, 'node', u.pk, u.before, u.doc, nullif($9, ''), nullif($10, '')
+			FROM u
+		)
+		SELECT pg_notify($11, '')`,
+		pks, docs, befores, kind, actor.Sub, string(actor.Role), actor.ActingNode, action,
+		actor.RequestID, actor.ClientRequestID, ChangesChannel)
 }

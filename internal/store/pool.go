@@ -29,7 +29,8 @@ const (
 // deadline (bounded by the connect timeout) and joins the pool. A statement
 // past its deadline has its connection's socket deadline set (pgx's
 // default reaction to a done context), so it fails even if the server
-// never answers, and the connection is closed.
+// never answers, and the connection is closed. A batch (statements sent
+// in one round trip, see pipeTx) is bounded the same way, as a whole.
 //
 // The tracer also tells observe (when set) how each statement ended; see
 // Options.ObserveQuery.
@@ -79,6 +80,50 @@ func (b bounds) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.TraceQuery
 		cancel()
 	}
 	if b.observe != nil {
+		b.observe(ErrorClass(d.Err))
+	}
+}
+
+// batchState is what a batch's context carries between its trace calls.
+type batchState struct {
+	cancel context.CancelFunc // nil when the batch is not bounded
+	traced bool               // a statement's end was observed
+	ended  bool               // pgx may trace a batch that failed early as ended twice
+}
+
+type batchStateKey struct{}
+
+// TraceBatchStart bounds a batch (one round trip of pipelined statements)
+// as a statement is bounded: the batch is what waits for the server.
+func (b bounds) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	st := &batchState{}
+	if b.statement > 0 && ctx.Value(unboundedKey{}) == nil {
+		ctx, st.cancel = context.WithTimeout(ctx, b.statement)
+	}
+	return context.WithValue(ctx, batchStateKey{}, st)
+}
+
+func (b bounds) TraceBatchQuery(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	if st, ok := ctx.Value(batchStateKey{}).(*batchState); ok {
+		st.traced = true
+	}
+	if b.observe != nil {
+		b.observe(ErrorClass(d.Err))
+	}
+}
+
+func (b bounds) TraceBatchEnd(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchEndData) {
+	st, ok := ctx.Value(batchStateKey{}).(*batchState)
+	if !ok || st.ended {
+		return
+	}
+	st.ended = true
+	if st.cancel != nil {
+		st.cancel()
+	}
+	// A batch that failed before any statement's result was read (it
+	// could not be sent) still counts, once.
+	if !st.traced && d.Err != nil && b.observe != nil {
 		b.observe(ErrorClass(d.Err))
 	}
 }

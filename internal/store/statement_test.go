@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -59,6 +61,39 @@ func TestStatementTimeout(t *testing.T) {
 		// A quick statement is not bothered, and the pool goes on.
 		if _, err := st.GetNode(context.Background(), 1); !errors.Is(err, registry.ErrNotFound) {
 			t.Errorf("after the timeout: %v, want not found", err)
+		}
+	})
+
+	// A claim's statements go in batches (one round trip each): the
+	// batch is bounded as a statement is, and counted when it fails.
+	t.Run("claim behind a lock", func(t *testing.T) {
+		var classes []string
+		var mu sync.Mutex
+		st := open(t, store.Options{StatementTimeout: 300 * time.Millisecond, ObserveQuery: func(class string) {
+			mu.Lock()
+			classes = append(classes, class)
+			mu.Unlock()
+		}})
+		ctx := context.Background()
+		locker, err := st.Pool().Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer locker.Rollback(ctx) //nolint:errcheck // ends the lock
+		if _, err := locker.Exec(ctx, "LOCK TABLE nodes IN ACCESS EXCLUSIVE MODE"); err != nil {
+			t.Fatal(err)
+		}
+		err = within(t, 5*time.Second, "a claim behind a lock on nodes", func() error {
+			_, err := st.ClaimNodes(ctx, sys, registry.Claim{Job: 1, Count: 1})
+			return err
+		})
+		if !errors.Is(err, registry.ErrUnavailable) {
+			t.Errorf("a claim over the bound: %v, want one matching ErrUnavailable", err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if !slices.Contains(classes, "timeout") {
+			t.Errorf("the failed batch was not observed as a timeout: %q", classes)
 		}
 	})
 

@@ -26,6 +26,7 @@ type querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 	CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, rows pgx.CopyFromSource) (int64, error)
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
 // Store is the registry's PostgreSQL storage. The zero value is not usable;
@@ -52,7 +53,8 @@ type Options struct {
 	// then get 503 with Retry-After instead of queueing without end.
 	AcquireTimeout time.Duration
 	// StatementTimeout bounds each statement on a connection the pool
-	// handed out, from sending it to reading its last row; default 30s.
+	// handed out, from sending it to reading its last row (a batch of
+	// statements sent in one round trip, as a whole); default 30s.
 	// A database that stops answering (a frozen host, a network partition
 	// that resets nothing) then fails the statement as unavailable instead
 	// of holding its request until the client gives up. Migrations, import

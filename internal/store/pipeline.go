@@ -1,0 +1,88 @@
+package store
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// batcher sends a batch of statements in one round trip: a pool's
+// connection or a transaction.
+type batcher interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// pipeTx is a transaction sent as batches, one round trip each: its BEGIN
+// travels with the first batch and its COMMIT with the last. Statements
+// that need no result of an earlier one go together, so a claim (the
+// nodes it takes; then their change-log and audit rows, made from what the
+// update returned) costs two round trips where a statement at a time cost
+// six, and a release the same.
+//
+// Inside WithTx it joins the transaction under way and neither begins nor
+// commits it.
+type pipeTx struct {
+	db    batcher
+	own   bool // begins and commits the transaction
+	begun bool
+}
+
+// pipelined runs fn in a pipeTx on a connection of its own (or in the
+// transaction under way), rolling back unless fn committed. fn's error is
+// returned as is.
+func (s *Store) pipelined(ctx context.Context, fn func(tx *pipeTx) error) error {
+	if s.inTx {
+		return fn(&pipeTx{db: s.db})
+	}
+	conn := s.conn
+	if conn == nil {
+		c, err := s.pool.Acquire(ctx)
+		if err != nil {
+			return translate(err)
+		}
+		defer c.Release()
+		conn = c
+	}
+	tx := &pipeTx{db: conn, own: true}
+	err := fn(tx)
+	if tx.begun && conn.Conn().PgConn().TxStatus() != 'I' {
+		// fn failed, or returned before its commit. A rollback that fails
+		// leaves the connection in a transaction: the pool then closes it
+		// instead of handing it out again.
+		_, _ = conn.Exec(ctx, "rollback")
+	}
+	return err
+}
+
+// batch is a new batch for the transaction's next round trip; the first
+// one begins the transaction.
+func (tx *pipeTx) batch() *pgx.Batch {
+	b := &pgx.Batch{}
+	if tx.own && !tx.begun {
+		b.Queue("begin")
+		tx.begun = true
+	}
+	return b
+}
+
+// send runs b's statements in one round trip and their callbacks in
+// order, returning the first error.
+func (tx *pipeTx) send(ctx context.Context, b *pgx.Batch) error {
+	return translate(tx.db.SendBatch(ctx, b).Close())
+}
+
+// commit sends b and commits in the same round trip. When a statement of
+// b fails, the commit is not run (the server skips the rest of a failed
+// batch) and pipelined rolls back.
+func (tx *pipeTx) commit(ctx context.Context, b *pgx.Batch) error {
+	if tx.own {
+		b.Queue("commit").Exec(func(ct pgconn.CommandTag) error {
+			if ct.String() == "ROLLBACK" {
+				return pgx.ErrTxCommitRollback
+			}
+			return nil
+		})
+	}
+	return tx.send(ctx, b)
+}
