@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -165,6 +166,11 @@ func TestHarnessEndToEnd(t *testing.T) {
 			p, _ := l["pgbench"].(map[string]any)
 			if tps, _ := p["tps"].(float64); tps <= 0 || p["error"] != nil {
 				t.Errorf("%s: pgbench %v, want a tps and no error", name, p)
+			}
+			p50, _ := p["p50_ms"].(float64)
+			p99, _ := p["p99_ms"].(float64)
+			if p50 <= 0 || p99 < p50 {
+				t.Errorf("%s: pgbench %v, want its p50 and p99 from its transaction log", name, p)
 			}
 			if ratio, _ := l["ratio"].(float64); ratio <= 0 {
 				t.Errorf("%s: no ratio", name)
@@ -579,5 +585,34 @@ func TestRunWrkCountsErrors(t *testing.T) {
 	}
 	if _, err := parseWrk([]byte("Running 1s test\nno marker here\n")); err == nil {
 		t.Error("output without the marker line parsed")
+	}
+}
+
+// pgbench's per-transaction logs (one per thread) give its percentiles,
+// and are removed once read.
+func TestPgbenchPercentiles(t *testing.T) {
+	prefix := filepath.Join(t.TempDir(), "pgbench-log-x")
+	var a, b strings.Builder
+	for i := range 100 { // latencies 1..100 ms over two threads' files
+		w := &a
+		if i%2 == 1 {
+			w = &b
+		}
+		fmt.Fprintf(w, "%d %d %d 0 1764640000 %d\n", i%4, i, (i+1)*1000, i)
+	}
+	a.WriteString("3 7 skipped 0 1764640000 0\n")
+	for name, text := range map[string]string{prefix + ".123": a.String(), prefix + ".123.1": b.String()} {
+		if err := os.WriteFile(name, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p50, p99 := pgbenchPercentiles(prefix); p50 != 51 || p99 != 100 {
+		t.Errorf("p50 %v p99 %v, want 51 and 100", p50, p99)
+	}
+	if left, _ := filepath.Glob(prefix + ".*"); len(left) != 0 {
+		t.Errorf("logs left behind: %v", left)
+	}
+	if p50, p99 := pgbenchPercentiles(prefix); p50 != 0 || p99 != 0 {
+		t.Errorf("no logs: %v %v, want zeros", p50, p99)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -29,6 +30,10 @@ type Pgbench struct {
 	Clients   int     `json:"clients"`
 	TPS       float64 `json:"tps"`
 	LatencyMS float64 `json:"latency_avg_ms"`
+	// P50MS and P99MS are percentiles of the transactions' latencies,
+	// from pgbench's per-transaction log; zero when it wrote none.
+	P50MS     float64 `json:"p50_ms,omitempty"`
+	P99MS     float64 `json:"p99_ms,omitempty"`
 	Processed int64   `json:"transactions"`
 	Failed    int64   `json:"failed"`
 	Script    string  `json:"script"`
@@ -128,8 +133,9 @@ func runPgbench(ctx context.Context, bin, dir, dbURL, script string, clients int
 	}
 	secs := max(1, int(math.Round(d.Seconds())))
 	threads := max(1, min(clients, numCPU()))
+	logPrefix := filepath.Join(dir, "pgbench-log-"+strings.TrimSuffix(script, ".sql"))
 	args := []string{"-n", "-M", "prepared", "-c", strconv.Itoa(clients), "-j", strconv.Itoa(threads),
-		"-T", strconv.Itoa(secs), "-f", path,
+		"-T", strconv.Itoa(secs), "-f", path, "-l", "--log-prefix", logPrefix,
 		"-D", "minpk=" + strconv.FormatInt(f.minPK, 10), "-D", "maxpk=" + strconv.FormatInt(f.maxPK, 10),
 		dbURL}
 	// A run that hangs (a lock, a server gone) must not hold the harness:
@@ -143,6 +149,7 @@ func runPgbench(ctx context.Context, bin, dir, dbURL, script string, clients int
 	out := stdout.String()
 	parsed, parseErr := parsePgbench(out)
 	parsed.Clients, parsed.Script = clients, script
+	parsed.P50MS, parsed.P99MS = pgbenchPercentiles(logPrefix)
 	switch {
 	case runErr != nil:
 		return parsed, fmt.Errorf("bench: pgbench %s: %v\n%s%s", script, runErr, tail(stderr.String(), 10), tail(out, 10))
@@ -186,6 +193,46 @@ func parsePgbench(out string) (Pgbench, error) {
 		return p, errors.New("pgbench processed no transactions")
 	}
 	return p, nil
+}
+
+// pgbenchPercentiles reads the per-transaction logs pgbench -l wrote with
+// prefix (one file per thread) and removes them, answering the median and
+// the 99th percentile of the latencies (the third field, in µs) in ms;
+// zeros when there are none.
+func pgbenchPercentiles(prefix string) (p50, p99 float64) {
+	files, _ := filepath.Glob(prefix + ".*")
+	var us []int64
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		_ = os.Remove(f)
+		if err != nil {
+			continue
+		}
+		us = append(us, pgbenchLatencies(string(b))...)
+	}
+	if len(us) == 0 {
+		return 0, 0
+	}
+	slices.Sort(us)
+	at := func(q float64) float64 { return float64(us[min(len(us)-1, int(q*float64(len(us))))]) / 1000 }
+	return at(0.50), at(0.99)
+}
+
+// pgbenchLatencies are the latencies (µs) of a pgbench -l log: lines of
+// "client transaction latency script epoch µs"; lines that do not parse
+// (a skipped transaction's "skipped") are left out.
+func pgbenchLatencies(log string) []int64 {
+	var us []int64
+	for line := range strings.Lines(log) {
+		fields := strings.Fields(line)
+		if len(fields) < 3 {
+			continue
+		}
+		if v, err := strconv.ParseInt(fields[2], 10, 64); err == nil && v >= 0 {
+			us = append(us, v)
+		}
+	}
+	return us
 }
 
 func tail(s string, n int) string {

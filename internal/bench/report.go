@@ -50,6 +50,9 @@ func Markdown(rep *Report) string {
 			} else {
 				tps = fmt.Sprintf("%s/s", thousands(p.TPS))
 				lat = fmt.Sprintf("%.2f ms avg", p.LatencyMS)
+				if p.P99MS > 0 {
+					lat += fmt.Sprintf(", p99 %.2f ms", p.P99MS)
+				}
 				if r.Ratio > 0 {
 					ratio = fmt.Sprintf("%.2f×", r.Ratio)
 				}
