@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -99,6 +100,12 @@ func (s *server) start(ctx context.Context, logFlag int) (startTimes, error) {
 		return st, fmt.Errorf("bench: start server: %w", err)
 	}
 	defer logFile.Close()
+	// This start's log begins where the last one's ended: the URL is
+	// looked for there, not in millions of access log lines before it.
+	logStart, err := logFile.Seek(0, io.SeekEnd)
+	if err != nil {
+		return st, fmt.Errorf("bench: start server: %w", err)
+	}
 	stdout := &lockedBuffer{match: servingRE, matched: make(chan struct{})}
 	s.exited, s.waitErr = make(chan struct{}), nil
 	s.cmd = exec.Command(s.bin, "serve")
@@ -133,7 +140,7 @@ func (s *server) start(ctx context.Context, logFlag int) (startTimes, error) {
 		s.stop()
 		return st, ctx.Err()
 	}
-	s.dbURL = s.findDatabaseURL()
+	s.dbURL = s.findDatabaseURL(logStart)
 	if s.dbURL == "" {
 		s.stop()
 		return st, fmt.Errorf("bench: registryd serve runs, but its log names no embedded PostgreSQL URL; last log lines:\n%s", s.logTail(20))
@@ -163,13 +170,16 @@ func (s *server) restart(ctx context.Context) (startTimes, error) {
 
 // findDatabaseURL reads the embedded cluster's URL from the server's log
 // ("pglocal: cluster ready"), which names the socket directory however it
-// was chosen: the last one, which is this start's after a restart.
-func (s *server) findDatabaseURL() string {
+// was chosen: the last one from offset on, which is this start's.
+func (s *server) findDatabaseURL(offset int64) string {
 	f, err := os.Open(s.stderr)
 	if err != nil {
 		return ""
 	}
 	defer f.Close()
+	if _, err := f.Seek(offset, io.SeekStart); err != nil {
+		return ""
+	}
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	url := ""
@@ -177,6 +187,9 @@ func (s *server) findDatabaseURL() string {
 		var line struct {
 			Msg string `json:"msg"`
 			URL string `json:"url"`
+		}
+		if !bytes.Contains(sc.Bytes(), []byte("cluster ready")) {
+			continue
 		}
 		if json.Unmarshal(sc.Bytes(), &line) == nil && strings.Contains(line.Msg, "cluster ready") && line.URL != "" {
 			url = line.URL
