@@ -2,6 +2,7 @@ package nodecache
 
 import (
 	"context"
+	"net/netip"
 	"slices"
 	"sync"
 	"time"
@@ -65,11 +66,10 @@ func (c *Cache) deleteLocked(pk int64) {
 	c.index.free.Delete(pk)
 }
 
-// buryLocked remembers that node pk was deleted while tracking; c.mu held.
+// buryLocked remembers for tombstoneAge that node pk was deleted, drops
+// or not: a write of this replica applied late must not bring it back,
+// whenever tracking starts; c.mu held.
 func (c *Cache) buryLocked(pk int64, now time.Time) {
-	if !c.tracking {
-		return
-	}
 	if len(c.tombs) >= 4096 && now.Sub(c.tombsPruned) > time.Second {
 		for pk, at := range c.tombs {
 			if now.Sub(at) > tombstoneAge {
@@ -80,6 +80,34 @@ func (c *Cache) buryLocked(pk int64, now time.Time) {
 	}
 	c.tombs[pk] = now
 }
+
+// beatAge is how long a heartbeat of a node not cached is kept while
+// tracking, for the node's creation event to arrive and take it: the
+// notification of a flush can come before the event that creates the
+// node, which is sequenced after its commit.
+const beatAge = 10 * time.Second
+
+// noteBeatLocked keeps a heartbeat of node pk, not cached, while tracking;
+// c.mu held.
+func (c *Cache) noteBeatLocked(pk int64, seen, now time.Time) {
+	if !c.tracking {
+		return
+	}
+	if len(c.beats) >= 4096 && now.Sub(c.beatsPruned) > time.Second {
+		for pk, b := range c.beats {
+			if now.Sub(b.at) > beatAge {
+				delete(c.beats, pk)
+			}
+		}
+		c.beatsPruned = now
+	}
+	if b, ok := c.beats[pk]; !ok || seen.After(b.seen) {
+		c.beats[pk] = beat{seen: seen, at: now}
+	}
+}
+
+// beat is a heartbeat kept for a node not cached yet.
+type beat struct{ seen, at time.Time }
 
 // ListNodes returns the nodes matching f in pk order, as the Loader's
 // ListNodes would: from memory when the cache serves and holds the whole
@@ -171,6 +199,19 @@ func onlyFree(f registry.NodeFilter) bool {
 	return f.Free != nil && *f.Free || len(f.State) > 0 && !slices.ContainsFunc(f.State, func(s registry.State) bool { return s != registry.StateFree })
 }
 
+// sameAddr compares two addresses as PostgreSQL compares inet values: a
+// filter's address is in Go's canonical text, a node's in PostgreSQL's
+// (host()), and the two spell some addresses differently (::1.2.3.4 is
+// ::102:304 to Go).
+func sameAddr(a, b string) bool {
+	if a == b {
+		return true
+	}
+	x, errX := netip.ParseAddr(a)
+	y, errY := netip.ParseAddr(b)
+	return errX == nil && errY == nil && x == y
+}
+
 // matches is the store's WHERE clause for f (store.query.where) in Go, for
 // a cached node, whose State is current (the feed's documents carry it).
 func matches(f registry.NodeFilter, n *registry.Node) bool {
@@ -191,7 +232,7 @@ func matches(f registry.NodeFilter, n *registry.Node) bool {
 		return false
 	case f.MinCPUMem != nil && n.CPUMem < *f.MinCPUMem:
 		return false
-	case f.IP != nil && *f.IP != n.IP:
+	case f.IP != nil && !sameAddr(*f.IP, n.IP):
 		return false
 	case f.Index != nil && *f.Index != n.Index:
 		return false

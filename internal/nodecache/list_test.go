@@ -237,9 +237,13 @@ func TestListFollowsFeed(t *testing.T) {
 	page := func(f registry.NodeFilter) []int64 {
 		t.Helper()
 		f.Limit = 1000
+		before := a.cache.Stats().ListHits
 		nodes, err := a.cache.ListNodes(ctx, f)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if a.cache.Stats().ListHits != before+1 {
+			t.Fatalf("list %+v read from PostgreSQL, want from memory", f)
 		}
 		return pksOf(nodes)
 	}

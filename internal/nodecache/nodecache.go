@@ -105,8 +105,10 @@ type Cache struct {
 	// tracking began, the cache is complete: it holds every node, and
 	// answers lists.
 	tracking, complete, evicted bool
-	tombs                       map[int64]time.Time // deleted while tracking, when
+	tombs                       map[int64]time.Time // deleted, when (kept through drops)
 	tombsPruned                 time.Time
+	beats                       map[int64]beat // heartbeats of nodes not cached, while tracking
+	beatsPruned                 time.Time
 	// touched, while a preload batch is being read (non-nil), notes the
 	// pks the feed changed or deleted (zero time) or heartbeats touched
 	// (the newest last_seen) meanwhile; see Preload.
@@ -148,7 +150,7 @@ func New(load Loader, opts Options) *Cache {
 	}
 	return &Cache{load: load, size: opts.Size, maxStale: opts.MaxStale, liveness: opts.LivenessChannel,
 		logger: opts.Logger, nodes: map[int64]*registry.Node{}, index: newIndex(), fills: map[int64]*fill{},
-		tombs: map[int64]time.Time{}}
+		tombs: map[int64]time.Time{}, beats: map[int64]beat{}}
 }
 
 // servingLocked reports whether the feed is proven current enough to
@@ -221,6 +223,10 @@ func (c *Cache) readThrough(ctx context.Context, pk int64) (registry.Node, error
 // installLocked puts n in the cache unless a newer version is there,
 // evicting at random when full; c.mu held.
 func (c *Cache) installLocked(n registry.Node) {
+	if b, ok := c.beats[n.PK]; ok {
+		n = withLastSeen(n, b.seen)
+		delete(c.beats, n.PK)
+	}
 	if cur, ok := c.nodes[n.PK]; ok {
 		c.setLocked(pack(newer(*cur, n)))
 		return
@@ -433,7 +439,7 @@ func (c *Cache) dropLocked(reason string) {
 	clear(c.nodes)
 	c.index = newIndex()
 	c.tracking, c.complete, c.evicted = false, false, false
-	clear(c.tombs)
+	clear(c.beats) // tombs stay: see buryLocked
 	c.proofs = c.proofs[:0]
 	c.current = time.Time{}
 	c.since = time.Now()
@@ -444,6 +450,7 @@ func (c *Cache) Notified(channel, payload string) {
 	if channel != c.liveness {
 		return
 	}
+	now := time.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	err := registry.ParseLiveness(payload, func(pk int64, seen time.Time) {
@@ -455,7 +462,11 @@ func (c *Cache) Notified(channel, payload string) {
 				c.touched[pk] = seen
 			}
 		}
-		if n, ok := c.nodes[pk]; ok && (n.LastSeen == nil || seen.After(*n.LastSeen)) {
+		n, ok := c.nodes[pk]
+		switch {
+		case !ok:
+			c.noteBeatLocked(pk, seen, now)
+		case n.LastSeen == nil || seen.After(*n.LastSeen):
 			c.setLocked(pack(withLastSeen(*n, seen)))
 		}
 	})
@@ -551,6 +562,10 @@ func (c *Cache) preloadOnce(ctx context.Context, list Lister) bool {
 	var after int64
 	installed := 0
 	c.mu.Lock()
+	if !c.servingLocked(time.Now()) {
+		c.mu.Unlock()
+		return false // dropped or lapsed since waitServing: wait again
+	}
 	if !c.tracking {
 		// From here on the feed installs what it brings; the pages
 		// bring the rest.
@@ -592,7 +607,13 @@ func (c *Cache) preloadOnce(ctx context.Context, list Lister) bool {
 			seen, ok := touched[n.PK]
 			switch {
 			case ok && seen.IsZero():
-				continue // changed while read: the page may be older
+				// Changed while read: the page may be older. Its
+				// last_seen may still be newer than the feed's copy's
+				// (heartbeats skip the feed); it only moves forward.
+				if cur := c.nodes[n.PK]; cur != nil && n.LastSeen != nil && (cur.LastSeen == nil || n.LastSeen.After(*cur.LastSeen)) {
+					c.setLocked(pack(withLastSeen(*cur, *n.LastSeen)))
+				}
+				continue
 			case ok:
 				n = withLastSeen(n, seen)
 			}
