@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/netip"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/google/btree"
@@ -135,8 +134,12 @@ func cachedFilter(f registry.NodeFilter) bool {
 // pages hold the slices pages from memory are returned in, for reuse
 // (Recycle): a page of 100 nodes is 24 KB, and schedulers read thousands
 // of pages a second; fresh ones made the garbage collector run several
-// times a second, marking the whole cache each time.
-var pages sync.Pool
+// times a second, marking the whole cache each time. A bounded free list,
+// not a sync.Pool: pages read from PostgreSQL are handed back too, and
+// while the cache does not answer lists nothing takes them out again; a
+// pool would keep them all until the next collection (hundreds of MB at a
+// million nodes).
+var pages = make(chan []registry.Node, 64)
 
 // maxRecycled bounds the pages kept for reuse, in nodes.
 const maxRecycled = 1024
@@ -150,7 +153,10 @@ func (c *Cache) Recycle(page []registry.Node) {
 	}
 	page = page[:cap(page)]
 	clear(page)
-	pages.Put(&page)
+	select {
+	case pages <- page[:0]:
+	default: // enough kept
+	}
 }
 
 // listCached is a page of f from memory; false when the cache cannot
@@ -165,9 +171,9 @@ func (c *Cache) listCached(f registry.NodeFilter) ([]registry.Node, bool) {
 		return nil, false
 	}
 	var out []registry.Node
-	if p, ok := pages.Get().(*[]registry.Node); ok {
-		out = (*p)[:0]
-	} else {
+	select {
+	case out = <-pages:
+	default:
 		out = make([]registry.Node, 0, min(f.Limit, 128))
 	}
 	if f.PK != nil {
