@@ -489,7 +489,22 @@ func (s *Store) recordImported(ctx context.Context, actor registry.Actor, kind, 
 		}
 	}
 	deleted := kind == "deleted"
-	_, err := s.db.Exec(ctx, `
+	_, err := s.db.Exec(ctx, recordNodesSQL,
+		pks, docs, befores, kind, actor.Sub, string(actor.Role), actor.ActingNode, action, deleted,
+		actor.RequestID, actor.ClientRequestID, ChangesChannel)
+	if err != nil {
+		return fmt.Errorf("store: record %s: %w", kind, translate(err))
+	}
+	return nil
+}
+
+// recordNodesSQL writes nodes' change-log rows and audit entries and
+// notifies the change, in one statement: $1 pks, $2 their documents (the
+// change log's, the entries' "after"), $3 their "before" documents, $4 the
+// change's kind, $5..$8 the actor (principal, role, acting node) and the
+// action, $9 true for a deletion (the entry's before is the document,
+// after is null), $10, $11 the request ids, $12 the channel.
+const recordNodesSQL = `
 		WITH u AS MATERIALIZED (
 			SELECT * FROM unnest($1::bigint[], $2::jsonb[], $3::jsonb[]) AS u(pk, doc, before)
 		), changes AS (
@@ -501,11 +516,4 @@ func (s *Store) recordImported(ctx context.Context, actor registry.Actor, kind, 
 				nullif($10, ''), nullif($11, '')
 			FROM u
 		)
-		SELECT pg_notify($12, '')`,
-		pks, docs, befores, kind, actor.Sub, string(actor.Role), actor.ActingNode, action, deleted,
-		actor.RequestID, actor.ClientRequestID, ChangesChannel)
-	if err != nil {
-		return fmt.Errorf("store: record %s: %w", kind, translate(err))
-	}
-	return nil
-}
+		SELECT pg_notify($12, '')`

@@ -990,17 +990,7 @@ func queueRecord(b *pgx.Batch, actor registry.Actor, kind, action string, nodes 
 		buf = beforeOf(n).appendJSON(buf[:0])
 		befores[i] = string(buf)
 	}
-	b.Queue(`
-		WITH u AS MATERIALIZED (
-			SELECT * FROM unnest($1::bigint[], $2::jsonb[], $3::jsonb[]) AS u(pk, doc, before)
-		), changes AS (
-			INSERT INTO node_changes (kind, node_pk, doc) SELECT $4, u.pk, u.doc FROM u
-		), audit AS (
-			INSERT INTO audit_log (principal, role, acting_node, action, target_type, target_pk, before, after, request_id, client_request_id)
-			SELECT $5, $6, $7, $8, 'node', u.pk, u.before, u.doc, nullif($9, ''), nullif($10, '')
-			FROM u
-		)
-		SELECT pg_notify($11, '')`,
-		pks, docs, befores, kind, actor.Sub, string(actor.Role), actor.ActingNode, action,
+	b.Queue(recordNodesSQL,
+		pks, docs, befores, kind, actor.Sub, string(actor.Role), actor.ActingNode, action, false,
 		actor.RequestID, actor.ClientRequestID, ChangesChannel)
 }
