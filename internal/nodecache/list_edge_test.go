@@ -131,10 +131,7 @@ func TestListDeleteDuringPage(t *testing.T) {
 			return ok
 		})
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); a.cache.Preload(ctx, lister(a.store, during)) }()
-	defer func() { cancel(); <-done }()
+	startPreload(t, a, during)
 	apitest.Eventually(t, 5*time.Second, "complete", func() bool { return a.cache.Stats().Complete })
 	pk := n1.PK
 	if got, ok := a.cache.listCached(registry.NodeFilter{PK: &pk, Limit: 1}); ok && len(got) == 1 {

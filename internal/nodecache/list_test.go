@@ -15,14 +15,21 @@ import (
 	"github.com/registryd/registryd/internal/store"
 )
 
+// startPreload runs r's preload, its pages read through during (nil:
+// none), until the test ends.
+func startPreload(t *testing.T, r *replica, during func(page []registry.Node)) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); r.cache.Preload(ctx, lister(r.store, during)) }()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
 // preload runs r's preload until the test ends and waits until the cache
 // holds the whole fleet.
 func preload(t *testing.T, r *replica) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); r.cache.Preload(ctx, lister(r.store, nil)) }()
-	t.Cleanup(func() { cancel(); <-done })
+	startPreload(t, r, nil)
 	apitest.Eventually(t, 10*time.Second, "the cache holds the whole fleet", func() bool { return r.cache.Stats().Complete })
 }
 

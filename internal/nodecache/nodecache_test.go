@@ -409,10 +409,7 @@ func TestPreload(t *testing.T) {
 		SELECT '10.1.0.0'::inet + (g / 8), g % 8, 1024, '550' FROM generate_series(0, 7999) g`); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); a.cache.Preload(ctx, lister(a.store, nil)) }()
-	defer func() { cancel(); <-done }()
+	startPreload(t, a, nil)
 	apitest.Eventually(t, 10*time.Second, "the preload fills the cache to its bound", func() bool { return a.cache.Stats().Size == 7000 })
 	var pks []int64
 	if err := pgxscan(a.store, &pks, `SELECT pk FROM nodes ORDER BY pk LIMIT 7000`); err != nil {
@@ -458,10 +455,7 @@ func TestPreloadStalePageAndDrop(t *testing.T) {
 			return ok
 		})
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); a.cache.Preload(ctx, lister(a.store, during)) }()
-	defer func() { cancel(); <-done }()
+	startPreload(t, a, during)
 	// The feed installs n1's update (the cache tracks the whole fleet
 	// from the preload's start); the page's older n1 is not installed
 	// over it.
