@@ -30,6 +30,10 @@
 // install a version older than the feed already delivered: while a read
 // is in flight, every event and heartbeat for its pk is noted on the fill,
 // and the fill installs the newer of what it read and what it noted.
+//
+// Lists (list.go) are answered from memory only while the cache holds the
+// whole fleet (Cache.tracking, Cache.complete), with the same consistency
+// as a read by pk; otherwise they read PostgreSQL.
 package nodecache
 
 import (
