@@ -28,6 +28,7 @@ type config struct {
 	Migrate         bool          // REGISTRY_MIGRATE: migrate up at start
 	LogLevel        slog.Level    // REGISTRY_LOG_LEVEL
 	LogFormat       string        // REGISTRY_LOG_FORMAT: json or text
+	LogHeartbeats   bool          // REGISTRY_LOG_HEARTBEATS: an access log line for every successful ping too
 	MaxConns        int32         // REGISTRY_DB_MAX_CONNS
 	AcquireTimeout  time.Duration // REGISTRY_DB_ACQUIRE_TIMEOUT: bound on the wait for a pooled connection
 	ShutdownTimeout time.Duration // REGISTRY_SHUTDOWN_TIMEOUT
@@ -139,6 +140,13 @@ func loadCommandConfig(cmd cmdSet, rawenv func(string) string) (config, error) {
 		c.Migrate = b
 	}
 	c.LogLevel, c.LogFormat = loadLogging(getenv, defaultLogFormat(cmd), &errs)
+	if v := getenv("REGISTRY_LOG_HEARTBEATS"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			errs = append(errs, fmt.Sprintf("REGISTRY_LOG_HEARTBEATS=%q: want true or false", v))
+		}
+		c.LogHeartbeats = b
+	}
 	if v := getenv("REGISTRY_DB_MAX_CONNS"); v != "" {
 		n, err := strconv.ParseInt(v, 10, 32)
 		if err != nil || n < 1 {

@@ -113,3 +113,15 @@ func TestServeNodeCacheAcrossReplicas(t *testing.T) {
 		t.Fatalf("list pages from memory %v, want %v", got, pages+1)
 	}
 }
+
+func TestLogHeartbeatsConfig(t *testing.T) {
+	for v, want := range map[string]bool{"": false, "false": false, "true": true, "1": true} {
+		c, err := loadConfig(envFunc(map[string]string{"REGISTRY_LOG_HEARTBEATS": v}))
+		if err != nil || c.LogHeartbeats != want {
+			t.Errorf("REGISTRY_LOG_HEARTBEATS=%q: %v, %v; want %v", v, c.LogHeartbeats, err, want)
+		}
+	}
+	if _, err := loadConfig(envFunc(map[string]string{"REGISTRY_LOG_HEARTBEATS": "sometimes"})); err == nil || !strings.Contains(err.Error(), "REGISTRY_LOG_HEARTBEATS") {
+		t.Errorf("REGISTRY_LOG_HEARTBEATS=sometimes: %v, want an error naming the variable", err)
+	}
+}

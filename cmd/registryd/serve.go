@@ -401,6 +401,8 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 		Ready:      schemaReady(db.store),
 		Metrics:    apiMetrics(m, metricsLn),
 		Observer:   m,
+
+		LogHeartbeats: cfg.LogHeartbeats,
 	})
 	srv := newHTTPServer(ctx, handler, logger)
 	// Idle keep-alive connections make room for new clients once the

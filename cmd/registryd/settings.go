@@ -126,6 +126,8 @@ var settings = []setting{
 		Meaning: "host:port of a separate listener for /metrics (then not served on the API port)"},
 	{Name: "REGISTRY_METRICS_FLEET_INTERVAL", Default: "15s", value: "15s", Cmds: cmdServe,
 		Meaning: "least time between two counts of the fleet for /metrics (15s..1h)"},
+	{Name: "REGISTRY_LOG_HEARTBEATS", Default: "false", value: "false", Cmds: cmdServe,
+		Meaning: "true: an access log line for every successful GET /v1/nodes/ping too (by default only failed pings are logged)"},
 	{Name: "REGISTRY_PPROF", Default: "false", value: "false", Cmds: cmdServe,
 		Meaning: "true: serve Go profiles at /debug/pprof/ on REGISTRY_METRICS_LISTEN, which must be loopback"},
 	{Name: "REGISTRY_NODE_TTL", Default: "60s", value: "60s", Cmds: cmdServe,

@@ -2,6 +2,7 @@ package api_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -237,4 +238,34 @@ func TestDatabaseUnavailable(t *testing.T) {
 	}
 	// Validation does not need the database: bad input is still a 400.
 	b.must(http.StatusBadRequest, b.do("POST", "/v1/nodes/create", `{"ip":"x"}`))
+}
+
+// A successful ping is counted, not logged, unless LogHeartbeats asks for
+// it; a failed ping and every other request are logged.
+func TestHeartbeatAccessLog(t *testing.T) {
+	for _, logBeats := range []bool{false, true} {
+		t.Run(fmt.Sprint(logBeats), func(t *testing.T) { heartbeatAccessLog(t, logBeats) })
+	}
+}
+
+func heartbeatAccessLog(t *testing.T, logBeats bool) {
+	logs := &apitest.Buffer{}
+	b := setup(t, func(c *api.Config) {
+		c.Logger = slog.New(slog.NewJSONHandler(logs, nil))
+		c.LogHeartbeats = logBeats
+	})
+	b.must(http.StatusOK, b.do("GET", "/v1/nodes/ping", nil))
+	b.must(http.StatusOK, b.do("GET", "/healthz", nil))
+	b.must(http.StatusBadRequest, b.do("GET", "/v1/nodes/ping", nil, "Node-Id", "x"))
+	lines := map[string]int{}
+	for line := range strings.Lines(logs.String()) {
+		var l struct{ Msg, Path string }
+		if json.Unmarshal([]byte(line), &l) == nil && l.Msg == "request" {
+			lines[l.Path]++
+		}
+	}
+	if want := map[bool]int{false: 1, true: 2}[logBeats]; lines["/v1/nodes/ping"] != want || lines["/healthz"] != 1 {
+		t.Errorf("LogHeartbeats %v: request lines by path %v, want %d for ping (the failed one%s) and 1 for /healthz",
+			logBeats, lines, want, map[bool]string{false: "", true: " and the successful one"}[logBeats])
+	}
 }
