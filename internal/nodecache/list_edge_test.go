@@ -100,8 +100,8 @@ func TestListLateWriteAfterDropAndDelete(t *testing.T) {
 	a.cache.Wrote(old)
 	pk := x.PK
 	got, ok := a.cache.listCached(registry.NodeFilter{PK: &pk, Limit: 1})
-	if ok && len(got) == 1 {
-		t.Errorf("complete cache lists deleted node %d", pk)
+	if !ok || len(got) != 0 {
+		t.Errorf("from memory %v: complete cache lists %v, want deleted node %d absent", ok, pksOf(got), pk)
 	}
 }
 
@@ -134,7 +134,7 @@ func TestListDeleteDuringPage(t *testing.T) {
 	startPreload(t, a, during)
 	apitest.Eventually(t, 5*time.Second, "complete", func() bool { return a.cache.Stats().Complete })
 	pk := n1.PK
-	if got, ok := a.cache.listCached(registry.NodeFilter{PK: &pk, Limit: 1}); ok && len(got) == 1 {
-		t.Fatalf("deleted node %d listed from a complete cache", pk)
+	if got, ok := a.cache.listCached(registry.NodeFilter{PK: &pk, Limit: 1}); !ok || len(got) != 0 {
+		t.Fatalf("from memory %v: listed %v, want deleted node %d absent from a complete cache", ok, pksOf(got), pk)
 	}
 }
