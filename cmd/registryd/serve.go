@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"time"
 
 	registryd "github.com/registryd/registryd"
@@ -267,6 +268,15 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 	logs := logbatch.New(stderr, 0, 0)
 	defer logs.Flush()
 	logger := newLogger(cfg, logs)
+	// More Ps than cores while PostgreSQL shares them (see procsFactor).
+	_, procsSet := os.LookupEnv("GOMAXPROCS")
+	prev := runtime.GOMAXPROCS(0)
+	if n := procsPlan(prev, runtime.NumCPU(), procsSet, databaseIsLocal(cfg.DatabaseURL)); n != prev {
+		runtime.GOMAXPROCS(n)
+		defer runtime.GOMAXPROCS(prev)
+		logger.Info("PostgreSQL shares this machine's cores: running more Go Ps than cores (set GOMAXPROCS to choose)",
+			"gomaxprocs", n, "cores", runtime.NumCPU())
+	}
 	// Cancelled on a signal, or when the embedded database is lost for
 	// good: either way every background loop below stops.
 	ctx, cancel := context.WithCancel(ctx)
