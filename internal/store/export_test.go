@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/registryd/registryd/internal/registry"
 )
@@ -40,4 +41,48 @@ func ClaimStatement(c registry.Claim) (string, []any) {
 	}
 	queueClaim(b, c, on, new([]registry.Node))
 	return b.QueuedQueries[0].SQL, b.QueuedQueries[0].Arguments
+}
+
+// ScanBothWays reads every node with the store's select list and returns
+// each row decoded from its bytes (rawscan.go) and scanned through pgx,
+// and whether the rows' shape is one decodeNode reads.
+func ScanBothWays(ctx context.Context, db *pgxpool.Pool) (decoded, scanned []registry.Node, raw bool, err error) {
+	rows, err := db.Query(ctx, `SELECT `+nodeColumns+` FROM nodes ORDER BY pk`)
+	if err != nil {
+		return nil, nil, false, err
+	}
+	defer rows.Close()
+	raw = rawDecodable(rows.FieldDescriptions())
+	var dec nodeDecoder
+	var n registry.Node
+	dests := nodeDests(&n)
+	for rows.Next() {
+		var d registry.Node
+		if err := dec.decodeNode(rows.RawValues(), &d); err != nil {
+			return nil, nil, raw, err
+		}
+		d.State = d.DeriveState()
+		n = registry.Node{}
+		if err := rows.Scan(dests...); err != nil {
+			return nil, nil, raw, err
+		}
+		n.State = n.DeriveState()
+		decoded, scanned = append(decoded, d), append(scanned, n.UTC())
+	}
+	return decoded, scanned, raw, rows.Err()
+}
+
+// ListDecodable reports whether the rows of ListNodes' statement for f are
+// decoded from their bytes.
+func ListDecodable(ctx context.Context, db *pgxpool.Pool, f registry.NodeFilter) (bool, error) {
+	if err := f.Normalize(); err != nil {
+		return false, err
+	}
+	sql, args := listQuery(f)
+	rows, err := db.Query(ctx, sql, args...)
+	if err != nil {
+		return false, err
+	}
+	defer rows.Close()
+	return rawDecodable(rows.FieldDescriptions()), nil
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/registryd/registryd/internal/registry"
 )
@@ -36,28 +37,29 @@ func withLiveness(alias string) string { return columns(alias, "l.last_seen") }
 // so a new column is one line.
 var nodeFields = [...]struct {
 	expr string
+	oid  uint32 // its type, as decodeNode reads it
 	dest func(n *registry.Node) any
 }{
-	{"{t}.pk", func(n *registry.Node) any { return &n.PK }},
-	{"host({t}.ip)", func(n *registry.Node) any { return &n.IP }},
-	{"{t}.gpu_index", func(n *registry.Node) any { return &n.Index }},
-	{"{t}.cpu_mem", func(n *registry.Node) any { return &n.CPUMem }},
-	{"{t}.driver_version", func(n *registry.Node) any { return &n.DriverVersion }},
-	{"{t}.hardware_generation", func(n *registry.Node) any { return &n.HardwareGeneration }},
-	{"{t}.gpu_mem", func(n *registry.Node) any { return &n.GPUMem }},
-	{"{last_seen}", func(n *registry.Node) any { return &n.LastSeen }},
-	{"{t}.current_job", func(n *registry.Node) any { return &n.CurrentJob }},
-	{"{t}.lease_expires_at", func(n *registry.Node) any { return &n.LeaseExpiresAt }},
-	{"{t}.owner", func(n *registry.Node) any { return &n.Owner }},
-	{"{t}.source", func(n *registry.Node) any { return &n.Source }},
-	{"{t}.schedulable", func(n *registry.Node) any { return &n.Schedulable }},
-	{"{t}.lost", func(n *registry.Node) any { return &n.Lost }},
-	{"{t}.cordon_reason", func(n *registry.Node) any { return &n.CordonReason }},
-	{"{t}.external_id", func(n *registry.Node) any { return &n.ExternalID }},
-	{"{t}.provider_state", func(n *registry.Node) any { return &n.ProviderState }},
-	{"{t}.created_at", func(n *registry.Node) any { return &n.CreatedAt }},
-	{"{t}.updated_at", func(n *registry.Node) any { return &n.UpdatedAt }},
-	{"{t}.version", func(n *registry.Node) any { return &n.Version }},
+	{"{t}.pk", pgtype.Int8OID, func(n *registry.Node) any { return &n.PK }},
+	{"host({t}.ip)", pgtype.TextOID, func(n *registry.Node) any { return &n.IP }},
+	{"{t}.gpu_index", pgtype.Int4OID, func(n *registry.Node) any { return &n.Index }},
+	{"{t}.cpu_mem", pgtype.Int8OID, func(n *registry.Node) any { return &n.CPUMem }},
+	{"{t}.driver_version", pgtype.TextOID, func(n *registry.Node) any { return &n.DriverVersion }},
+	{"{t}.hardware_generation", pgtype.Int8OID, func(n *registry.Node) any { return &n.HardwareGeneration }},
+	{"{t}.gpu_mem", pgtype.Int8OID, func(n *registry.Node) any { return &n.GPUMem }},
+	{"{last_seen}", pgtype.TimestamptzOID, func(n *registry.Node) any { return &n.LastSeen }},
+	{"{t}.current_job", pgtype.Int8OID, func(n *registry.Node) any { return &n.CurrentJob }},
+	{"{t}.lease_expires_at", pgtype.TimestamptzOID, func(n *registry.Node) any { return &n.LeaseExpiresAt }},
+	{"{t}.owner", pgtype.TextOID, func(n *registry.Node) any { return &n.Owner }},
+	{"{t}.source", pgtype.TextOID, func(n *registry.Node) any { return &n.Source }},
+	{"{t}.schedulable", pgtype.BoolOID, func(n *registry.Node) any { return &n.Schedulable }},
+	{"{t}.lost", pgtype.BoolOID, func(n *registry.Node) any { return &n.Lost }},
+	{"{t}.cordon_reason", pgtype.TextOID, func(n *registry.Node) any { return &n.CordonReason }},
+	{"{t}.external_id", pgtype.TextOID, func(n *registry.Node) any { return &n.ExternalID }},
+	{"{t}.provider_state", pgtype.TextOID, func(n *registry.Node) any { return &n.ProviderState }},
+	{"{t}.created_at", pgtype.TimestamptzOID, func(n *registry.Node) any { return &n.CreatedAt }},
+	{"{t}.updated_at", pgtype.TimestamptzOID, func(n *registry.Node) any { return &n.UpdatedAt }},
+	{"{t}.version", pgtype.Int8OID, func(n *registry.Node) any { return &n.Version }},
 }
 
 func columns(alias, lastSeen string) string {
@@ -348,19 +350,19 @@ func (s *Store) ListNodes(ctx context.Context, f registry.NodeFilter) ([]registr
 		return nil, fmt.Errorf("store: list nodes: %w", translate(err))
 	}
 	defer rows.Close()
-	// One set of scan destinations for every row (scanNode makes one per
-	// row), and the slice sized for the page: a page of 100 is the free
-	// list schedulers read all day.
+	// Rows decoded from their bytes (rawscan.go), with one set of scan
+	// destinations for any row left to pgx, and the slice sized for the
+	// page: a page of 100 is the free list schedulers read all day.
 	nodes := make([]registry.Node, 0, min(max(f.Limit, 16), 1000))
 	var n registry.Node
 	dests := nodeDests(&n)
+	var dec nodeDecoder
+	raw := rawDecodable(rows.FieldDescriptions())
 	for rows.Next() {
-		n = registry.Node{}
-		if err := rows.Scan(dests...); err != nil {
+		if err := dec.scanNodeRow(rows, raw, &n, dests); err != nil {
 			return nil, fmt.Errorf("store: list nodes: %w", translate(err))
 		}
-		n.State = n.DeriveState()
-		nodes = append(nodes, n.UTC())
+		nodes = append(nodes, n)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("store: list nodes: %w", translate(err))

@@ -1,0 +1,208 @@
+package store
+
+import (
+	"encoding/binary"
+	"errors"
+	"math"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/registryd/registryd/internal/registry"
+)
+
+// Pages of nodes (the free pages schedulers read all day, and the keyset
+// pages of a streamed list) are decoded from the rows' wire bytes here
+// rather than through pgx's Scan: Scan plans each of a row's twenty
+// destinations through interfaces and allocates every nullable field and
+// string on its own, which made scanning a page cost more than the
+// database's work for it. A decoded node takes two allocations: its
+// strings share one, and what its pointer fields point at lives in a
+// backing shared with the page's other nodes.
+
+// nodeBacking holds what a decoded node's pointer fields point at.
+type nodeBacking struct {
+	opt [4]string    // owner, cordon_reason, external_id, provider_state
+	i64 [3]int64     // hardware_generation, gpu_mem, current_job
+	ts  [2]time.Time // last_seen, lease_expires_at
+}
+
+// nodeDecoder decodes the rows of one query.
+type nodeDecoder struct {
+	backings []nodeBacking // the unused rest of the current chunk
+}
+
+// errUndecodable is a value decodeNode does not read (an infinite time, a
+// NULL in a column that has none, a length that does not fit its type);
+// the row is scanned through pgx instead, which says what is wrong.
+var errUndecodable = errors.New("store: value not decodable")
+
+// rawDecodable reports whether rows of this shape can be decoded by
+// decodeNode: nodeFields' columns, of their types, every one but text in
+// the binary format (text is the same bytes in both).
+func rawDecodable(fds []pgconn.FieldDescription) bool {
+	if len(fds) != len(nodeFields) {
+		return false
+	}
+	for i, fd := range fds {
+		if fd.DataTypeOID != nodeFields[i].oid ||
+			fd.Format != pgx.BinaryFormatCode && fd.DataTypeOID != pgtype.TextOID {
+			return false
+		}
+	}
+	return true
+}
+
+// scanNodeRow reads the current row into a node: decoded from its bytes
+// when raw (see rawDecodable), through pgx's Scan into dests (nodeDests of
+// n) otherwise or when the bytes hold something decodeNode leaves to pgx.
+// The node's times are in UTC and its state derived, as scanNode's.
+func (d *nodeDecoder) scanNodeRow(rows pgx.Rows, raw bool, n *registry.Node, dests []any) error {
+	*n = registry.Node{}
+	if raw {
+		if err := d.decodeNode(rows.RawValues(), n); err == nil {
+			n.State = n.DeriveState()
+			return nil
+		}
+		*n = registry.Node{}
+	}
+	if err := rows.Scan(dests...); err != nil {
+		return err
+	}
+	n.State = n.DeriveState()
+	*n = n.UTC()
+	return nil
+}
+
+// decodeNode decodes vals, a row of nodeFields in rawDecodable's formats,
+// into n.
+func (d *nodeDecoder) decodeNode(vals [][]byte, n *registry.Node) error {
+	if len(vals) != len(nodeFields) {
+		return errUndecodable
+	}
+	if len(d.backings) == 0 {
+		d.backings = make([]nodeBacking, 32)
+	}
+	r := rowDecoder{b: &d.backings[0]}
+	*r.b = nodeBacking{}
+	size := 0
+	for i, f := range nodeFields {
+		if f.oid == pgtype.TextOID {
+			size += len(vals[i])
+		}
+	}
+	r.text.Grow(size) // one string for all of the row's text
+	n.PK = r.int8(vals[0])
+	n.IP = r.str(vals[1])
+	n.Index = int(r.int4(vals[2]))
+	n.CPUMem = r.int8(vals[3])
+	n.DriverVersion = r.str(vals[4])
+	n.HardwareGeneration = r.optInt(vals[5], 0)
+	n.GPUMem = r.optInt(vals[6], 1)
+	n.LastSeen = r.optTime(vals[7], 0)
+	n.CurrentJob = r.optInt(vals[8], 2)
+	n.LeaseExpiresAt = r.optTime(vals[9], 1)
+	n.Owner = r.optStr(vals[10], 0)
+	n.Source = r.str(vals[11])
+	n.Schedulable = r.bool(vals[12])
+	n.Lost = r.bool(vals[13])
+	n.CordonReason = r.optStr(vals[14], 1)
+	n.ExternalID = r.optStr(vals[15], 2)
+	n.ProviderState = r.optStr(vals[16], 3)
+	n.CreatedAt = r.time(vals[17])
+	n.UpdatedAt = r.time(vals[18])
+	n.Version = r.int8(vals[19])
+	if r.err != nil {
+		return r.err
+	}
+	d.backings = d.backings[1:]
+	return nil
+}
+
+// rowDecoder decodes one row's values; the first value it cannot decode
+// is its err.
+type rowDecoder struct {
+	b    *nodeBacking
+	text strings.Builder
+	err  error
+}
+
+func (r *rowDecoder) fail() { r.err = errUndecodable }
+
+func (r *rowDecoder) int8(v []byte) int64 {
+	if len(v) != 8 {
+		r.fail()
+		return 0
+	}
+	return int64(binary.BigEndian.Uint64(v))
+}
+
+func (r *rowDecoder) int4(v []byte) int32 {
+	if len(v) != 4 {
+		r.fail()
+		return 0
+	}
+	return int32(binary.BigEndian.Uint32(v))
+}
+
+func (r *rowDecoder) bool(v []byte) bool {
+	if len(v) != 1 {
+		r.fail()
+		return false
+	}
+	return v[0] != 0
+}
+
+// str is a NOT NULL text value, sharing the row's one string.
+func (r *rowDecoder) str(v []byte) string {
+	if v == nil {
+		r.fail()
+		return ""
+	}
+	at := r.text.Len()
+	r.text.Write(v)
+	return r.text.String()[at:]
+}
+
+// time is a NOT NULL binary timestamptz, in UTC. Infinities are left to
+// pgx.
+func (r *rowDecoder) time(v []byte) time.Time {
+	us := r.int8(v)
+	if us == math.MaxInt64 || us == math.MinInt64 {
+		r.fail()
+		return time.Time{}
+	}
+	// time.Unix takes the negative nanoseconds of a time before 2000.
+	return time.Unix(pgEpochUnix+us/1e6, us%1e6*1e3).UTC()
+}
+
+func (r *rowDecoder) optStr(v []byte, slot int) *string {
+	if v == nil {
+		return nil
+	}
+	r.b.opt[slot] = r.str(v)
+	return &r.b.opt[slot]
+}
+
+func (r *rowDecoder) optInt(v []byte, slot int) *int64 {
+	if v == nil {
+		return nil
+	}
+	r.b.i64[slot] = r.int8(v)
+	return &r.b.i64[slot]
+}
+
+func (r *rowDecoder) optTime(v []byte, slot int) *time.Time {
+	if v == nil {
+		return nil
+	}
+	r.b.ts[slot] = r.time(v)
+	return &r.b.ts[slot]
+}
+
+// pgEpochUnix is 2000-01-01 00:00:00 UTC, the zero of a binary
+// timestamptz (microseconds from it), in Unix seconds.
+const pgEpochUnix = 946684800
