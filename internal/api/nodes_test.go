@@ -1,6 +1,7 @@
 package api_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -579,5 +580,43 @@ func TestListNodesFailsMidStream(t *testing.T) {
 	resp2.Body.Close()
 	if resp2.StatusCode != http.StatusServiceUnavailable {
 		t.Errorf("first batch failing: status %d", resp2.StatusCode)
+	}
+}
+
+// A list that fits one batch is answered with its length and the same
+// bytes as the streamed form; a longer one is still streamed. (Pages of
+// several nodes: net/http itself sets the length of an answer under 2 KB.)
+func TestListOnePageFraming(t *testing.T) {
+	b := setup(t, func(c *api.Config) { c.ListBatch = 10 })
+	var pks []int64
+	for i := range 14 {
+		pks = append(pks, b.createNode(map[string]any{"ip": "10.0.2.1", "index": i, "cpu_mem": 100}))
+	}
+	for _, tc := range []struct {
+		name    string
+		body    any
+		nodes   int
+		oneShot bool
+	}{
+		{"under a batch", map[string]any{"limit": 8}, 8, true},
+		{"a limit of exactly a batch", map[string]any{"limit": 10}, 10, true},
+		{"the tail, under a batch", map[string]any{"after": pks[7]}, 6, true},
+		{"more than a batch", map[string]any{}, 14, false},
+		{"a limit above a batch", map[string]any{"limit": 12}, 12, false},
+	} {
+		r := b.must(http.StatusOK, b.do("POST", "/v1/nodes/list", tc.body))
+		if len(r.body) < 2048 {
+			t.Fatalf("%s: %d bytes; the test needs answers net/http would not measure itself", tc.name, len(r.body))
+		}
+		if got := r.header.Get("Content-Length"); (got != "") != tc.oneShot {
+			t.Errorf("%s: Content-Length %q, want one: %v", tc.name, got, tc.oneShot)
+		} else if tc.oneShot && got != strconv.Itoa(len(r.body)) {
+			t.Errorf("%s: Content-Length %s for %d bytes", tc.name, got, len(r.body))
+		}
+		var nodes []map[string]any
+		r.json(t, &nodes)
+		if len(nodes) != tc.nodes || !bytes.HasSuffix(r.body, []byte("]\n")) {
+			t.Errorf("%s: %d nodes, want %d; body %q", tc.name, len(nodes), tc.nodes, r.body)
+		}
 	}
 }
