@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/registryd/registryd/internal/registry"
@@ -796,13 +795,10 @@ func (tx *pipeTx) claimOneHost(ctx context.Context, c registry.Claim) ([]registr
 // concurrently (a delta is deleted, and so added, once). A count that falls
 // below zero means a write bypassed the triggers: an error.
 func (s *Store) FoldHostFree(ctx context.Context) error {
+	var moved int64
 	err := s.WithTx(ctx, func(tx *Store) error {
-		compact, err := tx.lockToCompactDeltas(ctx)
-		if err != nil {
-			return err
-		}
 		var lowest *int64
-		err = tx.db.QueryRow(ctx, `
+		err := tx.db.QueryRow(ctx, `
 			WITH moved AS (
 				DELETE FROM host_free_delta RETURNING ip, hardware_generation, gpu_mem, cpu_mem, source, delta
 			), sums AS (
@@ -814,14 +810,9 @@ func (s *Store) FoldHostFree(ctx context.Context) error {
 				ON CONFLICT (ip, hardware_generation, gpu_mem, cpu_mem, source) DO UPDATE SET free = h.free + excluded.free
 				RETURNING free
 			)
-			SELECT min(free) FROM folded`).Scan(&lowest)
+			SELECT (SELECT min(free) FROM folded), (SELECT count(*) FROM moved)`).Scan(&lowest, &moved)
 		if err != nil {
 			return err
-		}
-		if compact {
-			if _, err := tx.db.Exec(ctx, `TRUNCATE host_free_delta`); err != nil {
-				return err
-			}
 		}
 		if lowest == nil || *lowest > 0 {
 			return nil
@@ -835,56 +826,28 @@ func (s *Store) FoldHostFree(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("store: fold host_free: %w", translate(err))
 	}
+	if moved >= deltaVacuumRows && !s.inTx {
+		// The space the folded deltas leave stays part of the table's file
+		// until a vacuum cuts the empty tail off, and every gang claim
+		// reads the whole file for the pending deltas: after a million
+		// nodes were imported it was 1,000 empty pages, 1.3 ms of a core
+		// per gang claim, until autovacuum came. A plain VACUUM is safe for
+		// every snapshot (unlike TRUNCATE, which a backup's snapshot would
+		// see empty beside counts not yet folded). It needs the table's
+		// owner; any other role gets a warning and nothing is done. Its
+		// truncation waits for a moment without writers to the table (at
+		// most 5 s, PostgreSQL's own bound), so it runs only after large
+		// folds: imports, not the steady claims.
+		if _, err := s.db.Exec(ctx, `VACUUM host_free_delta`); err != nil {
+			return fmt.Errorf("store: vacuum host_free_delta: %w", translate(err))
+		}
+	}
 	return nil
 }
 
-// deltaCompactBytes is the size above which a fold empties
-// host_free_delta's file too (see lockToCompactDeltas): 1 MiB, 128 pages,
-// about 0.15 ms for a claim to read through.
-const deltaCompactBytes = 1 << 20
-
-// deltaCompactWait is how long a fold waits for the lock that compacting
-// takes; writers to nodes wait behind that request meanwhile.
-const deltaCompactWait = 20 * time.Millisecond
-
-// lockToCompactDeltas takes host_free_delta for itself, in the current
-// transaction, when its file has grown past deltaCompactBytes, so that the
-// fold can TRUNCATE it once the deltas are folded; true when it did.
-//
-// Why: folding deletes the deltas, and the space they leave stays part of
-// the table's file until a vacuum can cut it off, which it cannot while
-// claims keep writing. Every gang claim reads the whole file for the
-// pending deltas: after a million nodes were imported it was 1,000 empty
-// pages, 1.3 ms of one core per gang claim. The lock (ACCESS EXCLUSIVE,
-// what TRUNCATE needs) waits at most deltaCompactWait for the writers in
-// flight; when it cannot be had that soon the fold goes on without it.
-// Readers are safe: a claim's statement that waited for the lock takes its
-// snapshot after it, and so sees the folded counts and the emptied table
-// together.
-func (s *Store) lockToCompactDeltas(ctx context.Context) (bool, error) {
-	var bloated bool
-	if err := s.db.QueryRow(ctx, `SELECT pg_relation_size('host_free_delta') > $1`, int64(deltaCompactBytes)).Scan(&bloated); err != nil || !bloated {
-		return false, err
-	}
-	if _, err := s.db.Exec(ctx, `SAVEPOINT compact_deltas`); err != nil {
-		return false, err
-	}
-	var before string
-	err := s.db.QueryRow(ctx, `SELECT current_setting('lock_timeout'), set_config('lock_timeout', $1, true)`,
-		strconv.FormatInt(deltaCompactWait.Milliseconds(), 10)).Scan(&before, nil)
-	if err == nil {
-		_, err = s.db.Exec(ctx, `LOCK TABLE host_free_delta IN ACCESS EXCLUSIVE MODE`)
-	}
-	if pgErr, isPg := errors.AsType[*pgconn.PgError](err); isPg && pgErr.Code == "55P03" { // lock_not_available
-		_, err := s.db.Exec(ctx, `ROLLBACK TO SAVEPOINT compact_deltas`) // and the lock_timeout with it
-		return false, err
-	}
-	if err != nil {
-		return false, err
-	}
-	_, err = s.db.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, before) // the rest of the fold waits as before
-	return err == nil, err
-}
+// deltaVacuumRows is how many deltas one fold must move before it has
+// the table vacuumed (see FoldHostFree).
+const deltaVacuumRows = 10_000
 
 // ReleaseNodes takes nodes back from r.Job: the listed ones, or all it
 // holds. Listed nodes the job does not hold are reported, not failed.
