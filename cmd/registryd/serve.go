@@ -273,7 +273,7 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 	prev := runtime.GOMAXPROCS(0)
 	if n := procsPlan(prev, runtime.NumCPU(), procsSet, databaseIsLocal(cfg.DatabaseURL)); n != prev {
 		runtime.GOMAXPROCS(n)
-		defer runtime.GOMAXPROCS(prev)
+		defer runtime.SetDefaultGOMAXPROCS() // the runtime's own choice again, and its tracking of CPU limits
 		logger.Info("PostgreSQL shares this machine's cores: running more Go Ps than cores (set GOMAXPROCS to choose)",
 			"gomaxprocs", n, "cores", runtime.NumCPU())
 	}

@@ -77,6 +77,14 @@ func (d *nodeDecoder) scanNodeRow(rows pgx.Rows, raw bool, n *registry.Node, des
 	return nil
 }
 
+// decodedFields is how many of nodeFields decodeNode reads, by position.
+// A column added to nodeFields stops the build here until decodeNode reads
+// it too.
+const decodedFields = 20
+
+var _ [len(nodeFields) - decodedFields]struct{}
+var _ [decodedFields - len(nodeFields)]struct{}
+
 // decodeNode decodes vals, a row of nodeFields in rawDecodable's formats,
 // into n.
 func (d *nodeDecoder) decodeNode(vals [][]byte, n *registry.Node) error {
