@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/registryd/registryd/internal/pgtest"
 	"github.com/registryd/registryd/internal/store"
 )
@@ -32,57 +34,77 @@ func deltaFileBytes(t *testing.T, st *store.Store) int64 {
 	return n
 }
 
+// bloatedFleet is a store with 4 hosts of 8 nodes and rows pending deltas
+// that change no count (see bloatDeltas).
+func bloatedFleet(t *testing.T, rows int) *store.Store {
+	t.Helper()
+	st := pgtest.Open(t, pgtest.New(t), store.Options{})
+	gangFleet(t, st, 4)
+	bloatDeltas(t, st, rows)
+	return st
+}
+
+// setJob sets current_job to job on the node with the lowest pk (NULL:
+// releases it), through db: the pool or an open transaction.
+func setJob(t *testing.T, db interface {
+	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+}, job *int64) {
+	t.Helper()
+	if _, err := db.Exec(context.Background(), `UPDATE nodes SET current_job = $1 WHERE pk = (SELECT min(pk) FROM nodes)`, job); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// foldMatches folds and requires the counts to equal a recount.
+func foldMatches(t *testing.T, st *store.Store, when string) {
+	t.Helper()
+	if err := st.FoldHostFree(context.Background()); err != nil {
+		t.Fatalf("fold %s: %v", when, err)
+	}
+	if drift := hostFreeDrift(t, st); len(drift) > 0 {
+		t.Errorf("counts %s: %v", when, drift)
+	}
+}
+
 // A fold that moves an import's worth of deltas has the table vacuumed,
 // which cuts its emptied file down, and the counts stay equal to a
 // recount, the deltas written meanwhile included.
 func TestFoldVacuumsDeltas(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	st := pgtest.Open(t, pgtest.New(t), store.Options{})
-	gangFleet(t, st, 4)
-	bloatDeltas(t, st, 60000)
-	// A real change pending with the bloat: one node claimed.
-	if _, err := st.Pool().Exec(ctx, `UPDATE nodes SET current_job = 9 WHERE pk = (SELECT min(pk) FROM nodes)`); err != nil {
-		t.Fatal(err)
-	}
+	st := bloatedFleet(t, 60000)
+	job := int64(9)
+	setJob(t, st.Pool(), &job) // a real change pending with the bloat
 	if got := deltaFileBytes(t, st); got < 2<<20 {
 		t.Fatalf("host_free_delta is %d bytes before the fold; the test wants it bloated", got)
 	}
-	if err := st.FoldHostFree(ctx); err != nil {
-		t.Fatal(err)
-	}
+	foldMatches(t, st, "after a large fold")
 	if got := deltaFileBytes(t, st); got != 0 {
 		t.Errorf("host_free_delta is %d bytes after the fold, want 0 (vacuumed)", got)
 	}
-	if drift := hostFreeDrift(t, st); len(drift) > 0 {
-		t.Errorf("counts after the fold: %v", drift)
-	}
-	// Writes afterwards are counted as before.
-	if _, err := st.Pool().Exec(ctx, `UPDATE nodes SET current_job = NULL WHERE current_job = 9`); err != nil {
-		t.Fatal(err)
-	}
-	if err := st.FoldHostFree(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if drift := hostFreeDrift(t, st); len(drift) > 0 {
-		t.Errorf("counts after a release and another fold: %v", drift)
-	}
+	setJob(t, st.Pool(), nil) // writes afterwards are counted as before
+	foldMatches(t, st, "after a release and another fold")
 }
 
 // The steady folds of claims (fewer deltas than an import) leave the
 // vacuum to autovacuum: no pass waits on a vacuum's truncation.
 func TestFoldSmallDoesNotVacuum(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	st := pgtest.Open(t, pgtest.New(t), store.Options{})
-	gangFleet(t, st, 4)
-	bloatDeltas(t, st, 5000)
+	st := bloatedFleet(t, 5000)
 	before := deltaFileBytes(t, st)
-	if err := st.FoldHostFree(ctx); err != nil {
-		t.Fatal(err)
-	}
+	foldMatches(t, st, "after a small fold")
 	if got := deltaFileBytes(t, st); got != before {
 		t.Errorf("host_free_delta went from %d to %d bytes after a fold of 5,000 deltas; want no vacuum", before, got)
+	}
+}
+
+// A large fold inside a caller's transaction folds and leaves the vacuum
+// out (VACUUM cannot run in a transaction block).
+func TestFoldInTransactionDoesNotVacuum(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st := bloatedFleet(t, 60000)
+	if err := st.WithTx(ctx, func(tx *store.Store) error { return tx.FoldHostFree(ctx) }); err != nil {
+		t.Fatalf("a large fold in a transaction: %v", err)
 	}
 	if drift := hostFreeDrift(t, st); len(drift) > 0 {
 		t.Errorf("counts: %v", drift)
@@ -95,17 +117,14 @@ func TestFoldSmallDoesNotVacuum(t *testing.T) {
 func TestFoldVacuumBesideWriter(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	st := pgtest.Open(t, pgtest.New(t), store.Options{})
-	gangFleet(t, st, 4)
-	bloatDeltas(t, st, 60000)
+	st := bloatedFleet(t, 60000)
 	writer, err := st.Pool().Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer writer.Rollback(ctx)
-	if _, err := writer.Exec(ctx, `UPDATE nodes SET current_job = 7 WHERE pk = (SELECT min(pk) FROM nodes)`); err != nil {
-		t.Fatal(err)
-	}
+	job := int64(7)
+	setJob(t, writer, &job)
 	foldCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	if err := st.FoldHostFree(foldCtx); err != nil {
@@ -114,10 +133,5 @@ func TestFoldVacuumBesideWriter(t *testing.T) {
 	if err := writer.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.FoldHostFree(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if drift := hostFreeDrift(t, st); len(drift) > 0 {
-		t.Errorf("counts after the writer committed: %v", drift)
-	}
+	foldMatches(t, st, "after the writer committed")
 }
