@@ -91,6 +91,31 @@ func recordsSince(t *testing.T, st *store.Store, changeID, auditID int64) ([]cha
 	return changes, audits
 }
 
+// refuseAudit makes the server refuse every audit entry of the principal
+// "refused", failing the statement that writes it.
+func refuseAudit(t *testing.T, st *store.Store) {
+	t.Helper()
+	if _, err := st.Pool().Exec(context.Background(), `
+		CREATE FUNCTION refuse_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF NEW.principal = 'refused' THEN RAISE EXCEPTION 'refused by the test'; END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER refuse_audit BEFORE INSERT ON audit_log FOR EACH ROW EXECUTE FUNCTION refuse_audit()`); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// heldNodes counts the nodes some job holds.
+func heldNodes(t *testing.T, st *store.Store) int {
+	t.Helper()
+	var held int
+	if err := st.Pool().QueryRow(context.Background(), `SELECT count(*) FROM nodes WHERE current_job IS NOT NULL`).Scan(&held); err != nil {
+		t.Fatal(err)
+	}
+	return held
+}
+
 func lastIDs(t *testing.T, st *store.Store) (changeID, auditID int64) {
 	t.Helper()
 	err := st.Pool().QueryRow(context.Background(),
@@ -218,15 +243,7 @@ func TestClaimThatFailsLateChangesNothing(t *testing.T) {
 	dbURL := pgtest.New(t)
 	st := pgtest.Open(t, dbURL, store.Options{MaxConns: 1})
 	gangFleet(t, st, 1)
-	if _, err := st.Pool().Exec(ctx, `
-		CREATE FUNCTION refuse_audit() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-			IF NEW.principal = 'refused' THEN RAISE EXCEPTION 'refused by the test'; END IF;
-			RETURN NEW;
-		END $$;
-		CREATE TRIGGER refuse_audit BEFORE INSERT ON audit_log FOR EACH ROW EXECUTE FUNCTION refuse_audit()`); err != nil {
-		t.Fatal(err)
-	}
+	refuseAudit(t, st)
 	changeID, auditID := lastIDs(t, st)
 	conns := st.Pool().Stat().NewConnsCount()
 	refused := registry.Actor{Principal: registry.Principal{Sub: "refused", Role: registry.RoleScheduler}}
@@ -238,11 +255,7 @@ func TestClaimThatFailsLateChangesNothing(t *testing.T) {
 	if _, err := st.ClaimNodes(ctx, sys, registry.Claim{Job: 3, Count: 9}); !errors.Is(err, registry.ErrConflict) {
 		t.Fatalf("a claim of 9 of 8 nodes: %v, want a conflict", err)
 	}
-	var held int
-	if err := st.Pool().QueryRow(ctx, `SELECT count(*) FROM nodes WHERE current_job IS NOT NULL`).Scan(&held); err != nil {
-		t.Fatal(err)
-	}
-	if held != 0 {
+	if held := heldNodes(t, st); held != 0 {
 		t.Errorf("%d nodes held after failed claims", held)
 	}
 	if changes, audits := recordsSince(t, st, changeID, auditID); len(changes)+len(audits) > 0 {
@@ -259,6 +272,7 @@ func TestClaimThatFailsLateChangesNothing(t *testing.T) {
 		t.Fatalf("claim after the failures: %d nodes, %v", len(got), err)
 	}
 	other := pgtest.Open(t, dbURL, store.Options{})
+	var held int
 	if err := other.Pool().QueryRow(ctx, `SELECT count(*) FROM nodes WHERE current_job = 4`).Scan(&held); err != nil || held != 8 {
 		t.Errorf("another session sees %d nodes held by the claim (%v), want 8", held, err)
 	}

@@ -86,3 +86,17 @@ func ListDecodable(ctx context.Context, db *pgxpool.Pool, f registry.NodeFilter)
 	defer rows.Close()
 	return rawDecodable(rows.FieldDescriptions()), nil
 }
+
+// HoldGroups makes claims and releases queue, none running, until the
+// function it returns lets the queue go as groups (group.go).
+func HoldGroups(s *Store) (release func()) {
+	s.group.hold()
+	return s.group.unhold
+}
+
+// GroupQueued is the number of claims and releases waiting for a group.
+func GroupQueued(s *Store) int { return s.group.queued() }
+
+// Grouped is the number of claims and releases committed in groups of two
+// or more.
+func Grouped(s *Store) int64 { return s.group.grouped.Load() }

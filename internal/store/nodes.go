@@ -453,12 +453,26 @@ const maxHostsTried = 32
 // statement that picks and updates the nodes, then their change-log and
 // audit rows (one statement, documents made here from what the update
 // returned) with COMMIT. A gang claim adds a round trip per host it tries.
+//
+// Claims of nodes from anywhere (not SameHost) that arrive while others
+// are under way go together (see group): their statements share one
+// transaction, each claim still all or nothing.
 func (s *Store) ClaimNodes(ctx context.Context, actor registry.Actor, c registry.Claim) ([]registry.Node, error) {
 	if err := c.Normalize(); err != nil {
 		return nil, err
 	}
 	free := true
 	c.Filter.Free = &free
+	if s.group != nil && !c.SameHost {
+		op := &groupOp{ctx: ctx, actor: actor, claim: c}
+		s.group.do(op, func() { op.nodes, op.err = s.claimAlone(ctx, actor, c) })
+		return op.nodes, op.err
+	}
+	return s.claimAlone(ctx, actor, c)
+}
+
+// claimAlone is ClaimNodes in a transaction of its own.
+func (s *Store) claimAlone(ctx context.Context, actor registry.Actor, c registry.Claim) ([]registry.Node, error) {
 	var out []registry.Node
 	err := s.pipelined(ctx, func(tx *pipeTx) error {
 		var b *pgx.Batch
@@ -472,10 +486,7 @@ func (s *Store) ClaimNodes(ctx context.Context, actor registry.Actor, c registry
 			return err
 		}
 		slices.SortFunc(out, func(a, b registry.Node) int { return cmp.Compare(a.PK, b.PK) })
-		queueRecord(b, actor, "claimed", registry.ActionNodeClaim, out, func(n registry.Node) nodeDoc {
-			n.CurrentJob, n.LeaseExpiresAt = nil, nil
-			return docOfNode(n)
-		})
+		queueClaimRecord(b, actor, out)
 		return tx.commit(ctx, b)
 	})
 	if err != nil {
@@ -485,6 +496,15 @@ func (s *Store) ClaimNodes(ctx context.Context, actor registry.Actor, c registry
 		return nil, fmt.Errorf("store: claim: %w", translate(err))
 	}
 	return out, nil
+}
+
+// queueClaimRecord queues the change-log and audit rows of nodes a claim
+// took (see queueRecord).
+func queueClaimRecord(b *pgx.Batch, actor registry.Actor, nodes []registry.Node) {
+	queueRecord(b, actor, "claimed", registry.ActionNodeClaim, nodes, func(n registry.Node) nodeDoc {
+		n.CurrentJob, n.LeaseExpiresAt = nil, nil
+		return docOfNode(n)
+	})
 }
 
 // claimAny claims c.Count nodes matching c.Filter, lowest pk first, in
@@ -856,97 +876,38 @@ const deltaVacuumRows = 10_000
 // nodes and their update; then their change-log and audit rows with
 // COMMIT. The update re-states on the locked rows what is decided here
 // from them (held by r.Job), and the two are checked to agree.
+//
+// Releases that arrive while others are under way go together with them
+// and with claims (see group).
 func (s *Store) ReleaseNodes(ctx context.Context, actor registry.Actor, r registry.Release) ([]registry.Node, []registry.NotReleased, error) {
 	if err := r.Normalize(); err != nil {
 		return nil, nil, err
 	}
-	var released []registry.Node
-	var notReleased []registry.NotReleased
+	if s.group != nil {
+		op := &groupOp{ctx: ctx, actor: actor, release: &releasing{r: r}}
+		s.group.do(op, func() { op.nodes, op.release.notReleased, op.err = s.releaseAlone(ctx, actor, r) })
+		return op.nodes, op.release.notReleased, op.err
+	}
+	return s.releaseAlone(ctx, actor, r)
+}
+
+// releaseAlone is ReleaseNodes in a transaction of its own.
+func (s *Store) releaseAlone(ctx context.Context, actor registry.Actor, r registry.Release) ([]registry.Node, []registry.NotReleased, error) {
+	rl := &releasing{r: r}
 	err := s.pipelined(ctx, func(tx *pipeTx) error {
-		var pks []int64 // the nodes to release, as decided here
 		b := tx.batch()
-		if r.Nodes == nil {
-			b.Queue(`
-				WITH held AS MATERIALIZED (
-					SELECT pk FROM nodes WHERE current_job = $1 ORDER BY pk FOR UPDATE
-				)
-				UPDATE nodes SET current_job = NULL, lease_expires_at = NULL, updated_at = now(), version = version + 1
-				WHERE pk = ANY(ARRAY(SELECT pk FROM held)) AND current_job = $1
-				RETURNING `+nodeColumns, r.Job).Query(func(rows pgx.Rows) error {
-				var err error
-				released, err = pgx.AppendRows(released, rows, scanNode)
-				return err
-			})
-			// The nodes whose lease of this job ran out: the job thinks it
-			// holds them, and is told it does not.
-			b.Queue(`SELECT pk FROM nodes WHERE expired_job = $1 ORDER BY pk`, r.Job).Query(func(rows pgx.Rows) error {
-				lapsed, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-				for _, pk := range lapsed {
-					notReleased = append(notReleased, registry.NotReleased{PK: pk, Reason: registry.LeaseExpiredReason(r.Job)})
-				}
-				return err
-			})
-			if err := tx.send(ctx, b); err != nil {
-				return err
-			}
-			for _, n := range released {
-				pks = append(pks, n.PK)
-			}
-		} else {
-			want := slices.Compact(slices.Sorted(slices.Values(r.Nodes)))
-			held, expired := map[int64]*int64{}, map[int64]*int64{}
-			b.Queue(`SELECT pk, current_job, expired_job FROM nodes WHERE pk = ANY($1) ORDER BY pk FOR UPDATE`, want).Query(func(rows pgx.Rows) error {
-				var pk int64
-				var job, expiredJob *int64
-				_, err := pgx.ForEachRow(rows, []any{&pk, &job, &expiredJob}, func() error {
-					held[pk], expired[pk] = job, expiredJob
-					return nil
-				})
-				return err
-			})
-			b.Queue(`
-				UPDATE nodes SET current_job = NULL, lease_expires_at = NULL, updated_at = now(), version = version + 1
-				WHERE pk = ANY($1) AND current_job = $2
-				RETURNING `+nodeColumns, want, r.Job).Query(func(rows pgx.Rows) error {
-				var err error
-				released, err = pgx.AppendRows(released, rows, scanNode)
-				return err
-			})
-			if err := tx.send(ctx, b); err != nil {
-				return err
-			}
-			for _, pk := range want {
-				job, ok := held[pk]
-				switch {
-				case !ok:
-					notReleased = append(notReleased, registry.NotReleased{PK: pk, Reason: "no such node"})
-				case job == nil && expired[pk] != nil && *expired[pk] == r.Job:
-					notReleased = append(notReleased, registry.NotReleased{PK: pk, Reason: registry.LeaseExpiredReason(r.Job)})
-				case job == nil:
-					notReleased = append(notReleased, registry.NotReleased{PK: pk, Reason: "not held by any job"})
-				case *job != r.Job:
-					notReleased = append(notReleased, registry.NotReleased{PK: pk, Reason: fmt.Sprintf("held by job %d", *job)})
-				default:
-					pks = append(pks, pk)
-				}
-			}
+		rl.queue(b)
+		if err := tx.send(ctx, b); err != nil {
+			return err
 		}
-		slices.Sort(pks)
-		slices.SortFunc(released, func(a, b registry.Node) int { return cmp.Compare(a.PK, b.PK) })
-		if !slices.EqualFunc(pks, released, func(pk int64, n registry.Node) bool { return pk == n.PK }) {
-			// The rows were locked before they were updated: this cannot
-			// happen unless the statements disagree.
-			return fmt.Errorf("job %d holds %d of the nodes, %d were updated", r.Job, len(pks), len(released))
+		if err := rl.settle(); err != nil {
+			return err
 		}
-		if len(released) == 0 {
+		if len(rl.released) == 0 {
 			return nil // nothing changed; the transaction is rolled back
 		}
 		b = tx.batch()
-		job := r.Job
-		queueRecord(b, actor, "released", registry.ActionNodeRelease, released, func(n registry.Node) nodeDoc {
-			n.CurrentJob = &job
-			return docOfNode(n)
-		})
+		rl.record(b, actor)
 		return tx.commit(ctx, b)
 	})
 	if err != nil {
@@ -955,7 +916,114 @@ func (s *Store) ReleaseNodes(ctx context.Context, actor registry.Actor, r regist
 		}
 		return nil, nil, fmt.Errorf("store: release: %w", translate(err))
 	}
-	return released, notReleased, nil
+	return rl.released, rl.notReleased, nil
+}
+
+// releasing is one release under way: queue sends its lock and update,
+// settle decides from what they returned, record writes its rows.
+type releasing struct {
+	r           registry.Release
+	released    []registry.Node
+	notReleased []registry.NotReleased
+	// Listed nodes (r.Nodes set): the pks asked for, sorted, and what the
+	// lock found each held by.
+	want          []int64
+	held, expired map[int64]*int64
+}
+
+// queue queues the statements that lock the nodes to release and take
+// them back from the job.
+func (rl *releasing) queue(b *pgx.Batch) {
+	r := rl.r
+	if r.Nodes == nil {
+		b.Queue(`
+			WITH held AS MATERIALIZED (
+				SELECT pk FROM nodes WHERE current_job = $1 ORDER BY pk FOR UPDATE
+			)
+			UPDATE nodes SET current_job = NULL, lease_expires_at = NULL, updated_at = now(), version = version + 1
+			WHERE pk = ANY(ARRAY(SELECT pk FROM held)) AND current_job = $1
+			RETURNING `+nodeColumns, r.Job).Query(func(rows pgx.Rows) error {
+			var err error
+			rl.released, err = pgx.AppendRows(rl.released, rows, scanNode)
+			return err
+		})
+		// The nodes whose lease of this job ran out: the job thinks it
+		// holds them, and is told it does not.
+		b.Queue(`SELECT pk FROM nodes WHERE expired_job = $1 ORDER BY pk`, r.Job).Query(func(rows pgx.Rows) error {
+			lapsed, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+			for _, pk := range lapsed {
+				rl.notReleased = append(rl.notReleased, registry.NotReleased{PK: pk, Reason: registry.LeaseExpiredReason(r.Job)})
+			}
+			return err
+		})
+		return
+	}
+	rl.want = slices.Compact(slices.Sorted(slices.Values(r.Nodes)))
+	rl.held, rl.expired = map[int64]*int64{}, map[int64]*int64{}
+	b.Queue(`SELECT pk, current_job, expired_job FROM nodes WHERE pk = ANY($1) ORDER BY pk FOR UPDATE`, rl.want).Query(func(rows pgx.Rows) error {
+		var pk int64
+		var job, expiredJob *int64
+		_, err := pgx.ForEachRow(rows, []any{&pk, &job, &expiredJob}, func() error {
+			rl.held[pk], rl.expired[pk] = job, expiredJob
+			return nil
+		})
+		return err
+	})
+	b.Queue(`
+		UPDATE nodes SET current_job = NULL, lease_expires_at = NULL, updated_at = now(), version = version + 1
+		WHERE pk = ANY($1) AND current_job = $2
+		RETURNING `+nodeColumns, rl.want, r.Job).Query(func(rows pgx.Rows) error {
+		var err error
+		rl.released, err = pgx.AppendRows(rl.released, rows, scanNode)
+		return err
+	})
+}
+
+// settle decides, from what the queued statements returned, which listed
+// nodes were not released and why, and checks that the update took
+// exactly the nodes the lock found held by the job. The update re-states
+// on the locked rows what is decided here from them; the two must agree.
+func (rl *releasing) settle() error {
+	r := rl.r
+	var pks []int64 // the nodes to release, as decided here
+	if r.Nodes == nil {
+		for _, n := range rl.released {
+			pks = append(pks, n.PK)
+		}
+	} else {
+		for _, pk := range rl.want {
+			job, ok := rl.held[pk]
+			switch {
+			case !ok:
+				rl.notReleased = append(rl.notReleased, registry.NotReleased{PK: pk, Reason: "no such node"})
+			case job == nil && rl.expired[pk] != nil && *rl.expired[pk] == r.Job:
+				rl.notReleased = append(rl.notReleased, registry.NotReleased{PK: pk, Reason: registry.LeaseExpiredReason(r.Job)})
+			case job == nil:
+				rl.notReleased = append(rl.notReleased, registry.NotReleased{PK: pk, Reason: "not held by any job"})
+			case *job != r.Job:
+				rl.notReleased = append(rl.notReleased, registry.NotReleased{PK: pk, Reason: fmt.Sprintf("held by job %d", *job)})
+			default:
+				pks = append(pks, pk)
+			}
+		}
+	}
+	slices.Sort(pks)
+	slices.SortFunc(rl.released, func(a, b registry.Node) int { return cmp.Compare(a.PK, b.PK) })
+	if !slices.EqualFunc(pks, rl.released, func(pk int64, n registry.Node) bool { return pk == n.PK }) {
+		// The rows were locked before they were updated: this cannot
+		// happen unless the statements disagree.
+		return fmt.Errorf("job %d holds %d of the nodes, %d were updated", r.Job, len(pks), len(rl.released))
+	}
+	return nil
+}
+
+// record queues the change-log and audit rows of the released nodes.
+func (rl *releasing) record(b *pgx.Batch, actor registry.Actor) {
+	job := rl.r.Job
+	queueRecord(b, actor, "released", registry.ActionNodeRelease, rl.released, func(n registry.Node) nodeDoc {
+		n.CurrentJob = &job
+		return docOfNode(n)
+	})
 }
 
 // expectHeartbeats notes that an agent now owns node n and is expected to

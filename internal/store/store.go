@@ -36,6 +36,10 @@ type Store struct {
 	db   querier       // the pool, a held connection, or a transaction inside WithTx
 	conn *pgxpool.Conn // set when the Store is bound to one connection (see TryLock)
 	inTx bool
+	// group carries concurrent claims and releases in shared
+	// transactions; nil (each alone) in a transaction or on a held
+	// connection.
+	group *group
 }
 
 // Options tune the connection pool.
@@ -90,7 +94,9 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: open: %w", translate(err))
 	}
-	return &Store{pool: pool, db: pool}, nil
+	s := &Store{pool: pool, db: pool}
+	s.group = newGroup(s)
+	return s, nil
 }
 
 // Close releases every connection.

@@ -1,0 +1,297 @@
+package store
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/registryd/registryd/internal/registry"
+)
+
+// groupRunners is how many grouped transactions run at once, and
+// groupMax the most operations one of them carries.
+const (
+	groupRunners = 2
+	groupMax     = 64
+)
+
+// group runs claims and releases that arrive while others are under way
+// together, in one transaction (group commit). A claim and its release
+// cost PostgreSQL about as much in transaction overhead (BEGIN, COMMIT
+// and its WAL flush, the notification, the round trips) as in their
+// statements; a group pays that once for all its operations.
+//
+// Each operation keeps its own statements, and they run one after
+// another in the transaction, each seeing what the earlier ones changed:
+// a claim's pick never takes a node an earlier claim of the group took,
+// and a release frees what it frees for the claims after it. Each keeps
+// its own change-log and audit rows, under its own actor. So a group
+// commits exactly what its operations would have committed one by one in
+// that order, and every operation is still all or nothing:
+//   - a claim that finds too few nodes changes nothing in the group (its
+//     update takes all or none) and is run again alone once the group has
+//     committed, which answers it as if it had come a moment later;
+//   - a group that fails before anything could commit (an error the
+//     server reported, which rolls the transaction back, or one before its
+//     COMMIT was sent) is run again one operation at a time, alone, so an
+//     operation's error is its own;
+//   - a group whose COMMIT's outcome is unknown (the connection lost on
+//     the way) fails each of its operations with that error, as a lone
+//     transaction would.
+//
+// An operation alone (nothing else queued, a runner free) runs in its
+// caller's goroutine with its own context, exactly as without grouping,
+// so a quiet registry pays nothing for it. Operations queue only while
+// groupRunners transactions are under way; the queue then goes as one
+// group when a runner is free.
+type group struct {
+	s *Store
+
+	mu      sync.Mutex
+	queue   []*groupOp
+	running int // runners (callers running their own operation, or goroutines running groups)
+	held    bool
+
+	grouped atomic.Int64 // operations committed in groups of two or more
+}
+
+func newGroup(s *Store) *group { return &group{s: s} }
+
+// groupOp is a claim (release nil) or a release waiting in, or carried
+// by, a group.
+type groupOp struct {
+	ctx     context.Context
+	actor   registry.Actor
+	claim   registry.Claim
+	release *releasing
+
+	nodes []registry.Node // claimed or released
+	err   error
+	alone bool // the caller is to run it alone
+	done  chan struct{}
+}
+
+// do runs op, in a group or alone (alone runs it in a transaction of its
+// own, with its own context, and sets its outcome); its outcome is in op.
+func (g *group) do(op *groupOp, alone func()) {
+	g.mu.Lock()
+	if g.running < groupRunners && len(g.queue) == 0 && !g.held {
+		// Nothing waits: op goes alone, in this goroutine, as a runner. A
+		// group that queues meanwhile is started when it is done.
+		g.running++
+		g.mu.Unlock()
+		defer g.next()
+		alone()
+		return
+	}
+	op.done = make(chan struct{})
+	g.queue = append(g.queue, op)
+	g.startRunners()
+	g.mu.Unlock()
+	select {
+	case <-op.done:
+	case <-op.ctx.Done():
+		g.mu.Lock()
+		if i := slices.Index(g.queue, op); i >= 0 {
+			g.queue = slices.Delete(g.queue, i, i+1)
+			g.mu.Unlock()
+			op.err = fmt.Errorf("store: %s: %w", op.kind(), translate(op.ctx.Err()))
+			return
+		}
+		g.mu.Unlock()
+		// Under way: its outcome is the transaction's, waited for (the
+		// statement timeout bounds it) so that what is answered is true.
+		<-op.done
+	}
+	if op.alone {
+		alone()
+	}
+}
+
+// startRunners starts runners for the queue while fewer than
+// groupRunners run. g.mu is held.
+func (g *group) startRunners() {
+	for !g.held && len(g.queue) > 0 && g.running < groupRunners {
+		g.running++
+		go g.run()
+	}
+}
+
+// hold makes every operation queue, and no group start, until unhold:
+// tests use it to make groups of the size they want.
+func (g *group) hold() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.held = true
+}
+
+// unhold lets the queue go again, as groups.
+func (g *group) unhold() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.held = false
+	g.startRunners()
+}
+
+// queued is the number of operations waiting.
+func (g *group) queued() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.queue)
+}
+
+// next hands a runner that is done over to the queue: a goroutine runs
+// groups until the queue is empty, or the runner is given back.
+func (g *group) next() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.queue) == 0 || g.held {
+		g.running--
+		return
+	}
+	go g.run()
+}
+
+// run runs queued groups, holding one runner, until the queue is empty.
+func (g *group) run() {
+	for {
+		g.mu.Lock()
+		if len(g.queue) == 0 || g.held {
+			g.running--
+			g.mu.Unlock()
+			return
+		}
+		n := min(len(g.queue), groupMax)
+		ops := slices.Clone(g.queue[:n])
+		g.queue = slices.Delete(g.queue, 0, n)
+		g.mu.Unlock()
+		g.runGroup(ops)
+	}
+}
+
+// runGroup runs ops in one transaction, or hands them back to be run
+// alone, and tells each it is done.
+func (g *group) runGroup(ops []*groupOp) {
+	defer func() {
+		for _, op := range ops {
+			close(op.done)
+		}
+	}()
+	live := ops[:0:0]
+	for _, op := range ops {
+		if err := op.ctx.Err(); err != nil {
+			op.err = fmt.Errorf("store: %s: %w", op.kind(), translate(err))
+			continue
+		}
+		live = append(live, op)
+	}
+	if len(live) < 2 {
+		for _, op := range live {
+			op.alone = true
+		}
+		return
+	}
+	committing, err := g.s.commitGroup(live)
+	switch {
+	case err == nil:
+		n := 0
+		for _, op := range live {
+			if !op.alone {
+				n++
+			}
+		}
+		g.grouped.Add(int64(n))
+	default:
+		again := !committing || rolledBack(err)
+		for _, op := range live {
+			op.nodes, op.err = nil, nil
+			if op.release != nil {
+				op.release = &releasing{r: op.release.r}
+			}
+			if again {
+				op.alone = true
+			} else {
+				op.err = fmt.Errorf("store: %s: %w", op.kind(), translate(err))
+			}
+		}
+	}
+}
+
+// rolledBack reports whether err says the transaction did not commit:
+// the server reported an error (the rest of the round trip, COMMIT
+// included, was skipped and the transaction is rolled back) or refused
+// the COMMIT. An error that ended the session (FATAL: the server shutting
+// down, the backend terminated) says nothing of a COMMIT it may have
+// followed.
+func rolledBack(err error) bool {
+	if pe, ok := errors.AsType[*pgconn.PgError](err); ok {
+		return pe.Severity == "ERROR"
+	}
+	return errors.Is(err, pgx.ErrTxCommitRollback)
+}
+
+// commitGroup runs ops' statements in one transaction of two round trips
+// (see pipeTx): BEGIN and every operation's statements, in order; then
+// the change-log and audit rows of those that changed something, with
+// COMMIT. A claim that found too few nodes is marked to run alone. It
+// reports whether the COMMIT was sent.
+func (s *Store) commitGroup(ops []*groupOp) (committing bool, err error) {
+	ctx := context.Background() // the group's; the statement timeout bounds each round trip
+	err = s.pipelined(ctx, func(tx *pipeTx) error {
+		b := tx.batch()
+		for _, op := range ops {
+			if op.release != nil {
+				op.release.queue(b)
+			} else {
+				queueClaim(b, op.claim, nil, &op.nodes)
+			}
+		}
+		if err := tx.send(ctx, b); err != nil {
+			return err
+		}
+		b = tx.batch()
+		changed := false
+		for _, op := range ops {
+			if op.release != nil {
+				if err := op.release.settle(); err != nil {
+					return err
+				}
+				op.nodes = op.release.released
+				if len(op.nodes) > 0 {
+					op.release.record(b, op.actor)
+					changed = true
+				}
+				continue
+			}
+			if len(op.nodes) < op.claim.Count {
+				// Too few: its update changed nothing. Alone, after the
+				// group, it says how many there are.
+				op.nodes, op.alone = nil, true
+				continue
+			}
+			slices.SortFunc(op.nodes, func(a, b registry.Node) int { return cmp.Compare(a.PK, b.PK) })
+			queueClaimRecord(b, op.actor, op.nodes)
+			changed = true
+		}
+		if !changed {
+			return nil // nothing changed; the transaction is rolled back
+		}
+		committing = true
+		return tx.commit(ctx, b)
+	})
+	return committing, err
+}
+
+func (op *groupOp) kind() string {
+	if op.release != nil {
+		return "release"
+	}
+	return "claim"
+}
