@@ -65,6 +65,9 @@ type config struct {
 	// observeQuery is told of every statement the store runs (metrics);
 	// set by serve, not from the environment.
 	observeQuery func(class string)
+	// observeGroup is told of every shared transaction of claims and
+	// releases (metrics).
+	observeGroup func(committed int, err error)
 	// revocationsWait bounds serve's wait for the first load of the token
 	// revocation list; 30s when zero. Tests only; not from the environment.
 	revocationsWait time.Duration

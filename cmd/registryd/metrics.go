@@ -70,10 +70,12 @@ func loadMetricsConfig(getenv func(string) string, errs *[]string) metricsConfig
 }
 
 // newMetrics makes a serving registryd's metrics. The store reports its
-// statements through cfg.observeQuery, set here before the store opens.
+// statements through cfg.observeQuery and its shared claim transactions
+// through cfg.observeGroup, set here before the store opens.
 func newMetrics(cfg *config) *metrics.Metrics {
 	m := metrics.New()
 	cfg.observeQuery = m.ObserveQuery
+	cfg.observeGroup = m.ClaimGroup
 	return m
 }
 

@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -52,6 +53,41 @@ func TestServeMetrics(t *testing.T) {
 		if _, ok := s.Value(t, name); !ok {
 			t.Errorf("no %s", name)
 		}
+	}
+}
+
+// Concurrent claims and releases through the API commit in shared
+// transactions, and serve hands the store's reports of them to
+// claim_group_size. Fault caught (tried once): the observer not wired.
+func TestServeClaimGroupMetrics(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"REGISTRY_DATABASE_URL": pgtest.New(t), "REGISTRY_JWT_SECRET": testSecret}
+	srv := startServer(t, env)
+	tok := adminToken(t, env)
+	for i := range 8 {
+		if code, body := call(t, "POST", srv.url+"/v1/nodes/create",
+			fmt.Sprintf(`{"ip":"10.0.0.1","index":%d,"cpu_mem":1,"driver_version":"550","hardware_generation":null,"gpu_mem":null}`, i), tok); code != 201 {
+			t.Fatalf("create %d %s", code, body)
+		}
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for round := 0; apitest.Scrape(t, srv.url+"/metrics").Get(t, "registryd_claim_group_size") == 0; round++ {
+		if time.Now().After(deadline) {
+			t.Fatal("no shared claim transaction reported after 20 s of concurrent claims")
+		}
+		var wg sync.WaitGroup
+		for w := range 16 {
+			wg.Go(func() {
+				job := round*100 + w + 1
+				if code, body := call(t, "POST", srv.url+"/v1/nodes/claim", fmt.Sprintf(`{"job":%d}`, job), tok); code != 200 && code != 409 {
+					t.Errorf("claim %d %s", code, body)
+				}
+				if code, body := call(t, "POST", srv.url+"/v1/nodes/release", fmt.Sprintf(`{"job":%d}`, job), tok); code != 200 {
+					t.Errorf("release %d %s", code, body)
+				}
+			})
+		}
+		wg.Wait()
 	}
 }
 

@@ -46,6 +46,8 @@ type Metrics struct {
 	releasedNodes  prometheus.Counter
 	notReleased    prometheus.Counter
 	releaseSeconds prometheus.Histogram
+	groupSize      prometheus.Histogram
+	groupFailures  prometheus.Counter
 
 	watchStreams prometheus.Gauge
 	watchSent    prometheus.Counter
@@ -86,6 +88,11 @@ func New() *Metrics {
 	m.releasedNodes = f.counter("released_nodes_total", "Nodes released by their jobs.")
 	m.notReleased = f.counter("release_not_released_nodes_total", "Nodes a release named that were not released (not held by the job, or gone).")
 	m.releaseSeconds = f.histogram("release_duration_seconds", "Time the database took to release nodes.", prometheus.DefBuckets)
+	m.groupSize = f.histogram("claim_group_size",
+		"Claims and releases committed per shared transaction (group commit under load; an operation alone is not counted).",
+		prometheus.ExponentialBuckets(2, 2, 6)) // 2 … 64
+	m.groupFailures = f.counter("claim_group_failures_total",
+		"Shared transactions of claims and releases that failed: rolled back and each operation run again alone, or lost at COMMIT and each failed.")
 
 	m.watchStreams = f.gauge("watch_streams", "Watch streams open now.")
 	m.watchSent = f.counter("watch_events_sent_total", "Node events written to watch streams (backfilled ones included).")
@@ -158,6 +165,16 @@ func (m *Metrics) ObserveQuery(class string) {
 	if class != "" {
 		m.dbQueryErrors.WithLabelValues(class).Inc()
 	}
+}
+
+// ClaimGroup records one shared transaction of claims and releases: the
+// operations it committed, or the error that failed it.
+func (m *Metrics) ClaimGroup(committed int, err error) {
+	if err != nil {
+		m.groupFailures.Inc()
+		return
+	}
+	m.groupSize.Observe(float64(committed))
 }
 
 // HeartbeatRecorded counts one heartbeat. It is on every agent request's

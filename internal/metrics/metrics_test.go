@@ -2,6 +2,7 @@ package metrics_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http/httptest"
@@ -256,6 +257,28 @@ func TestQueryErrorsByClass(t *testing.T) {
 	}
 	if got := s.Get(t, "registryd_db_queries_total"); got < 6 {
 		t.Errorf("queries_total = %v, want at least 6", got)
+	}
+}
+
+// Shared claim transactions: the operations each committed, by size, and
+// those that failed.
+func TestClaimGroups(t *testing.T) {
+	t.Parallel()
+	m := metrics.New()
+	ts := httptest.NewServer(m.Handler())
+	t.Cleanup(ts.Close)
+	m.ClaimGroup(2, nil)
+	m.ClaimGroup(40, nil)
+	m.ClaimGroup(0, errors.New("deadlock"))
+	s := apitest.Scrape(t, ts.URL)
+	if got := s.Get(t, "registryd_claim_group_size"); got != 2 {
+		t.Errorf("claim_group_size count = %v, want 2", got)
+	}
+	if h := s.Family("registryd_claim_group_size"); len(h) != 1 || h[0].Histogram.GetSampleSum() != 42 {
+		t.Errorf("claim_group_size: %v, want one histogram summing to 42", h)
+	}
+	if got := s.Get(t, "registryd_claim_group_failures_total"); got != 1 {
+		t.Errorf("claim_group_failures_total = %v, want 1", got)
 	}
 }
 

@@ -52,7 +52,8 @@ const (
 // groupRunners transactions are under way; the queue then goes as one
 // group when a runner is free.
 type group struct {
-	s *Store
+	s       *Store
+	observe func(committed int, err error) // Options.ObserveGroup
 
 	mu      sync.Mutex
 	queue   []*groupOp
@@ -61,8 +62,6 @@ type group struct {
 
 	grouped atomic.Int64 // operations committed in groups of two or more
 }
-
-func newGroup(s *Store) *group { return &group{s: s} }
 
 // groupOp is a claim (release nil) or a release waiting in, or carried
 // by, a group.
@@ -208,7 +207,13 @@ func (g *group) runGroup(ops []*groupOp) {
 			}
 		}
 		g.grouped.Add(int64(n))
+		if g.observe != nil && n > 0 {
+			g.observe(n, nil)
+		}
 	default:
+		if g.observe != nil {
+			g.observe(0, err)
+		}
 		again := !committing || rolledBack(err)
 		for _, op := range live {
 			op.nodes, op.err = nil, nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +14,24 @@ import (
 	"github.com/registryd/registryd/internal/registry"
 	"github.com/registryd/registryd/internal/store"
 )
+
+// groupLog records what a store's Options.ObserveGroup is told.
+type groupLog struct {
+	mu    sync.Mutex
+	calls []string
+}
+
+func (l *groupLog) observe(committed int, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.calls = append(l.calls, fmt.Sprintf("%d %v", committed, err))
+}
+
+func (l *groupLog) get() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.calls)
+}
 
 // waitQueued waits, at most 10 s, for n claims and releases to be
 // queued.
@@ -54,7 +73,8 @@ func scheduler(i int) registry.Actor {
 func TestGroupedClaimsAndReleases(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	st := pgtest.Open(t, pgtest.New(t), store.Options{})
+	var log groupLog
+	st := pgtest.Open(t, pgtest.New(t), store.Options{ObserveGroup: log.observe})
 	gangFleet(t, st, 2) // 16 nodes
 	pre, err := st.ClaimNodes(ctx, sys, registry.Claim{Job: 7, Count: 2})
 	if err != nil {
@@ -113,6 +133,9 @@ func TestGroupedClaimsAndReleases(t *testing.T) {
 	if n := store.Grouped(st) - grouped; n != 6 {
 		t.Errorf("%d operations committed grouped, want 6 (five claims and the release)", n)
 	}
+	if got := log.get(); !slices.Equal(got, []string{"6 <nil>"}) {
+		t.Errorf("ObserveGroup told %q, want one group of 6", got)
+	}
 
 	changes, audits := recordsSince(t, st, changeID, auditID)
 	if len(changes) != 12 || len(audits) != 12 {
@@ -146,7 +169,8 @@ func TestGroupedClaimsAndReleases(t *testing.T) {
 func TestGroupThatFailsRunsEachAlone(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	st := pgtest.Open(t, pgtest.New(t), store.Options{})
+	var log groupLog
+	st := pgtest.Open(t, pgtest.New(t), store.Options{ObserveGroup: log.observe})
 	gangFleet(t, st, 1)
 	refuseAudit(t, st)
 	grouped := store.Grouped(st)
@@ -174,6 +198,9 @@ func TestGroupThatFailsRunsEachAlone(t *testing.T) {
 	}
 	if n := store.Grouped(st) - grouped; n != 0 {
 		t.Errorf("%d operations counted as committed grouped, want 0", n)
+	}
+	if got := log.get(); len(got) != 1 || !strings.HasPrefix(got[0], "0 ") || !strings.Contains(got[0], "refused by the test") {
+		t.Errorf("ObserveGroup told %q, want one failed group with the trigger's error", got)
 	}
 	if held := heldNodes(t, st); held != 6 {
 		t.Errorf("%d nodes held, want 6", held)

@@ -69,6 +69,11 @@ type Options struct {
 	// what the failed-query metric counts. It runs on the statement's path,
 	// so it must be quick.
 	ObserveQuery func(class string)
+	// ObserveGroup, when set, is called as each shared transaction of
+	// claims and releases ends (see group): with the number of operations
+	// it committed, or with the error that failed it (its operations were
+	// then run again alone, or failed with it).
+	ObserveGroup func(committed int, err error)
 }
 
 // Open connects to the database at url. It does not check the schema; see
@@ -95,7 +100,7 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("store: open: %w", translate(err))
 	}
 	s := &Store{pool: pool, db: pool}
-	s.group = newGroup(s)
+	s.group = &group{s: s, observe: opts.ObserveGroup}
 	return s, nil
 }
 
