@@ -11,6 +11,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -40,6 +41,10 @@ type Store struct {
 	// transactions; nil (each alone) in a transaction or on a held
 	// connection.
 	group *group
+	// unvacuumed counts the deltas folded out of host_free_delta since it
+	// was last vacuumed (see FoldHostFree); shared with the stores bound
+	// to one of the pool's connections.
+	unvacuumed *atomic.Int64
 }
 
 // Options tune the connection pool.
@@ -99,7 +104,7 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: open: %w", translate(err))
 	}
-	s := &Store{pool: pool, db: pool}
+	s := &Store{pool: pool, db: pool, unvacuumed: new(atomic.Int64)}
 	s.group = &group{s: s, observe: opts.ObserveGroup}
 	return s, nil
 }
@@ -169,7 +174,7 @@ func (s *Store) TryLock(ctx context.Context, key int64) (l *Lock, ok bool, err e
 		conn.Release()
 		return nil, false, nil
 	}
-	return &Lock{conn: conn, store: &Store{pool: s.pool, db: conn, conn: conn}}, true, nil
+	return &Lock{conn: conn, store: &Store{pool: s.pool, db: conn, conn: conn, unvacuumed: s.unvacuumed}}, true, nil
 }
 
 // Lock takes the advisory lock key, waiting at most wait for the session
@@ -208,7 +213,7 @@ func (s *Store) Lock(ctx context.Context, key int64, wait time.Duration) (l *Loc
 		conn.Hijack().Close(context.WithoutCancel(ctx)) // whatever state it is in, the lock goes with it
 		return nil, false, fmt.Errorf("store: lock: %w", translate(err))
 	}
-	return &Lock{conn: conn, store: &Store{pool: s.pool, db: conn, conn: conn}}, true, nil
+	return &Lock{conn: conn, store: &Store{pool: s.pool, db: conn, conn: conn, unvacuumed: s.unvacuumed}}, true, nil
 }
 
 // Store returns a Store bound to the lock's connection.
