@@ -121,7 +121,20 @@ func (c *Cache) ListNodes(ctx context.Context, f registry.NodeFilter) ([]registr
 		return nodes, nil
 	}
 	c.listMisses.Add(1)
+	if l, ok := c.load.(PageLender); ok {
+		return l.ListPage(ctx, f)
+	}
 	return c.load.ListNodes(ctx, f)
+}
+
+// PageLender is a Loader that lends the pages it reads (as the store
+// does): ListPage is ListNodes whose page's memory is reused once
+// RecyclePage takes it back, which reports whether the page was one it
+// lent. The cache reads its list misses with ListPage and gives every
+// page back through Recycle.
+type PageLender interface {
+	ListPage(ctx context.Context, f registry.NodeFilter) ([]registry.Node, error)
+	RecyclePage(page []registry.Node) bool
 }
 
 // cachedFilter reports whether f is one the cache evaluates exactly as
@@ -135,10 +148,10 @@ func cachedFilter(f registry.NodeFilter) bool {
 // (Recycle): a page of 100 nodes is 24 KB, and schedulers read thousands
 // of pages a second; fresh ones made the garbage collector run several
 // times a second, marking the whole cache each time. A bounded free list,
-// not a sync.Pool: pages read from PostgreSQL are handed back too, and
-// while the cache does not answer lists nothing takes them out again; a
-// pool would keep them all until the next collection (hundreds of MB at a
-// million nodes).
+// not a sync.Pool: pages read from PostgreSQL by a Loader that does not
+// lend them are handed back too, and while the cache does not answer
+// lists nothing takes them out again; a pool would keep them all until
+// the next collection (hundreds of MB at a million nodes).
 var pages = make(chan []registry.Node, 64)
 
 // maxRecycled bounds the pages kept for reuse, in nodes.
@@ -148,6 +161,9 @@ const maxRecycled = 1024
 // with it (nothing may use it after): its nodes are cleared and the slice
 // is reused by a later page.
 func (c *Cache) Recycle(page []registry.Node) {
+	if l, ok := c.load.(PageLender); ok && l.RecyclePage(page) {
+		return
+	}
 	if cap(page) == 0 || cap(page) > maxRecycled {
 		return
 	}

@@ -100,3 +100,13 @@ func GroupQueued(s *Store) int { return s.group.queued() }
 // Grouped is the number of claims and releases committed in groups of two
 // or more.
 func Grouped(s *Store) int64 { return s.group.grouped.Load() }
+
+// LentPages is the number of pages ListPage has out and tracks.
+func LentPages(s *Store) int {
+	s.pages.mu.Lock()
+	defer s.pages.mu.Unlock()
+	return len(s.pages.lent)
+}
+
+// MaxLent is how many lent pages are tracked at most.
+const MaxLent = maxLent

@@ -45,6 +45,9 @@ type Store struct {
 	// was last vacuumed (see FoldHostFree); shared with the stores bound
 	// to one of the pool's connections.
 	unvacuumed *atomic.Int64
+	// pages lends pages of nodes (ListPage); nil on the stores made for
+	// a transaction or a held connection, which list as ListNodes.
+	pages *pageLender
 }
 
 // Options tune the connection pool.
@@ -104,7 +107,7 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: open: %w", translate(err))
 	}
-	s := &Store{pool: pool, db: pool, unvacuumed: new(atomic.Int64)}
+	s := &Store{pool: pool, db: pool, unvacuumed: new(atomic.Int64), pages: newPageLender()}
 	s.group = &group{s: s, observe: opts.ObserveGroup}
 	return s, nil
 }
