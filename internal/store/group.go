@@ -41,7 +41,10 @@ const (
 //   - a group that fails before anything could commit (an error the
 //     server reported, which rolls the transaction back, or one before its
 //     COMMIT was sent) is run again one operation at a time, alone, so an
-//     operation's error is its own;
+//     operation's error is its own; so is a group that waited past
+//     groupLockTimeout for a row lock (see there), and one whose caller of
+//     an operation gave up before its COMMIT was sent (that operation then
+//     fails with its context's error, and commits nothing);
 //   - a group whose COMMIT's outcome is unknown (the connection lost on
 //     the way) fails each of its operations with that error, as a lone
 //     transaction would.
@@ -179,6 +182,15 @@ func (g *group) run() {
 // alone, and tells each it is done.
 func (g *group) runGroup(ops []*groupOp) {
 	defer func() {
+		// A panic here would end the process (no handler's recovery
+		// covers a runner) and leave the callers waiting: each is failed
+		// instead, the outcome unknown.
+		if p := recover(); p != nil {
+			for _, op := range ops {
+				op.nodes, op.alone = nil, false
+				op.err = fmt.Errorf("store: %s: a shared transaction panicked, its outcome unknown: %v", op.kind(), p)
+			}
+		}
 		for _, op := range ops {
 			close(op.done)
 		}
@@ -221,9 +233,9 @@ func (g *group) runGroup(ops []*groupOp) {
 				op.release = &releasing{r: op.release.r}
 			}
 			if again {
-				op.alone = true
+				op.alone = true // alone, a cancelled one fails with its context's error
 			} else {
-				op.err = fmt.Errorf("store: %s: %w", op.kind(), translate(err))
+				op.alone, op.err = false, fmt.Errorf("store: %s: %w", op.kind(), translate(err))
 			}
 		}
 	}
@@ -237,20 +249,39 @@ func (g *group) runGroup(ops []*groupOp) {
 // followed.
 func rolledBack(err error) bool {
 	if pe, ok := errors.AsType[*pgconn.PgError](err); ok {
-		return pe.Severity == "ERROR"
+		return pe.SeverityUnlocalized == "ERROR"
 	}
-	return errors.Is(err, pgx.ErrTxCommitRollback)
+	return errors.Is(err, pgx.ErrTxCommitRollback) || errors.Is(err, errGroupCancelled)
 }
+
+// errGroupCancelled rolls a group back because the caller of one of its
+// operations gave up before the COMMIT was sent: that operation must not
+// commit. The others are run again alone.
+var errGroupCancelled = errors.New("an operation's caller gave up")
+
+// groupLockTimeout bounds each wait of a group's statements for a row
+// lock. Claims never wait (SKIP LOCKED); a release waits for the nodes it
+// names. Operations alone lock node rows in pk order, so none can
+// deadlock with another; a group's releases, one after another, lock in
+// the order the requests came, and a wait behind another transaction
+// would hold up every claim of the group. Past this bound the group is
+// rolled back (55P03, an ERROR) and each of its operations run again
+// alone, where it waits as it always did; the bound is well under
+// PostgreSQL's deadlock_timeout (1 s), so a group caught in a deadlock
+// gives way before the other transaction is chosen to fail.
+const groupLockTimeout = "100ms"
 
 // commitGroup runs ops' statements in one transaction of two round trips
 // (see pipeTx): BEGIN and every operation's statements, in order; then
 // the change-log and audit rows of those that changed something, with
-// COMMIT. A claim that found too few nodes is marked to run alone. It
-// reports whether the COMMIT was sent.
+// COMMIT. A claim that found too few nodes is marked to run alone. When
+// the caller of an operation gave up meanwhile, nothing is committed
+// (errGroupCancelled). It reports whether the COMMIT was sent.
 func (s *Store) commitGroup(ops []*groupOp) (committing bool, err error) {
 	ctx := context.Background() // the group's; the statement timeout bounds each round trip
 	err = s.pipelined(ctx, func(tx *pipeTx) error {
 		b := tx.batch()
+		b.Queue(`SET LOCAL lock_timeout = '` + groupLockTimeout + `'`)
 		for _, op := range ops {
 			if op.release != nil {
 				op.release.queue(b)
@@ -260,6 +291,11 @@ func (s *Store) commitGroup(ops []*groupOp) (committing bool, err error) {
 		}
 		if err := tx.send(ctx, b); err != nil {
 			return err
+		}
+		for _, op := range ops {
+			if op.ctx.Err() != nil {
+				return errGroupCancelled
+			}
 		}
 		b = tx.batch()
 		changed := false

@@ -21,6 +21,7 @@ import (
 type pageBuf struct {
 	nodes    []registry.Node
 	backings []nodeBacking
+	used     int // nodes (and so at most backings) the last page filled
 }
 
 const (
@@ -35,8 +36,9 @@ type pageLender struct {
 	mu   sync.Mutex
 	// lent maps each page out to its memory, by its first element. A page
 	// never given back stays here until more than maxLent are out; then
-	// all are forgotten (given back later, they are left to the garbage
-	// collector), so a caller that keeps one costs no more than that.
+	// all are forgotten (given back later, they are not taken: RecyclePage
+	// says so, and the caller treats them as any page not lent), so a
+	// caller that keeps one costs no more than that.
 	lent map[*registry.Node]*pageBuf
 }
 
@@ -70,12 +72,14 @@ func (s *Store) ListPage(ctx context.Context, f registry.NodeFilter) ([]registry
 	}
 	nodes, err := s.listInto(ctx, f, buf.nodes[:0], buf.backings)
 	if err != nil {
+		buf.used = cap(buf.nodes) // what a failed read filled is not known
 		s.pages.keep(buf)
 		return nil, err
 	}
 	if unsafe.SliceData(nodes) != unsafe.SliceData(buf.nodes) {
 		return nodes, nil // outgrew the buffer (cannot, with its LIMIT): the caller's
 	}
+	buf.used = len(nodes)
 	s.pages.mu.Lock()
 	if len(s.pages.lent) >= maxLent {
 		clear(s.pages.lent)
@@ -86,7 +90,8 @@ func (s *Store) ListPage(ctx context.Context, f registry.NodeFilter) ([]registry
 }
 
 // RecyclePage takes back a page ListPage lent, and reports whether it was
-// one; nothing may use the page after.
+// one; nothing may use the page after. A page is given back once: given
+// back twice, it could be another caller's by then.
 func (s *Store) RecyclePage(page []registry.Node) bool {
 	if s.pages == nil || cap(page) == 0 {
 		return false
@@ -102,11 +107,12 @@ func (s *Store) RecyclePage(page []registry.Node) bool {
 	return ok
 }
 
-// keep clears buf (it then points at nothing) and keeps it for reuse,
-// unless enough are kept.
+// keep clears what buf's last page filled (it then points at nothing)
+// and keeps it for reuse, unless enough are kept.
 func (l *pageLender) keep(buf *pageBuf) {
-	clear(buf.nodes[:cap(buf.nodes)])
-	clear(buf.backings)
+	clear(buf.nodes[:buf.used])
+	clear(buf.backings[:min(buf.used, len(buf.backings))])
+	buf.used = 0
 	select {
 	case l.kept <- buf:
 	default:
