@@ -110,3 +110,6 @@ func LentPages(s *Store) int {
 
 // MaxLent is how many lent pages are tracked at most.
 const MaxLent = maxLent
+
+// GroupRunners is how many claim and release transactions s runs at once.
+func GroupRunners(s *Store) int { return s.group.runners }

@@ -15,12 +15,18 @@ import (
 	"github.com/registryd/registryd/internal/registry"
 )
 
-// groupRunners is how many grouped transactions run at once, and
-// groupMax the most operations one of them carries.
+// groupRunners is how many claim and release transactions run at once:
+// half the pool's connections, at least minRunners (the pool's default of
+// 4 on a small machine: 2, which measured best there, see
+// docs/benchmarks.md), so that a larger pool on a larger database runs
+// more groups side by side. groupMax is the most operations one group
+// carries.
 const (
-	groupRunners = 2
-	groupMax     = 64
+	minRunners = 2
+	groupMax   = 64
 )
+
+func groupRunners(maxConns int32) int { return max(minRunners, int(maxConns)/2) }
 
 // group runs claims and releases that arrive while others are under way
 // together, in one transaction (group commit). A claim and its release
@@ -52,10 +58,11 @@ const (
 // An operation alone (nothing else queued, a runner free) runs in its
 // caller's goroutine with its own context, exactly as without grouping,
 // so a quiet registry pays nothing for it. Operations queue only while
-// groupRunners transactions are under way; the queue then goes as one
-// group when a runner is free.
+// runners transactions are under way; the queue then goes as one group
+// when a runner is free.
 type group struct {
 	s       *Store
+	runners int                            // groupRunners of the pool
 	observe func(committed int, err error) // Options.ObserveGroup
 
 	mu      sync.Mutex
@@ -84,7 +91,7 @@ type groupOp struct {
 // own, with its own context, and sets its outcome); its outcome is in op.
 func (g *group) do(op *groupOp, alone func()) {
 	g.mu.Lock()
-	if g.running < groupRunners && len(g.queue) == 0 && !g.held {
+	if g.running < g.runners && len(g.queue) == 0 && !g.held {
 		// Nothing waits: op goes alone, in this goroutine, as a runner. A
 		// group that queues meanwhile is started when it is done.
 		g.running++
@@ -117,10 +124,10 @@ func (g *group) do(op *groupOp, alone func()) {
 	}
 }
 
-// startRunners starts runners for the queue while fewer than
-// groupRunners run. g.mu is held.
+// startRunners starts runners for the queue while fewer than g.runners
+// run. g.mu is held.
 func (g *group) startRunners() {
-	for !g.held && len(g.queue) > 0 && g.running < groupRunners {
+	for !g.held && len(g.queue) > 0 && g.running < g.runners {
 		g.running++
 		go g.run()
 	}

@@ -501,3 +501,19 @@ func TestGroupPanicFailsEach(t *testing.T) {
 		}
 	}
 }
+
+// Groups run side by side in proportion to the pool: half its
+// connections, at least two. Fault caught (tried once): a fixed number.
+func TestGroupRunnersFollowPool(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.New(t)
+	for _, c := range []struct {
+		conns int32
+		want  int
+	}{{1, 2}, {4, 2}, {5, 2}, {16, 8}} {
+		st := pgtest.Open(t, dbURL, store.Options{MaxConns: c.conns})
+		if got := store.GroupRunners(st); got != c.want {
+			t.Errorf("a pool of %d: %d runners, want %d", c.conns, got, c.want)
+		}
+	}
+}

@@ -108,7 +108,7 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("store: open: %w", translate(err))
 	}
 	s := &Store{pool: pool, db: pool, unvacuumed: new(atomic.Int64), pages: newPageLender()}
-	s.group = &group{s: s, observe: opts.ObserveGroup}
+	s.group = &group{s: s, runners: groupRunners(pool.Config().MaxConns), observe: opts.ObserveGroup}
 	return s, nil
 }
 
