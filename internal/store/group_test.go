@@ -33,6 +33,16 @@ func (l *groupLog) get() []string {
 	return slices.Clone(l.calls)
 }
 
+// observedFleet is a store on a database of its own with hosts hosts of 8
+// nodes (gangFleet), whose groups are told to the log it returns.
+func observedFleet(t *testing.T, hosts int) (*store.Store, *groupLog) {
+	t.Helper()
+	log := &groupLog{}
+	st := pgtest.Open(t, pgtest.New(t), store.Options{ObserveGroup: log.observe})
+	gangFleet(t, st, hosts)
+	return st, log
+}
+
 // waitQueued waits, at most 10 s, for n claims and releases to be
 // queued.
 func waitQueued(t *testing.T, st *store.Store, n int) {
@@ -103,9 +113,7 @@ func scheduler(i int) registry.Actor {
 func TestGroupedClaimsAndReleases(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	var log groupLog
-	st := pgtest.Open(t, pgtest.New(t), store.Options{ObserveGroup: log.observe})
-	gangFleet(t, st, 2) // 16 nodes
+	st, log := observedFleet(t, 2) // 16 nodes
 	pre, err := st.ClaimNodes(ctx, sys, registry.Claim{Job: 7, Count: 2})
 	if err != nil {
 		t.Fatal(err)
@@ -196,9 +204,7 @@ func TestGroupedClaimsAndReleases(t *testing.T) {
 func TestGroupThatFailsRunsEachAlone(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	var log groupLog
-	st := pgtest.Open(t, pgtest.New(t), store.Options{ObserveGroup: log.observe})
-	gangFleet(t, st, 1)
+	st, log := observedFleet(t, 1)
 	refuseAudit(t, st)
 	grouped := store.Grouped(st)
 	errs := make([]error, 4)
@@ -384,9 +390,7 @@ func TestGroupLostAtCommitFailsEach(t *testing.T) {
 func TestGroupLockWaitRunsEachAlone(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	var log groupLog
-	st := pgtest.Open(t, pgtest.New(t), store.Options{ObserveGroup: log.observe})
-	gangFleet(t, st, 1)
+	st, log := observedFleet(t, 1)
 	held, err := st.ClaimNodes(ctx, sys, registry.Claim{Job: 7, Count: 1})
 	if err != nil {
 		t.Fatal(err)
