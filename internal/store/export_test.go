@@ -113,3 +113,6 @@ const MaxLent = maxLent
 
 // GroupRunners is how many claim and release transactions s runs at once.
 func GroupRunners(s *Store) int { return s.group.runners }
+
+// ShortClaim exposes the conflict of a claim that found too few nodes.
+var ShortClaim = shortClaim

@@ -278,12 +278,13 @@ var errGroupCancelled = errors.New("an operation's caller gave up")
 // gives way before the other transaction is chosen to fail.
 const groupLockTimeout = "100ms"
 
-// commitGroup runs ops' statements in one transaction of two round trips
-// (see pipeTx): BEGIN and every operation's statements, in order; then
-// the change-log and audit rows of those that changed something, with
-// COMMIT. A claim that found too few nodes is marked to run alone. When
-// the caller of an operation gave up meanwhile, nothing is committed
-// (errGroupCancelled). It reports whether the COMMIT was sent.
+// commitGroup runs ops' statements in one transaction of three round
+// trips (see pipeTx): BEGIN and every operation's statements, in order;
+// the change-log and audit rows of those that changed something; then
+// a COMMIT of its own. A claim that found too few nodes is marked to run
+// alone. When the caller of an operation gave up before the COMMIT is
+// sent, nothing is committed (errGroupCancelled). It reports whether the
+// COMMIT was sent.
 func (s *Store) commitGroup(ops []*groupOp) (committing bool, err error) {
 	ctx := context.Background() // the group's; the statement timeout bounds each round trip
 	err = s.pipelined(ctx, func(tx *pipeTx) error {
@@ -299,10 +300,8 @@ func (s *Store) commitGroup(ops []*groupOp) (committing bool, err error) {
 		if err := tx.send(ctx, b); err != nil {
 			return err
 		}
-		for _, op := range ops {
-			if op.ctx.Err() != nil {
-				return errGroupCancelled
-			}
+		if cancelled(ops) {
+			return errGroupCancelled
 		}
 		b = tx.batch()
 		changed := false
@@ -331,10 +330,28 @@ func (s *Store) commitGroup(ops []*groupOp) (committing bool, err error) {
 		if !changed {
 			return nil // nothing changed; the transaction is rolled back
 		}
+		// The records go in a round trip of their own, and the callers are
+		// asked again before the COMMIT: for a large group that round trip
+		// takes milliseconds, and a caller that gave up meanwhile (a
+		// scheduler whose client timed out, which then releases what its
+		// job holds) must not find its claim committed after that release
+		// looked. What is left is the COMMIT's own round trip, the window a
+		// lone transaction has too.
+		if err := tx.send(ctx, b); err != nil {
+			return err
+		}
+		if cancelled(ops) {
+			return errGroupCancelled
+		}
 		committing = true
-		return tx.commit(ctx, b)
+		return tx.commit(ctx, tx.batch())
 	})
 	return committing, err
+}
+
+// cancelled reports whether the caller of one of ops gave up.
+func cancelled(ops []*groupOp) bool {
+	return slices.ContainsFunc(ops, func(op *groupOp) bool { return op.ctx.Err() != nil })
 }
 
 func (op *groupOp) kind() string {

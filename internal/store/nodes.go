@@ -535,7 +535,19 @@ func (tx *pipeTx) claimAny(ctx context.Context, c registry.Claim) ([]registry.No
 	if err := tx.send(ctx, b); err != nil {
 		return nil, nil, err
 	}
-	return nil, nil, registry.Conflictf("only %d free node(s) match and are not being claimed right now; %d requested", len(pks), c.Count)
+	return nil, nil, shortClaim(len(pks), c.Count)
+}
+
+// shortClaim is the conflict of a claim of requested nodes whose pick
+// found too few; found is what a second look, a moment later, counted.
+// That look sees what other claims gave back or committed meanwhile, so it
+// can count as many as were asked: the message then says so rather than
+// "only 4 … 4 requested".
+func shortClaim(found, requested int) error {
+	if found < requested {
+		return registry.Conflictf("only %d free node(s) match and are not being claimed right now; %d requested", found, requested)
+	}
+	return registry.Conflictf("fewer than %d free node(s) matched that no other claim was taking at that moment; try again", requested)
 }
 
 // queueClaim queues the statement that picks c.Count free nodes matching
