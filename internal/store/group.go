@@ -69,6 +69,11 @@ type group struct {
 	queue   []*groupOp
 	running int // runners (callers running their own operation, or goroutines running groups)
 	held    bool
+	// claiming counts the claims of each job under way (queued, in a
+	// group or alone), and settled is closed (and replaced) whenever one
+	// ends: a release of a job waits for its claims (see waitClaims).
+	claiming map[int64]int
+	settled  chan struct{}
 
 	grouped atomic.Int64 // operations committed in groups of two or more
 }
@@ -85,6 +90,49 @@ type groupOp struct {
 	err   error
 	alone bool // the caller is to run it alone
 	done  chan struct{}
+}
+
+// claimStarts notes a claim of job under way; claimEnds its end.
+func (g *group) claimStarts(job int64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.claiming == nil {
+		g.claiming, g.settled = map[int64]int{}, make(chan struct{})
+	}
+	g.claiming[job]++
+}
+
+func (g *group) claimEnds(job int64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.claiming[job]--; g.claiming[job] <= 0 {
+		delete(g.claiming, job)
+	}
+	close(g.settled)
+	g.settled = make(chan struct{})
+}
+
+// waitClaims waits until no claim of job is under way on this replica (or
+// ctx ends). A scheduler whose claim timed out often releases its job at
+// once; its claim may still be committing (a COMMIT on its way cannot be
+// called back), and a release that read the nodes before that commit
+// would find nothing, leaving the claimed nodes held. Waiting for the
+// claim's outcome makes the release see them. Across replicas the window
+// is the COMMIT's round trip, as for any transaction.
+func (g *group) waitClaims(ctx context.Context, job int64) error {
+	for {
+		g.mu.Lock()
+		n, settled := g.claiming[job], g.settled
+		g.mu.Unlock()
+		if n == 0 {
+			return nil
+		}
+		select {
+		case <-settled:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
 // do runs op, in a group or alone (alone runs it in a transaction of its

@@ -470,10 +470,14 @@ func (s *Store) ClaimNodes(ctx context.Context, actor registry.Actor, c registry
 	}
 	free := true
 	c.Filter.Free = &free
-	if s.group != nil && !c.SameHost {
-		op := &groupOp{ctx: ctx, actor: actor, claim: c}
-		s.group.do(op, func() { op.nodes, op.err = s.claimAlone(ctx, actor, c) })
-		return op.nodes, op.err
+	if s.group != nil {
+		s.group.claimStarts(c.Job) // a release of the job waits for it
+		defer s.group.claimEnds(c.Job)
+		if !c.SameHost {
+			op := &groupOp{ctx: ctx, actor: actor, claim: c}
+			s.group.do(op, func() { op.nodes, op.err = s.claimAlone(ctx, actor, c) })
+			return op.nodes, op.err
+		}
 	}
 	return s.claimAlone(ctx, actor, c)
 }
@@ -919,13 +923,17 @@ const (
 // from them (held by r.Job), and the two are checked to agree.
 //
 // Releases that arrive while others are under way go together with them
-// and with claims (see group).
+// and with claims (see group). A release first waits for the claims of
+// its job under way on this replica (see group.waitClaims).
 func (s *Store) ReleaseNodes(ctx context.Context, actor registry.Actor, r registry.Release) ([]registry.Node, []registry.NotReleased, error) {
 	if err := r.Normalize(); err != nil {
 		return nil, nil, err
 	}
 	if s.group != nil {
 		op := &groupOp{ctx: ctx, actor: actor, release: &releasing{r: r}}
+		if err := s.group.waitClaims(ctx, r.Job); err != nil {
+			return nil, nil, fmt.Errorf("store: release: %w", translate(err))
+		}
 		s.group.do(op, func() { op.nodes, op.release.notReleased, op.err = s.releaseAlone(ctx, actor, r) })
 		return op.nodes, op.release.notReleased, op.err
 	}
