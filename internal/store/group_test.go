@@ -630,3 +630,45 @@ func TestReleaseWaitEndsWithContext(t *testing.T) {
 		t.Error("the release did not give up within 5 s of its context's end")
 	}
 }
+
+// The same for a claim alone: once its COMMIT is sent, its caller giving
+// up no longer cuts the call short, so the claim's end (which the release
+// waits for) is its real outcome, and the release frees what it got. (With
+// the COMMIT's round trip cancelled with the caller, PostgreSQL's cancel
+// reaches this test's slow COMMIT and rolls it back, which is right too;
+// a COMMIT already flushing cannot be cancelled, and that one an outside
+// tester's load caught committing after the release had looked.)
+func TestReleaseWaitsForAClaimAlone(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st := pgtest.Open(t, pgtest.New(t), store.Options{})
+	gangFleet(t, st, 1)
+	if _, err := st.Pool().Exec(ctx, `
+		CREATE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN PERFORM pg_sleep(0.6); RETURN NEW; END $$;
+		CREATE CONSTRAINT TRIGGER slow AFTER INSERT ON audit_log DEFERRABLE INITIALLY DEFERRED
+			FOR EACH ROW WHEN (NEW.principal = 'sched-6') EXECUTE FUNCTION slow()`); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		defer cancel()
+		_, _ = st.ClaimNodes(cctx, scheduler(6), registry.Claim{Job: 666, Count: 1})
+	})
+	time.Sleep(400 * time.Millisecond) // the caller has given up; the COMMIT is on its way
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	released, _, err := st.ReleaseNodes(rctx, scheduler(6), registry.Release{Job: 666})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitDone(t, &wg)
+	var held int
+	if err := st.Pool().QueryRow(ctx, `SELECT count(*) FROM nodes WHERE current_job = 666`).Scan(&held); err != nil {
+		t.Fatal(err)
+	}
+	if held != 0 {
+		t.Errorf("the release answered %d node(s) and %d stay held by the job; want nothing held", len(released), held)
+	}
+}

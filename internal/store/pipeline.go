@@ -75,8 +75,19 @@ func (tx *pipeTx) send(ctx context.Context, b *pgx.Batch) error {
 // commit sends b and commits in the same round trip. When a statement of
 // b fails, the commit is not run (the server skips the rest of a failed
 // batch) and pipelined rolls back.
+//
+// A caller that gave up before commits nothing. Once the COMMIT is sent,
+// giving up no longer cuts the round trip short (the statement timeout
+// still bounds it): the server commits a COMMIT it has received whether
+// the client waits or not, so the call returns only once the outcome is
+// known, and what is answered (and what waits for it, such as a release
+// of the same job, see group.waitClaims) is true.
 func (tx *pipeTx) commit(ctx context.Context, b *pgx.Batch) error {
 	if tx.own {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		ctx = context.WithoutCancel(ctx)
 		b.Queue("commit").Exec(func(ct pgconn.CommandTag) error {
 			if ct.String() == "ROLLBACK" {
 				return pgx.ErrTxCommitRollback
