@@ -43,6 +43,28 @@ func observedFleet(t *testing.T, hosts int) (*store.Store, *groupLog) {
 	return st, log
 }
 
+// slowTrigger makes a trigger (def: what follows CREATE, without the
+// function) that sleeps 0.6 s each time it fires.
+func slowTrigger(t *testing.T, st *store.Store, def string) {
+	t.Helper()
+	if _, err := st.Pool().Exec(context.Background(), `
+		CREATE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN PERFORM pg_sleep(0.6); RETURN NEW; END $$;
+		CREATE `+def+` EXECUTE FUNCTION slow()`); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// heldByJob counts the nodes job holds.
+func heldByJob(t *testing.T, st *store.Store, job int64) int {
+	t.Helper()
+	var n int
+	if err := st.Pool().QueryRow(context.Background(), `SELECT count(*) FROM nodes WHERE current_job = $1`, job).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
 // waitQueued waits, at most 10 s, for n claims and releases to be
 // queued.
 func waitQueued(t *testing.T, st *store.Store, n int) {
@@ -467,12 +489,7 @@ func TestGroupAbandonedClaimCommitsNothing(t *testing.T) {
 			ctx := context.Background()
 			st := pgtest.Open(t, pgtest.New(t), store.Options{})
 			gangFleet(t, st, 1)
-			if _, err := st.Pool().Exec(ctx, `
-				CREATE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS $$
-				BEGIN PERFORM pg_sleep(0.5); RETURN NEW; END $$;
-				CREATE TRIGGER slow `+slow.trigger+` EXECUTE FUNCTION slow()`); err != nil {
-				t.Fatal(err)
-			}
+			slowTrigger(t, st, `TRIGGER slow `+slow.trigger)
 			var abandoned error
 			errs := make([]error, 2)
 			claim := func(i int) func() {
@@ -491,9 +508,8 @@ func TestGroupAbandonedClaimCommitsNothing(t *testing.T) {
 					t.Errorf("claim %d beside the abandoned one: %v", i, err)
 				}
 			}
-			var n int
-			if err := st.Pool().QueryRow(ctx, `SELECT count(*) FROM nodes WHERE current_job = 666`).Scan(&n); err != nil || n != 0 {
-				t.Errorf("%d nodes held by the abandoned claim's job (%v), want 0", n, err)
+			if n := heldByJob(t, st, 666); n != 0 {
+				t.Errorf("%d nodes held by the abandoned claim's job, want 0", n)
 			}
 			if held := heldNodes(t, st); held != 2 {
 				t.Errorf("%d nodes held, want the other two claims'", held)
@@ -556,48 +572,58 @@ func TestShortClaimMessage(t *testing.T) {
 }
 
 // A release of a job waits for that job's claims under way on the
-// replica: here a claim whose caller gave up while its group's COMMIT was
-// on its way (a deferred trigger makes the COMMIT slow), so the claim
-// commits; the release the caller sends next releases those nodes instead
-// of answering that the job holds none. Fault caught (tried once): the
-// release not waiting (an outside tester found such nodes held for good).
+// replica. Here a claim's caller gives up while its COMMIT is on its way
+// (a deferred trigger makes the COMMIT slow), and at once releases the
+// job; the release must leave nothing held. In a group, the COMMIT is sent
+// whatever the caller does, so the claim commits and the release frees
+// its node. Alone, once its COMMIT is sent the caller giving up no longer
+// cuts the call short, so the claim's end, which the release waits for,
+// is its real outcome (with the round trip cancelled, PostgreSQL's cancel
+// reaches this test's slow COMMIT and rolls it back, which is right too;
+// a COMMIT already flushing cannot be cancelled, and that one an outside
+// tester's load caught committing after the release had looked). Fault
+// caught (tried once): the release not waiting (both cases: the release
+// answered nothing and the node stayed held).
 func TestReleaseWaitsForItsJobsClaims(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	st := pgtest.Open(t, pgtest.New(t), store.Options{})
-	gangFleet(t, st, 1)
-	if _, err := st.Pool().Exec(ctx, `
-		CREATE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN PERFORM pg_sleep(0.6); RETURN NEW; END $$;
-		CREATE CONSTRAINT TRIGGER slow AFTER INSERT ON audit_log DEFERRABLE INITIALLY DEFERRED
-			FOR EACH ROW WHEN (NEW.principal = 'sched-6') EXECUTE FUNCTION slow()`); err != nil {
-		t.Fatal(err)
-	}
-	release := store.HoldGroups(st)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-		defer cancel()
-		_, _ = st.ClaimNodes(cctx, scheduler(6), registry.Claim{Job: 666, Count: 2})
-	})
-	waitQueued(t, st, 1)
-	wg.Go(func() { _, _ = st.ClaimNodes(ctx, scheduler(0), registry.Claim{Job: 30, Count: 1}) })
-	waitQueued(t, st, 2)
-	release()
-	time.Sleep(400 * time.Millisecond) // the caller has given up; the COMMIT is on its way
-	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	released, _, err := st.ReleaseNodes(rctx, scheduler(6), registry.Release{Job: 666})
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitDone(t, &wg)
-	var held int
-	if err := st.Pool().QueryRow(ctx, `SELECT count(*) FROM nodes WHERE current_job = 666`).Scan(&held); err != nil {
-		t.Fatal(err)
-	}
-	if held != 0 || len(released) != 2 {
-		t.Errorf("the release answered %d node(s) and %d stay held by the job; want the claim's 2 released", len(released), held)
+	for _, grouped := range []bool{true, false} {
+		t.Run(fmt.Sprintf("grouped=%t", grouped), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			st := pgtest.Open(t, pgtest.New(t), store.Options{})
+			gangFleet(t, st, 1)
+			slowTrigger(t, st, `CONSTRAINT TRIGGER slow AFTER INSERT ON audit_log DEFERRABLE INITIALLY DEFERRED
+				FOR EACH ROW WHEN (NEW.principal = 'sched-6')`)
+			abandon := func() {
+				cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+				defer cancel()
+				_, _ = st.ClaimNodes(cctx, scheduler(6), registry.Claim{Job: 666, Count: 1})
+			}
+			var wg sync.WaitGroup
+			if grouped {
+				release := store.HoldGroups(st)
+				wg.Go(abandon)
+				waitQueued(t, st, 1)
+				wg.Go(func() { _, _ = st.ClaimNodes(ctx, scheduler(0), registry.Claim{Job: 30, Count: 1}) })
+				waitQueued(t, st, 2)
+				release()
+			} else {
+				wg.Go(abandon)
+			}
+			time.Sleep(400 * time.Millisecond) // the caller has given up; the COMMIT is on its way
+			rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			released, _, err := st.ReleaseNodes(rctx, scheduler(6), registry.Release{Job: 666})
+			if err != nil {
+				t.Fatal(err)
+			}
+			waitDone(t, &wg)
+			held := heldByJob(t, st, 666)
+			if held != 0 || grouped && len(released) != 1 {
+				t.Errorf("the release answered %d node(s) and %d stay held by the job; want nothing held (in a group: the claim's node released)",
+					len(released), held)
+			}
+		})
 	}
 }
 
@@ -628,47 +654,5 @@ func TestReleaseWaitEndsWithContext(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Error("the release did not give up within 5 s of its context's end")
-	}
-}
-
-// The same for a claim alone: once its COMMIT is sent, its caller giving
-// up no longer cuts the call short, so the claim's end (which the release
-// waits for) is its real outcome, and the release frees what it got. (With
-// the COMMIT's round trip cancelled with the caller, PostgreSQL's cancel
-// reaches this test's slow COMMIT and rolls it back, which is right too;
-// a COMMIT already flushing cannot be cancelled, and that one an outside
-// tester's load caught committing after the release had looked.)
-func TestReleaseWaitsForAClaimAlone(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	st := pgtest.Open(t, pgtest.New(t), store.Options{})
-	gangFleet(t, st, 1)
-	if _, err := st.Pool().Exec(ctx, `
-		CREATE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN PERFORM pg_sleep(0.6); RETURN NEW; END $$;
-		CREATE CONSTRAINT TRIGGER slow AFTER INSERT ON audit_log DEFERRABLE INITIALLY DEFERRED
-			FOR EACH ROW WHEN (NEW.principal = 'sched-6') EXECUTE FUNCTION slow()`); err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-		defer cancel()
-		_, _ = st.ClaimNodes(cctx, scheduler(6), registry.Claim{Job: 666, Count: 1})
-	})
-	time.Sleep(400 * time.Millisecond) // the caller has given up; the COMMIT is on its way
-	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	released, _, err := st.ReleaseNodes(rctx, scheduler(6), registry.Release{Job: 666})
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitDone(t, &wg)
-	var held int
-	if err := st.Pool().QueryRow(ctx, `SELECT count(*) FROM nodes WHERE current_job = 666`).Scan(&held); err != nil {
-		t.Fatal(err)
-	}
-	if held != 0 {
-		t.Errorf("the release answered %d node(s) and %d stay held by the job; want nothing held", len(released), held)
 	}
 }
