@@ -225,3 +225,46 @@ func (s *Store) Listen(ctx context.Context, channels []string, fn func(channel, 
 		fn(n.Channel, n.Payload)
 	}
 }
+
+// queueRecord queues, for nodes a claim or release changed, their
+// change-log rows (kind) and their audit entries (action) with the
+// change notification, in one statement: the change log's document is
+// the node as it is now, which is also the entry's "after"; the entry's
+// "before" is what beforeOf reconstructs. The documents are what
+// recordChanges and auditNodes write.
+func queueRecord(b *pgx.Batch, actor registry.Actor, kind, action string, nodes []registry.Node, beforeOf func(registry.Node) nodeDoc) {
+	pks := make([]int64, len(nodes))
+	docs := make([]string, len(nodes))
+	befores := make([]string, len(nodes))
+	buf := make([]byte, 0, 1024)
+	for i, n := range nodes {
+		pks[i] = n.PK
+		buf = docOfNode(n).appendJSON(buf[:0])
+		docs[i] = string(buf)
+		buf = beforeOf(n).appendJSON(buf[:0])
+		befores[i] = string(buf)
+	}
+	b.Queue(recordNodesSQL,
+		pks, docs, befores, kind, actor.Sub, string(actor.Role), actor.ActingNode, action, false,
+		actor.RequestID, actor.ClientRequestID, ChangesChannel)
+}
+
+// recordNodesSQL writes nodes' change-log rows and audit entries and
+// notifies the change, in one statement: $1 pks, $2 their documents (the
+// change log's, the entries' "after"), $3 their "before" documents, $4 the
+// change's kind, $5..$8 the actor (principal, role, acting node) and the
+// action, $9 true for a deletion (the entry's before is the document,
+// after is null), $10, $11 the request ids, $12 the channel.
+const recordNodesSQL = `
+		WITH u AS MATERIALIZED (
+			SELECT * FROM unnest($1::bigint[], $2::jsonb[], $3::jsonb[]) AS u(pk, doc, before)
+		), changes AS (
+			INSERT INTO node_changes (kind, node_pk, doc) SELECT $4, u.pk, u.doc FROM u
+		), audit AS (
+			INSERT INTO audit_log (principal, role, acting_node, action, target_type, target_pk, before, after, request_id, client_request_id)
+			SELECT $5, $6, $7, $8, 'node', u.pk,
+				CASE WHEN $9 THEN u.doc ELSE u.before END, CASE WHEN $9 THEN NULL ELSE u.doc END,
+				nullif($10, ''), nullif($11, '')
+			FROM u
+		)
+		SELECT pg_notify($12, '')`

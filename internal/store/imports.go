@@ -497,23 +497,3 @@ func (s *Store) recordImported(ctx context.Context, actor registry.Actor, kind, 
 	}
 	return nil
 }
-
-// recordNodesSQL writes nodes' change-log rows and audit entries and
-// notifies the change, in one statement: $1 pks, $2 their documents (the
-// change log's, the entries' "after"), $3 their "before" documents, $4 the
-// change's kind, $5..$8 the actor (principal, role, acting node) and the
-// action, $9 true for a deletion (the entry's before is the document,
-// after is null), $10, $11 the request ids, $12 the channel.
-const recordNodesSQL = `
-		WITH u AS MATERIALIZED (
-			SELECT * FROM unnest($1::bigint[], $2::jsonb[], $3::jsonb[]) AS u(pk, doc, before)
-		), changes AS (
-			INSERT INTO node_changes (kind, node_pk, doc) SELECT $4, u.pk, u.doc FROM u
-		), audit AS (
-			INSERT INTO audit_log (principal, role, acting_node, action, target_type, target_pk, before, after, request_id, client_request_id)
-			SELECT $5, $6, $7, $8, 'node', u.pk,
-				CASE WHEN $9 THEN u.doc ELSE u.before END, CASE WHEN $9 THEN NULL ELSE u.doc END,
-				nullif($10, ''), nullif($11, '')
-			FROM u
-		)
-		SELECT pg_notify($12, '')`

@@ -1,0 +1,89 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+)
+
+// FoldHostFree folds the committed deltas of host_free_delta into host_free
+// (migration 00013), keeping the claims' read of the counts short. The
+// lifecycle sweeper calls it on every pass; it is safe at any time, also
+// concurrently (a delta is deleted, and so added, once). A count that falls
+// below zero means a write bypassed the triggers: an error.
+func (s *Store) FoldHostFree(ctx context.Context) error {
+	var moved int64
+	err := s.WithTx(ctx, func(tx *Store) error {
+		var lowest *int64
+		err := tx.db.QueryRow(ctx, `
+			WITH moved AS (
+				DELETE FROM host_free_delta RETURNING ip, hardware_generation, gpu_mem, cpu_mem, source, delta
+			), sums AS (
+				SELECT ip, hardware_generation, gpu_mem, cpu_mem, source, sum(delta)::integer AS delta
+				FROM moved GROUP BY 1, 2, 3, 4, 5 HAVING sum(delta) <> 0
+			), folded AS (
+				INSERT INTO host_free AS h (ip, hardware_generation, gpu_mem, cpu_mem, source, free)
+				SELECT * FROM sums ORDER BY 1, 2, 3, 4, 5
+				ON CONFLICT (ip, hardware_generation, gpu_mem, cpu_mem, source) DO UPDATE SET free = h.free + excluded.free
+				RETURNING free
+			)
+			SELECT (SELECT min(free) FROM folded), (SELECT count(*) FROM moved)`).Scan(&lowest, &moved)
+		if err != nil {
+			return err
+		}
+		if lowest == nil || *lowest > 0 {
+			return nil
+		}
+		if *lowest < 0 {
+			return errors.New("a free count fell below zero: a write to nodes bypassed host_free's triggers")
+		}
+		_, err = tx.db.Exec(ctx, `DELETE FROM host_free WHERE free <= 0`)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("store: fold host_free: %w", translate(err))
+	}
+	if s.inTx || s.unvacuumed == nil {
+		return nil // VACUUM cannot run in a transaction block
+	}
+	// Every gang claim reads the whole of host_free_delta's file for the
+	// pending deltas, dead rows and empty pages included, so what the
+	// folds leave behind is vacuumed here rather than left to autovacuum,
+	// which looks at a table once a minute at most: at a million nodes,
+	// gang claims after 15 s of single claims (tens of thousands of dead
+	// deltas) had a p99 of 55 ms, and 44 ms with this vacuum. A plain
+	// VACUUM is safe for every snapshot (unlike TRUNCATE, which a backup's
+	// snapshot would see empty beside counts not yet folded). It needs the
+	// table's owner; any other role gets a warning and nothing is done.
+	unvacuumed := s.unvacuumed.Add(moved)
+	var vacuum string
+	switch {
+	case moved >= deltaVacuumRows:
+		// An import's worth: the emptied file is cut down as well (after a
+		// million nodes were imported it was 1,000 empty pages, 1.3 ms of a
+		// core per gang claim). The cut waits for a moment without writers
+		// to the table (at most 5 s, PostgreSQL's own bound), so only
+		// large folds ask for it.
+		vacuum = `VACUUM host_free_delta`
+	case unvacuumed >= deltaReuseRows:
+		// The steady claims' deltas: their space is made reusable, so the
+		// file stops growing, without the cut and its wait.
+		vacuum = `VACUUM (TRUNCATE false) host_free_delta`
+	default:
+		return nil
+	}
+	s.unvacuumed.Add(-unvacuumed)
+	if _, err := s.db.Exec(ctx, vacuum); err != nil {
+		return fmt.Errorf("store: vacuum host_free_delta: %w", translate(err))
+	}
+	return nil
+}
+
+// deltaVacuumRows is how many deltas one fold must move before it has
+// the table vacuumed and its file cut down, and deltaReuseRows how many
+// folds must have moved since the last vacuum before one has the space
+// made reusable (see FoldHostFree).
+const (
+	deltaVacuumRows = 10_000
+	deltaReuseRows  = 2_000
+)

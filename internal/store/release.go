@@ -1,0 +1,174 @@
+package store
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/registryd/registryd/internal/registry"
+)
+
+// ReleaseNodes takes nodes back from r.Job: the listed ones, or all it
+// holds. Listed nodes the job does not hold are reported, not failed.
+//
+// Like a claim, it is two round trips (see pipeTx): BEGIN, the lock of the
+// nodes and their update; then their change-log and audit rows with
+// COMMIT. The update re-states on the locked rows what is decided here
+// from them (held by r.Job), and the two are checked to agree.
+//
+// Releases that arrive while others are under way go together with them
+// and with claims (see group). A release first waits for the claims of
+// its job under way on this replica (see group.waitClaims).
+func (s *Store) ReleaseNodes(ctx context.Context, actor registry.Actor, r registry.Release) ([]registry.Node, []registry.NotReleased, error) {
+	if err := r.Normalize(); err != nil {
+		return nil, nil, err
+	}
+	if s.group != nil {
+		op := &groupOp{ctx: ctx, actor: actor, release: &releasing{r: r}}
+		if err := s.group.waitClaims(ctx, r.Job); err != nil {
+			return nil, nil, fmt.Errorf("store: release: %w", translate(err))
+		}
+		s.group.do(op, func() { op.nodes, op.release.notReleased, op.err = s.releaseAlone(ctx, actor, r) })
+		return op.nodes, op.release.notReleased, op.err
+	}
+	return s.releaseAlone(ctx, actor, r)
+}
+
+// releaseAlone is ReleaseNodes in a transaction of its own.
+func (s *Store) releaseAlone(ctx context.Context, actor registry.Actor, r registry.Release) ([]registry.Node, []registry.NotReleased, error) {
+	rl := &releasing{r: r}
+	err := s.pipelined(ctx, func(tx *pipeTx) error {
+		b := tx.batch()
+		rl.queue(b)
+		if err := tx.send(ctx, b); err != nil {
+			return err
+		}
+		if err := rl.settle(); err != nil {
+			return err
+		}
+		if len(rl.released) == 0 {
+			return nil // nothing changed; the transaction is rolled back
+		}
+		b = tx.batch()
+		rl.record(b, actor)
+		return tx.commit(ctx, b)
+	})
+	if err != nil {
+		if _, ok := errors.AsType[*registry.Error](err); ok {
+			return nil, nil, err
+		}
+		return nil, nil, fmt.Errorf("store: release: %w", translate(err))
+	}
+	return rl.released, rl.notReleased, nil
+}
+
+// releasing is one release under way: queue sends its lock and update,
+// settle decides from what they returned, record writes its rows.
+type releasing struct {
+	r           registry.Release
+	released    []registry.Node
+	notReleased []registry.NotReleased
+	// Listed nodes (r.Nodes set): the pks asked for, sorted, and what the
+	// lock found each held by.
+	want          []int64
+	held, expired map[int64]*int64
+}
+
+// queue queues the statements that lock the nodes to release and take
+// them back from the job.
+func (rl *releasing) queue(b *pgx.Batch) {
+	r := rl.r
+	if r.Nodes == nil {
+		b.Queue(`
+			WITH held AS MATERIALIZED (
+				SELECT pk FROM nodes WHERE current_job = $1 ORDER BY pk FOR UPDATE
+			)
+			UPDATE nodes SET current_job = NULL, lease_expires_at = NULL, updated_at = now(), version = version + 1
+			WHERE pk = ANY(ARRAY(SELECT pk FROM held)) AND current_job = $1
+			RETURNING `+nodeColumns, r.Job).Query(func(rows pgx.Rows) error {
+			var err error
+			rl.released, err = pgx.AppendRows(rl.released, rows, scanNode)
+			return err
+		})
+		// The nodes whose lease of this job ran out: the job thinks it
+		// holds them, and is told it does not.
+		b.Queue(`SELECT pk FROM nodes WHERE expired_job = $1 ORDER BY pk`, r.Job).Query(func(rows pgx.Rows) error {
+			lapsed, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+			for _, pk := range lapsed {
+				rl.notReleased = append(rl.notReleased, registry.NotReleased{PK: pk, Reason: registry.LeaseExpiredReason(r.Job)})
+			}
+			return err
+		})
+		return
+	}
+	rl.want = slices.Compact(slices.Sorted(slices.Values(r.Nodes)))
+	rl.held, rl.expired = map[int64]*int64{}, map[int64]*int64{}
+	b.Queue(`SELECT pk, current_job, expired_job FROM nodes WHERE pk = ANY($1) ORDER BY pk FOR UPDATE`, rl.want).Query(func(rows pgx.Rows) error {
+		var pk int64
+		var job, expiredJob *int64
+		_, err := pgx.ForEachRow(rows, []any{&pk, &job, &expiredJob}, func() error {
+			rl.held[pk], rl.expired[pk] = job, expiredJob
+			return nil
+		})
+		return err
+	})
+	b.Queue(`
+		UPDATE nodes SET current_job = NULL, lease_expires_at = NULL, updated_at = now(), version = version + 1
+		WHERE pk = ANY($1) AND current_job = $2
+		RETURNING `+nodeColumns, rl.want, r.Job).Query(func(rows pgx.Rows) error {
+		var err error
+		rl.released, err = pgx.AppendRows(rl.released, rows, scanNode)
+		return err
+	})
+}
+
+// settle decides, from what the queued statements returned, which listed
+// nodes were not released and why, and checks that the update took
+// exactly the nodes the lock found held by the job. The update re-states
+// on the locked rows what is decided here from them; the two must agree.
+func (rl *releasing) settle() error {
+	r := rl.r
+	var pks []int64 // the nodes to release, as decided here
+	if r.Nodes == nil {
+		for _, n := range rl.released {
+			pks = append(pks, n.PK)
+		}
+	} else {
+		for _, pk := range rl.want {
+			job, ok := rl.held[pk]
+			switch {
+			case !ok:
+				rl.notReleased = append(rl.notReleased, registry.NotReleased{PK: pk, Reason: "no such node"})
+			case job == nil && rl.expired[pk] != nil && *rl.expired[pk] == r.Job:
+				rl.notReleased = append(rl.notReleased, registry.NotReleased{PK: pk, Reason: registry.LeaseExpiredReason(r.Job)})
+			case job == nil:
+				rl.notReleased = append(rl.notReleased, registry.NotReleased{PK: pk, Reason: "not held by any job"})
+			case *job != r.Job:
+				rl.notReleased = append(rl.notReleased, registry.NotReleased{PK: pk, Reason: fmt.Sprintf("held by job %d", *job)})
+			default:
+				pks = append(pks, pk)
+			}
+		}
+	}
+	slices.Sort(pks)
+	slices.SortFunc(rl.released, func(a, b registry.Node) int { return cmp.Compare(a.PK, b.PK) })
+	if !slices.EqualFunc(pks, rl.released, func(pk int64, n registry.Node) bool { return pk == n.PK }) {
+		// The rows were locked before they were updated: this cannot
+		// happen unless the statements disagree.
+		return fmt.Errorf("job %d holds %d of the nodes, %d were updated", r.Job, len(pks), len(rl.released))
+	}
+	return nil
+}
+
+// record queues the change-log and audit rows of the released nodes.
+func (rl *releasing) record(b *pgx.Batch, actor registry.Actor) {
+	job := rl.r.Job
+	queueRecord(b, actor, "released", registry.ActionNodeRelease, rl.released, func(n registry.Node) nodeDoc {
+		n.CurrentJob = &job
+		return docOfNode(n)
+	})
+}
