@@ -3,8 +3,6 @@ package store
 import (
 	"cmp"
 	"context"
-	"errors"
-	"fmt"
 	"slices"
 
 	"github.com/jackc/pgx/v5"
@@ -18,91 +16,74 @@ import (
 // row lock re-checks that a node is still free, so no node is ever given
 // to two jobs. Fewer matches than asked: ErrConflict, nothing held.
 //
-// The transaction is two round trips (see pipeTx): BEGIN with the
+// Alone, the transaction is two round trips (see pipeTx): BEGIN with the
 // statement that picks and updates the nodes, then their change-log and
-// audit rows (one statement, documents made here from what the update
-// returned) with COMMIT. A gang claim adds a round trip per host it tries.
-//
-// Claims of nodes from anywhere (not SameHost) that arrive while others
-// are under way go together (see group): their statements share one
-// transaction, each claim still all or nothing.
+// audit rows with COMMIT; a gang claim (c.SameHost) adds a round trip per
+// host it tries. Claims of nodes from anywhere may share a transaction
+// with other claims and releases (see group), each still all or nothing.
+// A release of c.Job on this replica waits for the claim to end (see
+// jobClaims).
 func (s *Store) ClaimNodes(ctx context.Context, actor registry.Actor, c registry.Claim) ([]registry.Node, error) {
 	if err := c.Normalize(); err != nil {
 		return nil, err
 	}
 	free := true
 	c.Filter.Free = &free
-	if s.group != nil {
-		s.group.claimStarts(c.Job) // a release of the job waits for it
-		defer s.group.claimEnds(c.Job)
-		if !c.SameHost {
-			op := &groupOp{ctx: ctx, actor: actor, claim: c}
-			s.group.do(op, func() { op.nodes, op.err = s.claimAlone(ctx, actor, c) })
-			return op.nodes, op.err
-		}
+	defer s.claims.start(c.Job)()
+	cl := &claiming{c: c}
+	var op txOp = cl
+	if c.SameHost {
+		op = &gangClaim{claiming: cl}
 	}
-	return s.claimAlone(ctx, actor, c)
+	if err := s.run(&groupOp{txOp: op, ctx: ctx, actor: actor}); err != nil {
+		return nil, err
+	}
+	return cl.nodes, nil
 }
 
-// claimAlone is ClaimNodes in a transaction of its own.
-func (s *Store) claimAlone(ctx context.Context, actor registry.Actor, c registry.Claim) ([]registry.Node, error) {
-	var out []registry.Node
-	err := s.pipelined(ctx, func(tx *pipeTx) error {
-		var b *pgx.Batch
-		var err error
-		if c.SameHost {
-			out, b, err = tx.claimOneHost(ctx, c)
-		} else {
-			out, b, err = tx.claimAny(ctx, c)
-		}
-		if err != nil {
-			return err
-		}
-		slices.SortFunc(out, func(a, b registry.Node) int { return cmp.Compare(a.PK, b.PK) })
-		queueClaimRecord(b, actor, out)
-		return tx.commit(ctx, b)
-	})
-	if err != nil {
-		if _, ok := errors.AsType[*registry.Error](err); ok {
-			return nil, err
-		}
-		return nil, fmt.Errorf("store: claim: %w", translate(err))
-	}
-	return out, nil
+// claiming is a claim of c.Count nodes from anywhere, lowest pk first: one
+// statement, which takes all of them or none.
+type claiming struct {
+	c     registry.Claim
+	nodes []registry.Node // what it took
 }
 
-// queueClaimRecord queues the change-log and audit rows of nodes a claim
-// took (see queueRecord).
-func queueClaimRecord(b *pgx.Batch, actor registry.Actor, nodes []registry.Node) {
-	queueRecord(b, actor, "claimed", registry.ActionNodeClaim, nodes, func(n registry.Node) nodeDoc {
+func (cl *claiming) queue(b *pgx.Batch) { queueClaim(b, cl.c, nil, &cl.nodes) }
+
+// settle keeps what the claim took. Too few: beside others it runs again
+// alone; alone, a second look says how many there are. That look runs in
+// the same transaction, so it finds the rows the claim locked again (SKIP
+// LOCKED skips only other transactions' locks).
+func (cl *claiming) settle(ctx context.Context, tx *pipeTx, b *pgx.Batch, actor registry.Actor, alone bool) (*pgx.Batch, bool, error) {
+	if len(cl.nodes) == cl.c.Count {
+		cl.record(b, actor)
+		return b, true, nil
+	}
+	cl.nodes = nil // its update took all or none: none
+	if !alone {
+		return b, false, errRunAlone
+	}
+	var pks []int64
+	queuePick(b, cl.c.Filter, cl.c.Count, &pks)
+	if err := tx.send(ctx, b); err != nil {
+		return nil, false, err
+	}
+	return nil, false, shortClaim(len(pks), cl.c.Count)
+}
+
+// record queues the change-log and audit rows of the nodes the claim took
+// (see queueRecord), in pk order.
+func (cl *claiming) record(b *pgx.Batch, actor registry.Actor) {
+	slices.SortFunc(cl.nodes, func(a, b registry.Node) int { return cmp.Compare(a.PK, b.PK) })
+	queueRecord(b, actor, "claimed", registry.ActionNodeClaim, cl.nodes, func(n registry.Node) nodeDoc {
 		n.CurrentJob, n.LeaseExpiresAt = nil, nil
 		return docOfNode(n)
 	})
 }
 
-// claimAny claims c.Count nodes matching c.Filter, lowest pk first, in
-// one round trip, and returns them with the batch for the next one.
-func (tx *pipeTx) claimAny(ctx context.Context, c registry.Claim) ([]registry.Node, *pgx.Batch, error) {
-	b := tx.batch()
-	var out []registry.Node
-	queueClaim(b, c, nil, &out)
-	if err := tx.send(ctx, b); err != nil {
-		return nil, nil, err
-	}
-	if len(out) == c.Count {
-		return out, tx.batch(), nil
-	}
-	// Too few: say how many there are. The pick ran in this transaction,
-	// so it finds the rows it locked again (SKIP LOCKED skips only other
-	// transactions' locks).
-	b = tx.batch()
-	var pks []int64
-	queuePick(b, c.Filter, nil, c.Count, &pks)
-	if err := tx.send(ctx, b); err != nil {
-		return nil, nil, err
-	}
-	return nil, nil, shortClaim(len(pks), c.Count)
-}
+func (cl *claiming) shares() bool { return true }
+func (cl *claiming) reset()       { cl.nodes = nil }
+func (cl *claiming) kind() string { return "claim" }
 
 // shortClaim is the conflict of a claim of requested nodes whose pick
 // found too few; found is what a second look, a moment later, counted.
@@ -154,14 +135,11 @@ func queueClaim(b *pgx.Batch, c registry.Claim, on func(*query) string, out *[]r
 }
 
 // queuePick queues the statement that locks up to n free matching nodes
-// that no one else is locking, lowest pk first (on as for queueClaim);
-// their pks are appended to out.
-func queuePick(b *pgx.Batch, f registry.NodeFilter, on func(*query), n int, out *[]int64) {
+// that no one else is locking, lowest pk first; their pks are appended
+// to out.
+func queuePick(b *pgx.Batch, f registry.NodeFilter, n int, out *[]int64) {
 	var q query
 	q.where(f)
-	if on != nil {
-		on(&q)
-	}
 	b.Queue(`SELECT pk FROM nodes WHERE `+q.cond()+` ORDER BY pk LIMIT `+q.arg(n)+` FOR UPDATE SKIP LOCKED`, q.args...).Query(func(rows pgx.Rows) error {
 		var err error
 		*out, err = pgx.AppendRows(*out, rows, pgx.RowTo[int64])

@@ -88,18 +88,27 @@ func ListDecodable(ctx context.Context, db *pgxpool.Pool, f registry.NodeFilter)
 }
 
 // HoldGroups makes claims and releases queue, none running, until the
-// function it returns lets the queue go as groups (group.go).
+// function it returns lets the queue go as groups: it takes every runner
+// (none is running when it is called), and gives them back.
 func HoldGroups(s *Store) (release func()) {
-	s.group.hold()
-	return s.group.unhold
+	g := s.group
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.running += g.runners
+	return func() {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		g.running -= g.runners
+		g.startRunners()
+	}
 }
 
 // GroupQueued is the number of claims and releases waiting for a group.
-func GroupQueued(s *Store) int { return s.group.queued() }
-
-// Grouped is the number of claims and releases committed in groups of two
-// or more.
-func Grouped(s *Store) int64 { return s.group.grouped.Load() }
+func GroupQueued(s *Store) int {
+	s.group.mu.Lock()
+	defer s.group.mu.Unlock()
+	return len(s.group.queue)
+}
 
 // LentPages is the number of pages ListPage has out and tracks.
 func LentPages(s *Store) int {

@@ -135,57 +135,84 @@ func onFirstCandidate(f registry.NodeFilter, count int) func(q *query) string {
 	}
 }
 
-// claimOneHost claims c.Count free matching nodes of one host, without
-// reading the fleet: host_free (migration 00013) counts the free nodes of
-// each class of each host, and its index on the count leads to the classes
-// with c.Count or more, fewest first (best fit, so whole hosts stay whole
-// for larger gangs); the deltas not yet folded into it are added. Each try
-// takes, of the first candidates, the first class whose host no concurrent
-// claimer is trying (a transaction-level advisory lock, tried without
-// waiting), so concurrent claimers spread over different hosts instead of
-// queueing for the first; it then claims that class's nodes with SKIP
-// LOCKED, re-checking every filter on the rows. A try that falls short is
-// rolled back to its savepoint, giving back its row locks. A host whose
-// classes only together have c.Count (nodes of one host with different
-// memory or hardware, all matching) is looked for by a grouped read of
-// the counts once no single class fits. At most maxHostsTried hosts are
-// tried.
+// gangClaim is a claim of c.Count free matching nodes of one host
+// (c.SameHost), best fit first, without reading the fleet: host_free
+// (migration 00013) counts the free nodes of each class of each host, and
+// the deltas not yet folded into it are added. Each try takes, of the
+// first candidates, the first class whose host no concurrent claimer is
+// trying (a transaction-level advisory lock, tried without waiting), then
+// claims that class's nodes with SKIP LOCKED, re-checking every filter on
+// the rows; a try that falls short is rolled back to its savepoint. Once
+// no single class fits, hosts whose classes only together have c.Count are
+// tried. At most maxHostsTried hosts are tried. It never shares a
+// transaction: its tries take round trips of their own.
 //
-// The first try is one round trip: BEGIN, the savepoint and the claim,
-// whose statement looks the host up itself. Later ones are two: the
-// lookup (with the rollback of the try before), then the savepoint and
-// the claim. It returns the nodes and the batch for the transaction's
-// next round trip.
-func (tx *pipeTx) claimOneHost(ctx context.Context, c registry.Claim) ([]registry.Node, *pgx.Batch, error) {
-	tried := []string{}
-	b := tx.batch()
-	// try claims the nodes on narrows c.Filter to, in a savepoint, with
-	// what b holds; it keeps the claim if it took c.Count nodes, and
-	// otherwise queues the savepoint's rollback on the next batch (b).
-	try := func(on func(*query) string) ([]registry.Node, error) {
-		b.Queue("savepoint host_try")
-		var out []registry.Node
-		queueClaim(b, c, on, &out)
-		if err := tx.send(ctx, b); err != nil {
-			return nil, err
-		}
-		b = tx.batch()
-		if len(out) == c.Count {
-			return out, nil // the savepoint is committed with the transaction
-		}
-		b.Queue("rollback to savepoint host_try")
-		return nil, nil
+// The first try is the transaction's first round trip (BEGIN, the
+// savepoint and the claim, whose statement looks the host up itself);
+// later ones are two each: the lookup (with the rollback of the try
+// before), then the savepoint and the claim.
+type gangClaim struct {
+	*claiming
+	tried []string // hosts tried by lookup
+}
+
+func (g *gangClaim) queue(b *pgx.Batch) { g.queueTry(b, onFirstCandidate(g.c.Filter, g.c.Count)) }
+
+func (g *gangClaim) shares() bool { return false }
+
+func (g *gangClaim) reset() { g.nodes, g.tried = nil, []string{} }
+
+// settle tries more hosts until one has the nodes, and records them.
+func (g *gangClaim) settle(ctx context.Context, tx *pipeTx, b *pgx.Batch, actor registry.Actor, _ bool) (*pgx.Batch, bool, error) {
+	b, err := g.tryMore(ctx, tx, b)
+	if err != nil {
+		return nil, false, err
 	}
-	// The first try looks its host up in the claim's own statement. When
-	// it falls short, which host it tried is not known: the tries go on a
-	// round trip each, and may try that host once more.
-	if out, err := try(onFirstCandidate(c.Filter, c.Count)); err != nil || out != nil {
-		return out, b, err
+	g.record(b, actor)
+	return b, true, nil
+}
+
+// queueTry queues a try: a savepoint, and the claim of the nodes on
+// narrows the filter to.
+func (g *gangClaim) queueTry(b *pgx.Batch, on func(*query) string) {
+	b.Queue("savepoint host_try")
+	queueClaim(b, g.c, on, &g.nodes)
+}
+
+// kept reports whether the last try took c.Count nodes (its savepoint is
+// then committed with the transaction); if not, it queues the savepoint's
+// rollback on b, the next round trip.
+func (g *gangClaim) kept(b *pgx.Batch) bool {
+	if len(g.nodes) == g.c.Count {
+		return true
 	}
-	for len(tried) < maxHostsTried {
-		sql, args := hostCandidatesQuery(c.Filter, c.Count, tried)
+	g.nodes = nil
+	b.Queue("rollback to savepoint host_try")
+	return false
+}
+
+// try sends a try narrowed by on with what b holds, and returns the batch
+// of the next round trip and whether the try kept its nodes.
+func (g *gangClaim) try(ctx context.Context, tx *pipeTx, b *pgx.Batch, on func(*query) string) (*pgx.Batch, bool, error) {
+	g.queueTry(b, on)
+	if err := tx.send(ctx, b); err != nil {
+		return nil, false, err
+	}
+	b = tx.batch()
+	return b, g.kept(b), nil
+}
+
+// tryMore goes on from the first try, b being the next round trip's
+// batch, until a try keeps its nodes; it returns the batch that follows.
+// Which host the first try tried is not known: it may be tried again.
+func (g *gangClaim) tryMore(ctx context.Context, tx *pipeTx, b *pgx.Batch) (*pgx.Batch, error) {
+	if g.kept(b) {
+		return b, nil
+	}
+	for len(g.tried) < maxHostsTried {
 		var h hostClass
 		found := false
+		sql, args := hostCandidatesQuery(g.c.Filter, g.c.Count, g.tried)
 		b.Queue(sql, args...).QueryRow(func(row pgx.Row) error {
 			err := row.Scan(&h.ip, &h.hw, &h.gpuMem, &h.cpuMem, &h.source)
 			if errors.Is(err, pgx.ErrNoRows) {
@@ -195,46 +222,55 @@ func (tx *pipeTx) claimOneHost(ctx context.Context, c registry.Claim) ([]registr
 			return err
 		})
 		if err := tx.send(ctx, b); err != nil {
-			return nil, nil, err
+			return nil, err
 		}
-		b = tx.batch()
-		if !found {
+		if b = tx.batch(); !found {
 			break
 		}
-		tried = append(tried, h.ip)
-		out, err := try(func(q *query) string { h.nodes(q); return "" })
-		if err != nil || out != nil {
-			return out, b, err
+		g.tried = append(g.tried, h.ip)
+		var ok bool
+		var err error
+		if b, ok, err = g.try(ctx, tx, b, func(q *query) string { h.nodes(q); return "" }); err != nil || ok {
+			return b, err
 		}
 	}
-	if c.Count > 1 && len(tried) < maxHostsTried {
-		var q query
-		q.hostWhere("t", c.Filter, tried)
+	if g.c.Count > 1 && len(g.tried) < maxHostsTried {
 		var hosts []string
-		b.Queue(`
-			SELECT host(t.ip) FROM (
-				SELECT ip, hardware_generation, gpu_mem, cpu_mem, source, free FROM host_free
-				UNION ALL
-				SELECT ip, hardware_generation, gpu_mem, cpu_mem, source, delta FROM host_free_delta
-			) t
-			WHERE `+q.cond()+`
-			GROUP BY t.ip
-			HAVING count(DISTINCT (t.hardware_generation, t.gpu_mem, t.cpu_mem, t.source)) > 1 AND sum(t.free) >= `+q.arg(c.Count)+`
-			ORDER BY sum(t.free) LIMIT `+q.arg(maxHostsTried-len(tried)), q.args...).Query(func(rows pgx.Rows) error {
-			var err error
-			hosts, err = pgx.AppendRows(hosts, rows, pgx.RowTo[string])
-			return err
-		})
+		g.queueMixedHosts(b, &hosts)
 		if err := tx.send(ctx, b); err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		b = tx.batch()
 		for _, h := range hosts {
-			out, err := try(func(q *query) string { q.add("ip = " + q.arg(h) + "::inet"); return "" })
-			if err != nil || out != nil {
-				return out, b, err
+			var ok bool
+			var err error
+			if b, ok, err = g.try(ctx, tx, b, func(q *query) string { q.add("ip = " + q.arg(h) + "::inet"); return "" }); err != nil || ok {
+				return b, err
 			}
 		}
 	}
-	return nil, nil, registry.Conflictf("no single host has %d free matching node(s) that are not being claimed right now", c.Count)
+	return nil, registry.Conflictf("no single host has %d free matching node(s) that are not being claimed right now", g.c.Count)
+}
+
+// queueMixedHosts queues the lookup of hosts not tried yet whose classes
+// only together have c.Count free matching nodes (nodes of one host with
+// different memory or hardware, all matching), fewest first; they are
+// appended to hosts.
+func (g *gangClaim) queueMixedHosts(b *pgx.Batch, hosts *[]string) {
+	var q query
+	q.hostWhere("t", g.c.Filter, g.tried)
+	b.Queue(`
+		SELECT host(t.ip) FROM (
+			SELECT ip, hardware_generation, gpu_mem, cpu_mem, source, free FROM host_free
+			UNION ALL
+			SELECT ip, hardware_generation, gpu_mem, cpu_mem, source, delta FROM host_free_delta
+		) t
+		WHERE `+q.cond()+`
+		GROUP BY t.ip
+		HAVING count(DISTINCT (t.hardware_generation, t.gpu_mem, t.cpu_mem, t.source)) > 1 AND sum(t.free) >= `+q.arg(g.c.Count)+`
+		ORDER BY sum(t.free) LIMIT `+q.arg(maxHostsTried-len(g.tried)), q.args...).Query(func(rows pgx.Rows) error {
+		var err error
+		*hosts, err = pgx.AppendRows(*hosts, rows, pgx.RowTo[string])
+		return err
+	})
 }

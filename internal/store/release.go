@@ -3,7 +3,6 @@ package store
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 
@@ -14,60 +13,30 @@ import (
 
 // ReleaseNodes takes nodes back from r.Job: the listed ones, or all it
 // holds. Listed nodes the job does not hold are reported, not failed.
+// It first waits for the claims of r.Job under way on this replica (see
+// jobClaims), so that it releases what they took.
 //
-// Like a claim, it is two round trips (see pipeTx): BEGIN, the lock of the
-// nodes and their update; then their change-log and audit rows with
-// COMMIT. The update re-states on the locked rows what is decided here
-// from them (held by r.Job), and the two are checked to agree.
-//
-// Releases that arrive while others are under way go together with them
-// and with claims (see group). A release first waits for the claims of
-// its job under way on this replica (see group.waitClaims).
+// Alone, it is two round trips (see pipeTx): BEGIN, the lock of the nodes
+// and their update; then their change-log and audit rows with COMMIT. It
+// may share a transaction with other claims and releases (see group).
 func (s *Store) ReleaseNodes(ctx context.Context, actor registry.Actor, r registry.Release) ([]registry.Node, []registry.NotReleased, error) {
 	if err := r.Normalize(); err != nil {
 		return nil, nil, err
 	}
-	if s.group != nil {
-		op := &groupOp{ctx: ctx, actor: actor, release: &releasing{r: r}}
-		if err := s.group.waitClaims(ctx, r.Job); err != nil {
-			return nil, nil, fmt.Errorf("store: release: %w", translate(err))
-		}
-		s.group.do(op, func() { op.nodes, op.release.notReleased, op.err = s.releaseAlone(ctx, actor, r) })
-		return op.nodes, op.release.notReleased, op.err
-	}
-	return s.releaseAlone(ctx, actor, r)
-}
-
-// releaseAlone is ReleaseNodes in a transaction of its own.
-func (s *Store) releaseAlone(ctx context.Context, actor registry.Actor, r registry.Release) ([]registry.Node, []registry.NotReleased, error) {
-	rl := &releasing{r: r}
-	err := s.pipelined(ctx, func(tx *pipeTx) error {
-		b := tx.batch()
-		rl.queue(b)
-		if err := tx.send(ctx, b); err != nil {
-			return err
-		}
-		if err := rl.settle(); err != nil {
-			return err
-		}
-		if len(rl.released) == 0 {
-			return nil // nothing changed; the transaction is rolled back
-		}
-		b = tx.batch()
-		rl.record(b, actor)
-		return tx.commit(ctx, b)
-	})
-	if err != nil {
-		if _, ok := errors.AsType[*registry.Error](err); ok {
-			return nil, nil, err
-		}
+	if err := s.claims.wait(ctx, r.Job); err != nil {
 		return nil, nil, fmt.Errorf("store: release: %w", translate(err))
+	}
+	rl := &releasing{r: r}
+	if err := s.run(&groupOp{txOp: rl, ctx: ctx, actor: actor}); err != nil {
+		return nil, nil, err
 	}
 	return rl.released, rl.notReleased, nil
 }
 
-// releasing is one release under way: queue sends its lock and update,
-// settle decides from what they returned, record writes its rows.
+// releasing is one release: queue sends its lock and update, settle
+// decides from what they returned and records what it released. The
+// update re-states on the locked rows what settle decides from them (held
+// by r.Job), and the two are checked to agree.
 type releasing struct {
 	r           registry.Release
 	released    []registry.Node
@@ -76,6 +45,23 @@ type releasing struct {
 	// lock found each held by.
 	want          []int64
 	held, expired map[int64]*int64
+}
+
+func (rl *releasing) shares() bool { return true }
+func (rl *releasing) reset()       { *rl = releasing{r: rl.r} }
+func (rl *releasing) kind() string { return "release" }
+
+// settle decides the release's outcome and queues the records of what it
+// released on b.
+func (rl *releasing) settle(_ context.Context, _ *pipeTx, b *pgx.Batch, actor registry.Actor, _ bool) (*pgx.Batch, bool, error) {
+	if err := rl.decide(); err != nil {
+		return nil, false, err
+	}
+	if len(rl.released) == 0 {
+		return b, false, nil
+	}
+	rl.record(b, actor)
+	return b, true, nil
 }
 
 // queue queues the statements that lock the nodes to release and take
@@ -126,11 +112,10 @@ func (rl *releasing) queue(b *pgx.Batch) {
 	})
 }
 
-// settle decides, from what the queued statements returned, which listed
+// decide finds, from what the queued statements returned, which listed
 // nodes were not released and why, and checks that the update took
-// exactly the nodes the lock found held by the job. The update re-states
-// on the locked rows what is decided here from them; the two must agree.
-func (rl *releasing) settle() error {
+// exactly the nodes the lock found held by the job.
+func (rl *releasing) decide() error {
 	r := rl.r
 	var pks []int64 // the nodes to release, as decided here
 	if r.Nodes == nil {
