@@ -81,13 +81,7 @@ func (s *Store) ListAudit(ctx context.Context, f registry.AuditFilter) ([]regist
 		return nil, err
 	}
 	sql, args := auditQuery(f)
-	rows, _ := s.db.Query(ctx, sql, args...)
-	entries, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (registry.AuditEntry, error) {
-		var e registry.AuditEntry
-		err := row.Scan(&e.ID, &e.At, &e.Principal, &e.Role, &e.ActingNode, &e.Action, &e.TargetType, &e.TargetPK,
-			&e.Before, &e.After, &e.RequestID, &e.ClientRequestID)
-		return e, err
-	})
+	entries, err := collectRows(ctx, s.db, scanAuditEntry, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("store: list audit: %w", translate(err))
 	}
@@ -132,4 +126,12 @@ func auditQuery(f registry.AuditFilter) (string, []any) {
 		SELECT id, at, principal, role, acting_node, action, target_type, target_pk,
 			before, after, coalesce(request_id, ''), coalesce(client_request_id, '')
 		FROM audit_log WHERE ` + strings.Join(where, " AND ") + ` ORDER BY id LIMIT ` + arg(limit), args
+}
+
+// scanAuditEntry reads a row of auditQuery.
+func scanAuditEntry(row pgx.CollectableRow) (registry.AuditEntry, error) {
+	var e registry.AuditEntry
+	err := row.Scan(&e.ID, &e.At, &e.Principal, &e.Role, &e.ActingNode, &e.Action, &e.TargetType, &e.TargetPK,
+		&e.Before, &e.After, &e.RequestID, &e.ClientRequestID)
+	return e, err
 }

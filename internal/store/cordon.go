@@ -9,8 +9,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/registryd/registryd/internal/registry"
 )
 
@@ -95,8 +93,7 @@ func (s *Store) UncordonNodes(ctx context.Context, actor registry.Actor, u regis
 // and reports the pks that name no node.
 func (s *Store) lockListed(ctx context.Context, pks []int64) ([]registry.Node, []registry.NotDone, error) {
 	want := slices.Compact(slices.Sorted(slices.Values(pks)))
-	rows, _ := s.db.Query(ctx, `SELECT `+nodeColumns+` FROM nodes WHERE pk = ANY($1) ORDER BY pk FOR UPDATE`, want)
-	cur, err := pgx.CollectRows(rows, scanNode)
+	cur, err := collectRows(ctx, s.db, scanNode, `SELECT `+nodeColumns+` FROM nodes WHERE pk = ANY($1) ORDER BY pk FOR UPDATE`, want)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -114,9 +111,8 @@ func (s *Store) lockListed(ctx context.Context, pks []int64) ([]registry.Node, [
 func (s *Store) lockMatching(ctx context.Context, f registry.NodeFilter) ([]registry.Node, error) {
 	var q query
 	q.where(f)
-	rows, _ := s.db.Query(ctx, `SELECT `+nodeColumns+` FROM nodes WHERE `+q.cond()+
+	cur, err := collectRows(ctx, s.db, scanNode, `SELECT `+nodeColumns+` FROM nodes WHERE `+q.cond()+
 		` ORDER BY pk LIMIT `+strconv.Itoa(registry.MaxCordon+1)+` FOR UPDATE`, q.args...)
-	cur, err := pgx.CollectRows(rows, scanNode)
 	if err != nil {
 		return nil, err
 	}
@@ -156,13 +152,12 @@ func (s *Store) applyDecisions(ctx context.Context, actor registry.Actor, action
 	if len(pks) == 0 {
 		return out, nil
 	}
-	rows, _ := s.db.Query(ctx, `
+	changed, err := collectRows(ctx, s.db, scanNode, `
 		UPDATE nodes n SET cordon_reason = u.reason, current_job = u.job, lease_expires_at = u.lease,
 			updated_at = now(), version = n.version + 1
 		FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::timestamptz[]) AS u(pk, reason, job, lease)
 		WHERE n.pk = u.pk
 		RETURNING `+qualified("n"), pks, reasons, jobs, leases)
-	changed, err := pgx.CollectRows(rows, scanNode)
 	if err != nil {
 		return nil, err
 	}

@@ -135,26 +135,28 @@ func (s *Store) SequenceEvents(ctx context.Context) (latest int64, err error) {
 
 // NodeEventsAfter returns up to limit events with ids above after, in order.
 func (s *Store) NodeEventsAfter(ctx context.Context, after int64, limit int) ([]registry.NodeEvent, error) {
-	rows, _ := s.db.Query(ctx, `
+	events, err := collectRows(ctx, s.db, scanNodeEvent, `
 		SELECT event_id, kind, at, doc FROM node_changes
 		WHERE event_id > $1 ORDER BY event_id LIMIT $2`, after, limit)
-	events, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (registry.NodeEvent, error) {
-		var e registry.NodeEvent
-		var doc []byte
-		if err := row.Scan(&e.ID, &e.Kind, &e.At, &doc); err != nil {
-			return e, err
-		}
-		var d nodeDoc
-		if err := json.Unmarshal(doc, &d); err != nil {
-			return e, err
-		}
-		e.Node = d.node()
-		return e, nil
-	})
 	if err != nil {
 		return nil, fmt.Errorf("store: node events: %w", translate(err))
 	}
 	return events, nil
+}
+
+// scanNodeEvent reads a row of event_id, kind, at and doc.
+func scanNodeEvent(row pgx.CollectableRow) (registry.NodeEvent, error) {
+	var e registry.NodeEvent
+	var doc []byte
+	if err := row.Scan(&e.ID, &e.Kind, &e.At, &doc); err != nil {
+		return e, err
+	}
+	var d nodeDoc
+	if err := json.Unmarshal(doc, &d); err != nil {
+		return e, err
+	}
+	e.Node = d.node()
+	return e, nil
 }
 
 // EventHorizon returns the highest pruned event id (resuming below it

@@ -27,11 +27,11 @@ func (s *Store) CreateHardware(ctx context.Context, actor registry.Actor, spec r
 	}
 	var h registry.Hardware
 	err := s.WithTx(ctx, func(tx *Store) error {
-		rows, _ := tx.db.Query(ctx, `
+		var err error
+		h, err = collectOne(ctx, tx.db, scanHardware, `
 			INSERT INTO hardware_generations AS h (name) VALUES ($1)
 			RETURNING `+hardwareColumns, spec.Name)
-		var err error
-		if h, err = pgx.CollectExactlyOneRow(rows, scanHardware); err != nil {
+		if err != nil {
 			return err
 		}
 		return tx.audit(ctx, actor, registry.ActionHardwareCreate, "hardware", h.PK, nil, docOfHardware(h))
@@ -66,8 +66,7 @@ func (s *Store) GetHardware(ctx context.Context, pk int64) (registry.Hardware, e
 }
 
 func (s *Store) getHardware(ctx context.Context, pk int64, lock string) (registry.Hardware, error) {
-	rows, _ := s.db.Query(ctx, `SELECT `+hardwareColumns+` FROM hardware_generations h WHERE pk = $1 `+lock, pk)
-	h, err := pgx.CollectExactlyOneRow(rows, scanHardware)
+	h, err := collectOne(ctx, s.db, scanHardware, `SELECT `+hardwareColumns+` FROM hardware_generations h WHERE pk = $1 `+lock, pk)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return registry.Hardware{}, registry.NotFoundf("hardware generation %d does not exist", pk)
 	}
@@ -80,8 +79,7 @@ func (s *Store) getHardware(ctx context.Context, pk int64, lock string) (registr
 // ListHardware returns every hardware generation ordered by pk. There are
 // tens of them, not thousands, so there is no paging.
 func (s *Store) ListHardware(ctx context.Context) ([]registry.Hardware, error) {
-	rows, _ := s.db.Query(ctx, `SELECT `+hardwareColumns+` FROM hardware_generations h ORDER BY pk`)
-	hs, err := pgx.CollectRows(rows, scanHardware)
+	hs, err := collectRows(ctx, s.db, scanHardware, `SELECT `+hardwareColumns+` FROM hardware_generations h ORDER BY pk`)
 	if err != nil {
 		return nil, fmt.Errorf("store: list hardware: %w", translate(err))
 	}
@@ -107,10 +105,9 @@ func (s *Store) UpdateHardware(ctx context.Context, actor registry.Actor, pk int
 			out = cur
 			return nil
 		}
-		rows, _ := tx.db.Query(ctx, `
+		if out, err = collectOne(ctx, tx.db, scanHardware, `
 			UPDATE hardware_generations h SET name = $2, updated_at = now(), version = version + 1
-			WHERE pk = $1 RETURNING `+hardwareColumns, pk, spec.Name)
-		if out, err = pgx.CollectExactlyOneRow(rows, scanHardware); err != nil {
+			WHERE pk = $1 RETURNING `+hardwareColumns, pk, spec.Name); err != nil {
 			return err
 		}
 		return tx.audit(ctx, actor, registry.ActionHardwareUpdate, "hardware", pk, docOfHardware(cur), docOfHardware(out))

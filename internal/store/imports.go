@@ -193,7 +193,7 @@ func (s *Store) stageImport(ctx context.Context, nodes []registry.ImportedNode, 
 // decides again on every candidate, so this only has to keep every node
 // Same would call different (TestApplyImportNoticesEveryField).
 func (s *Store) compareImport(ctx context.Context, source string) (inserts []int32, candidates []importCandidate, err error) {
-	rows, _ := s.db.Query(ctx, `
+	rows, err := s.db.Query(ctx, `
 		SELECT w.seq, n.pk FROM import_want w LEFT JOIN nodes n ON n.ip = w.ip AND n.gpu_index = w.idx
 		WHERE n.pk IS NULL
 		   OR (n.source = $1 AND n.cpu_mem = w.cpu AND n.gpu_mem IS NOT DISTINCT FROM w.gpu
@@ -202,6 +202,9 @@ func (s *Store) compareImport(ctx context.Context, source string) (inserts []int
 		UNION ALL
 		SELECT -1, n.pk FROM nodes n
 		WHERE n.source = $1 AND NOT EXISTS (SELECT FROM import_want w WHERE w.ip = n.ip AND w.idx = n.gpu_index)`, source)
+	if err != nil {
+		return nil, nil, err
+	}
 	var seq int32
 	var pk *int64
 	_, err = pgx.ForEachRow(rows, []any{&seq, &pk}, func() error {
@@ -240,10 +243,9 @@ func (s *Store) importChanges(ctx context.Context, actor registry.Actor, p regis
 			p.Want[registry.ImportKey{IP: n.IP, Index: n.Index}] = n
 		}
 	}
-	rows, _ := s.db.Query(ctx, `
+	existing, err := collectRows(ctx, s.db, scanNode, `
 		SELECT `+withLiveness("nodes")+` FROM nodes LEFT JOIN node_liveness l ON l.node_pk = nodes.pk
 		WHERE pk = ANY($1) ORDER BY pk`, pks)
-	existing, err := pgx.CollectRows(rows, scanNode)
 	if err != nil {
 		return err
 	}
@@ -260,8 +262,7 @@ func (s *Store) importChanges(ctx context.Context, actor registry.Actor, p regis
 	if len(writers) == 0 {
 		return nil
 	}
-	rows, _ = s.db.Query(ctx, `SELECT `+nodeColumns+` FROM nodes WHERE pk = ANY($1) ORDER BY pk FOR UPDATE`, writers)
-	locked, err := pgx.CollectRows(rows, scanNode)
+	locked, err := collectRows(ctx, s.db, scanNode, `SELECT `+nodeColumns+` FROM nodes WHERE pk = ANY($1) ORDER BY pk FOR UPDATE`, writers)
 	if err != nil {
 		return err
 	}
@@ -304,10 +305,9 @@ func (s *Store) ensureHardware(ctx context.Context, actor registry.Actor, nodes 
 		return hw, nil
 	}
 	slices.Sort(names)
-	rows, _ := s.db.Query(ctx, `
+	created, err := collectRows(ctx, s.db, scanHardware, `
 		INSERT INTO hardware_generations AS h (name) SELECT unnest($1::text[])
 		ON CONFLICT (name) DO NOTHING RETURNING `+hardwareColumns, names)
-	created, err := pgx.CollectRows(rows, scanHardware)
 	if err != nil {
 		return nil, err
 	}
@@ -317,7 +317,10 @@ func (s *Store) ensureHardware(ctx context.Context, actor registry.Actor, nodes 
 			return nil, err
 		}
 	}
-	rows, _ = s.db.Query(ctx, `SELECT pk, name FROM hardware_generations WHERE name = ANY($1)`, names)
+	rows, err := s.db.Query(ctx, `SELECT pk, name FROM hardware_generations WHERE name = ANY($1)`, names)
+	if err != nil {
+		return nil, err
+	}
 	var pk int64
 	var name string
 	if _, err := pgx.ForEachRow(rows, []any{&pk, &name}, func() error { hw[name] = pk; return nil }); err != nil {
@@ -364,14 +367,12 @@ func (s *Store) importInsert(ctx context.Context, actor registry.Actor, source s
 	if _, err := s.db.Exec(ctx, `SAVEPOINT import_insert`); err != nil {
 		return err
 	}
-	rows, _ := s.db.Query(ctx, fmt.Sprintf(insert, ""), args...)
-	added, err := pgx.CollectRows(rows, scanNode)
+	added, err := collectRows(ctx, s.db, scanNode, fmt.Sprintf(insert, ""), args...)
 	if code, constraint := pgCode(err); code == codeUniqueViolation && constraint == "nodes_ip_index_key" {
 		if _, err := s.db.Exec(ctx, `ROLLBACK TO SAVEPOINT import_insert`); err != nil {
 			return err
 		}
-		rows, _ = s.db.Query(ctx, fmt.Sprintf(insert, "ON CONFLICT (ip, gpu_index) DO NOTHING"), args...)
-		added, err = pgx.CollectRows(rows, scanNode)
+		added, err = collectRows(ctx, s.db, scanNode, fmt.Sprintf(insert, "ON CONFLICT (ip, gpu_index) DO NOTHING"), args...)
 	}
 	if err != nil {
 		return err
@@ -398,14 +399,13 @@ func (s *Store) importUpdate(ctx context.Context, actor registry.Actor, source s
 		pks[i], cpu[i], gpu[i], hws[i], run[i], state[i], ext[i] = u.PK, u.CPUMem, u.GPUMem, u.HW, u.Schedulable, u.State, u.ExternalID
 	}
 	// The rows are locked (importChanges); the update is in pk order too.
-	rows, _ := s.db.Query(ctx, `
+	updated, err := collectRows(ctx, s.db, scanNode, `
 		UPDATE nodes n SET cpu_mem = u.cpu, gpu_mem = u.gpu, hardware_generation = u.hw, schedulable = u.run,
 			provider_state = u.state, external_id = u.ext, source = $1, updated_at = now(), version = n.version + 1
 		FROM unnest($2::bigint[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bool[], $7::text[], $8::text[])
 			AS u(pk, cpu, gpu, hw, run, state, ext)
 		WHERE n.pk = u.pk
 		RETURNING `+qualified("n"), source, pks, cpu, gpu, hws, run, state, ext)
-	updated, err := pgx.CollectRows(rows, scanNode)
 	if err != nil {
 		return err
 	}
@@ -419,10 +419,9 @@ func (s *Store) importGone(ctx context.Context, actor registry.Actor, pks []int6
 	if len(pks) == 0 {
 		return nil
 	}
-	rows, _ := s.db.Query(ctx, `
+	marked, err := collectRows(ctx, s.db, scanNode, `
 		UPDATE nodes SET schedulable = false, provider_state = $2, updated_at = now(), version = version + 1
 		WHERE pk = ANY($1) RETURNING `+nodeColumns, pks, registry.ProviderGone)
-	marked, err := pgx.CollectRows(rows, scanNode)
 	if err != nil {
 		return err
 	}
@@ -434,8 +433,7 @@ func (s *Store) importRemove(ctx context.Context, actor registry.Actor, pks []in
 		return nil
 	}
 	// The rows are locked and were found free; the condition repeats it.
-	rows, _ := s.db.Query(ctx, `DELETE FROM nodes WHERE pk = ANY($1) AND current_job IS NULL RETURNING `+nodeColumns, pks)
-	removed, err := pgx.CollectRows(rows, scanNode)
+	removed, err := collectRows(ctx, s.db, scanNode, `DELETE FROM nodes WHERE pk = ANY($1) AND current_job IS NULL RETURNING `+nodeColumns, pks)
 	if err != nil {
 		return err
 	}

@@ -39,21 +39,21 @@ func (s *Store) RenewLeases(ctx context.Context, actor registry.Actor, r registr
 	err := s.WithTx(ctx, func(tx *Store) error {
 		// Locked in pk order, as release locks them, so the two cannot
 		// deadlock.
-		rows, _ := tx.db.Query(ctx, `
-			SELECT `+nodeColumns+`, lease_expires_at IS NOT NULL AND lease_expires_at <= now()
-			FROM nodes WHERE current_job = $1 ORDER BY pk FOR UPDATE`, r.Job)
 		type held struct {
 			node    registry.Node
 			expired bool
 		}
-		all, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (held, error) {
+		scanHeld := func(row pgx.CollectableRow) (held, error) {
 			var h held
 			dests := nodeDests(&h.node)
 			err := row.Scan(append(dests, &h.expired)...)
 			h.node.State = h.node.DeriveState()
 			h.node = h.node.UTC()
 			return h, err
-		})
+		}
+		all, err := collectRows(ctx, tx.db, scanHeld, `
+			SELECT `+nodeColumns+`, lease_expires_at IS NOT NULL AND lease_expires_at <= now()
+			FROM nodes WHERE current_job = $1 ORDER BY pk FOR UPDATE`, r.Job)
 		if err != nil {
 			return err
 		}
@@ -75,11 +75,10 @@ func (s *Store) RenewLeases(ctx context.Context, actor registry.Actor, r registr
 		if len(renew) == 0 {
 			return nil
 		}
-		rows, _ = tx.db.Query(ctx, `
+		renewed, err := collectRows(ctx, tx.db, scanNode, `
 			UPDATE nodes SET lease_expires_at = now() + $2::bigint * interval '1 second',
 				updated_at = now(), version = version + 1
 			WHERE pk = ANY($1) RETURNING `+nodeColumns, renew, leaseSeconds(&r.Lease))
-		renewed, err := pgx.CollectRows(rows, scanNode)
 		if err != nil {
 			return err
 		}

@@ -7,8 +7,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/registryd/registryd/internal/registry"
 )
 
@@ -66,8 +64,7 @@ func (s *Store) SweepLifecycle(ctx context.Context, ttl time.Duration) (registry
 		if err := tx.db.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
 			return err
 		}
-		rows, _ := tx.db.Query(ctx, sweepCandidates, now.Add(-ttl), now)
-		candidates, err := pgx.CollectRows(rows, scanNode)
+		candidates, err := collectRows(ctx, tx.db, scanNode, sweepCandidates, now.Add(-ttl), now)
 		if err != nil {
 			return err
 		}
@@ -113,11 +110,10 @@ func (s *Store) applySweep(ctx context.Context, actor registry.Actor, pks []int6
 	if len(pks) == 0 {
 		return nil, nil
 	}
-	rows, _ := s.db.Query(ctx, `
+	changed, err := collectRows(ctx, s.db, scanNode, `
 		UPDATE nodes SET `+set+`, updated_at = now(), version = version + 1
 		WHERE pk = ANY($1) AND `+guard+`
 		RETURNING `+nodeColumns, pks)
-	changed, err := pgx.CollectRows(rows, scanNode)
 	if err != nil {
 		return nil, err
 	}

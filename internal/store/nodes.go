@@ -36,13 +36,13 @@ func (s *Store) CreateNode(ctx context.Context, actor registry.Actor, spec regis
 				return tx.adopt(ctx, actor, *cur, spec, &n)
 			}
 		}
-		rows, _ := tx.db.Query(ctx, `
+		var err error
+		n, err = collectOne(ctx, tx.db, scanNode, `
 			INSERT INTO nodes (ip, gpu_index, cpu_mem, driver_version, hardware_generation, gpu_mem, owner)
 			VALUES ($1::inet, $2, $3, $4, $5, $6, $7)
 			RETURNING `+nodeColumns,
 			spec.IP, spec.Index, spec.CPUMem, spec.DriverVersion, spec.HardwareGeneration, spec.GPUMem, owner)
-		var err error
-		if n, err = pgx.CollectExactlyOneRow(rows, scanNode); err != nil {
+		if err != nil {
 			return err
 		}
 		if err := tx.recordChanges(ctx, "created", n); err != nil {
@@ -62,9 +62,8 @@ func (s *Store) CreateNode(ctx context.Context, actor registry.Actor, spec regis
 // adoptable returns the imported, ownerless node at spec's (ip, index),
 // locked, or nil.
 func (s *Store) adoptable(ctx context.Context, spec registry.NodeSpec) (*registry.Node, error) {
-	rows, _ := s.db.Query(ctx, `SELECT `+nodeColumns+` FROM nodes
+	n, err := collectOne(ctx, s.db, scanNode, `SELECT `+nodeColumns+` FROM nodes
 		WHERE ip = $1::inet AND gpu_index = $2 AND source <> 'api' AND owner IS NULL FOR UPDATE`, spec.IP, spec.Index)
-	n, err := pgx.CollectExactlyOneRow(rows, scanNode)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
@@ -90,10 +89,9 @@ func (s *Store) adopt(ctx context.Context, actor registry.Actor, cur registry.No
 			return fe.Err()
 		}
 	}
-	rows, _ := s.db.Query(ctx, `
+	n, err := collectOne(ctx, s.db, scanNode, `
 		UPDATE nodes SET owner = $2, driver_version = $3, updated_at = now(), version = version + 1
 		WHERE pk = $1 RETURNING `+nodeColumns, cur.PK, actor.Sub, spec.DriverVersion)
-	n, err := pgx.CollectExactlyOneRow(rows, scanNode)
 	if err != nil {
 		return err
 	}
@@ -150,8 +148,7 @@ func (s *Store) GetNode(ctx context.Context, pk int64) (registry.Node, error) {
 }
 
 func (s *Store) getNode(ctx context.Context, pk int64, lock string) (registry.Node, error) {
-	rows, _ := s.db.Query(ctx, `SELECT `+nodeColumns+` FROM nodes WHERE pk = $1 `+lock, pk)
-	n, err := pgx.CollectExactlyOneRow(rows, scanNode)
+	n, err := collectOne(ctx, s.db, scanNode, `SELECT `+nodeColumns+` FROM nodes WHERE pk = $1 `+lock, pk)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return registry.Node{}, registry.NotFoundf("node %d does not exist", pk)
 	}
@@ -185,13 +182,12 @@ func (s *Store) UpdateNode(ctx context.Context, actor registry.Actor, pk int64, 
 			out = cur
 			return nil
 		}
-		rows, _ := tx.db.Query(ctx, `
+		if out, err = collectOne(ctx, tx.db, scanNode, `
 			UPDATE nodes SET ip = $2::inet, gpu_index = $3, cpu_mem = $4, driver_version = $5,
 				hardware_generation = $6, gpu_mem = $7, updated_at = now(), version = version + 1
 			WHERE pk = $1
 			RETURNING `+nodeColumns,
-			pk, spec.IP, spec.Index, spec.CPUMem, spec.DriverVersion, spec.HardwareGeneration, spec.GPUMem)
-		if out, err = pgx.CollectExactlyOneRow(rows, scanNode); err != nil {
+			pk, spec.IP, spec.Index, spec.CPUMem, spec.DriverVersion, spec.HardwareGeneration, spec.GPUMem); err != nil {
 			return err
 		}
 		if err := tx.recordChanges(ctx, "updated", out); err != nil {

@@ -64,8 +64,7 @@ func (s *Store) RevokeTokens(ctx context.Context, a registry.Actor, r registry.R
 		if r.JTI != "" {
 			key, value = "jti", r.JTI
 		}
-		rows, _ := tx.db.Query(ctx, `SELECT `+revocationColumns+` FROM token_revocations WHERE `+key+` = $1 FOR UPDATE`, value)
-		prev, err := pgx.CollectExactlyOneRow(rows, scanRevocation)
+		prev, err := collectOne(ctx, tx.db, scanRevocation, `SELECT `+revocationColumns+` FROM token_revocations WHERE `+key+` = $1 FOR UPDATE`, value)
 		var before any
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
@@ -75,14 +74,14 @@ func (s *Store) RevokeTokens(ctx context.Context, a registry.Actor, r registry.R
 			before = docOfRevocation(prev)
 		}
 		if r.Sub != "" {
-			rows, _ = tx.db.Query(ctx, `
+			out, err = collectOne(ctx, tx.db, scanRevocation, `
 				INSERT INTO token_revocations (sub, revoked_before)
 				VALUES ($1, date_trunc('second', now()) + CASE WHEN now() > date_trunc('second', now()) THEN interval '1 second' ELSE interval '0' END)
 				ON CONFLICT (sub) DO UPDATE
 				SET revoked_before = greatest(token_revocations.revoked_before, excluded.revoked_before), revoked_at = now()
 				RETURNING `+revocationColumns, r.Sub)
 		} else {
-			rows, _ = tx.db.Query(ctx, `
+			out, err = collectOne(ctx, tx.db, scanRevocation, `
 				INSERT INTO token_revocations (jti, until) VALUES ($1, $2)
 				ON CONFLICT (jti) DO UPDATE
 				SET until = CASE WHEN token_revocations.until IS NULL OR excluded.until IS NULL THEN NULL
@@ -90,7 +89,7 @@ func (s *Store) RevokeTokens(ctx context.Context, a registry.Actor, r registry.R
 				    revoked_at = now()
 				RETURNING `+revocationColumns, r.JTI, r.Until)
 		}
-		if out, err = pgx.CollectExactlyOneRow(rows, scanRevocation); err != nil {
+		if err != nil {
 			return err
 		}
 		if _, err := tx.db.Exec(ctx, `SELECT pg_notify($1, '')`, RevocationsChannel); err != nil {
@@ -108,8 +107,7 @@ func (s *Store) RevokeTokens(ctx context.Context, a registry.Actor, r registry.R
 // in-memory list. The table stays small: one row per revoked subject, and
 // token ids only until their tokens expire (see PruneRevocations).
 func (s *Store) Revocations(ctx context.Context) ([]registry.Revocation, error) {
-	rows, _ := s.db.Query(ctx, `SELECT `+revocationColumns+` FROM token_revocations`)
-	rs, err := pgx.CollectRows(rows, scanRevocation)
+	rs, err := collectRows(ctx, s.db, scanRevocation, `SELECT `+revocationColumns+` FROM token_revocations`)
 	if err != nil {
 		return nil, fmt.Errorf("store: load revocations: %w", translate(err))
 	}

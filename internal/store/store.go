@@ -333,3 +333,24 @@ const (
 	codeUniqueViolation     = "23505"
 	codeForeignKeyViolation = "23503"
 )
+
+// collectRows runs a query and collects its rows with scan; the query's
+// own error is returned as well as the rows'.
+func collectRows[T any](ctx context.Context, db querier, scan pgx.RowToFunc[T], sql string, args ...any) ([]T, error) {
+	rows, err := db.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, scan)
+}
+
+// collectOne runs a query that returns one row and collects it with scan;
+// no row is pgx.ErrNoRows, more than one pgx.ErrTooManyRows.
+func collectOne[T any](ctx context.Context, db querier, scan pgx.RowToFunc[T], sql string, args ...any) (T, error) {
+	rows, err := db.Query(ctx, sql, args...)
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	return pgx.CollectExactlyOneRow(rows, scan)
+}
