@@ -98,9 +98,7 @@ func (s *Store) recordChanges(ctx context.Context, kind string, nodes ...registr
 // event below N.
 //
 // A pass is one round trip (see pipeTx): BEGIN, the lock, the stamping
-// (with the notification when it stamped anything) and COMMIT. Under a
-// stream of claims the sequencer runs every few milliseconds; at a
-// statement a round trip it was a fifth of the database's round trips.
+// (with the notification when it stamped anything) and COMMIT.
 func (s *Store) SequenceEvents(ctx context.Context) (latest int64, err error) {
 	err = s.pipelined(ctx, func(tx *pipeTx) error {
 		b := tx.batch()

@@ -10,131 +10,6 @@ import (
 	"github.com/registryd/registryd/internal/registry"
 )
 
-// maxHostsTried bounds how many candidate hosts a same-host claim tries
-// before it gives up with a conflict.
-const maxHostsTried = 32
-
-// hostClass is a class of host_free (migration 00013): the free nodes of
-// one host that share every attribute a claim filters on by value, NULLs
-// stored as 0 (hardware generation) and -1 (gpu_mem).
-type hostClass struct {
-	ip     string
-	hw     int64
-	gpuMem int64
-	cpuMem int64
-	source string
-}
-
-// nodes narrows a node query to the class.
-func (h hostClass) nodes(q *query) {
-	q.add("ip = " + q.arg(h.ip) + "::inet")
-	q.add("coalesce(hardware_generation, 0) = " + q.arg(h.hw))
-	q.add("coalesce(gpu_mem, -1) = " + q.arg(h.gpuMem))
-	q.add("cpu_mem = " + q.arg(h.cpuMem))
-	q.add("source = " + q.arg(h.source))
-}
-
-// hostWhere is the part of f a class of host_free, aliased t, can answer:
-// the attributes it is keyed by. The rest (seen_within, index, pk) only
-// the nodes can, so pick checks them; free and state are what the table
-// counts. Hosts already tried are left out.
-func (q *query) hostWhere(t string, f registry.NodeFilter, tried []string) {
-	q.add(t + ".ip <> ALL(" + q.arg(tried) + "::inet[])")
-	if f.HardwareGeneration != nil {
-		q.add(t + ".hardware_generation = " + q.arg(*f.HardwareGeneration))
-	}
-	if f.MinGPUMem != nil {
-		q.add(t + ".gpu_mem >= " + q.arg(*f.MinGPUMem))
-	}
-	if f.MinCPUMem != nil {
-		q.add(t + ".cpu_mem >= " + q.arg(*f.MinCPUMem))
-	}
-	if f.Source != nil {
-		q.add(t + ".source = " + q.arg(*f.Source))
-	}
-	if f.IP != nil {
-		q.add(t + ".ip = " + q.arg(*f.IP) + "::inet")
-	}
-}
-
-// hostLockClass keys the transaction-level advisory locks a gang claim
-// takes on the hosts it tries ("host"; the two-int form, a key space of
-// its own apart from the store's bigint advisory locks). A hash collision
-// only makes a claimer pass over a host.
-const hostLockClass = 0x686f7374
-
-// hostCandidates is the number of classes a gang claim reads per try before
-// it takes the first one no other claimer is trying.
-const hostCandidates = 64
-
-// hostCandidatesQuery is the statement a gang claim's try runs: the first
-// class with count or more free matching nodes, fewest first, whose host
-// no concurrent claimer is trying (it takes that host's advisory lock),
-// leaving out hosts already tried. Classes without unfolded deltas come
-// from host_free's index on the count; those with deltas are summed.
-func hostCandidatesQuery(f registry.NodeFilter, count int, tried []string) (string, []any) {
-	var q query
-	sql := q.hostCandidates(f, count, tried, "host(ip)")
-	return sql, q.args
-}
-
-// hostCandidates is hostCandidatesQuery's statement with its arguments in
-// q, selecting ip as ipExpr.
-func (q *query) hostCandidates(f registry.NodeFilter, count int, tried []string, ipExpr string) string {
-	n := q.arg(count)
-	saved := q.conds
-	q.conds = nil
-	q.hostWhere("b", f, tried)
-	baseCond := q.cond()
-	q.conds = nil
-	q.hostWhere("p", f, tried)
-	pendingCond := q.cond()
-	q.conds = saved
-	return `
-		WITH p AS MATERIALIZED (
-			SELECT ip, hardware_generation, gpu_mem, cpu_mem, source, sum(delta) AS delta
-			FROM host_free_delta GROUP BY 1, 2, 3, 4, 5
-		), c AS (
-			(SELECT b.ip, b.hardware_generation, b.gpu_mem, b.cpu_mem, b.source, b.free FROM host_free b
-			 WHERE b.free >= ` + n + ` AND ` + baseCond + `
-			   AND (b.ip, b.hardware_generation, b.gpu_mem, b.cpu_mem, b.source) NOT IN
-			       (SELECT ip, hardware_generation, gpu_mem, cpu_mem, source FROM p)
-			 ORDER BY b.free LIMIT ` + strconv.Itoa(hostCandidates) + `)
-			UNION ALL
-			-- One primary-key lookup per pending class, whatever the
-			-- planner believes of host_free_delta's size (its statistics
-			-- swing from a bulk import's thousands of rows to a handful: a
-			-- hash join on a stale estimate read all of host_free, 0.1 s
-			-- a claim at 1,000,000 nodes).
-			SELECT p.ip, p.hardware_generation, p.gpu_mem, p.cpu_mem, p.source, coalesce(b.free, 0) + p.delta
-			FROM p LEFT JOIN LATERAL (
-				SELECT h.free FROM host_free h
-				WHERE (h.ip, h.hardware_generation, h.gpu_mem, h.cpu_mem, h.source) = (p.ip, p.hardware_generation, p.gpu_mem, p.cpu_mem, p.source)
-				LIMIT 1 -- the key is unique; the LIMIT keeps the planner from turning this back into a join
-			) b ON true
-			WHERE coalesce(b.free, 0) + p.delta >= ` + n + ` AND ` + pendingCond + `
-		)
-		SELECT ` + ipExpr + ` AS ip, hardware_generation, gpu_mem, cpu_mem, source
-		FROM (SELECT * FROM c ORDER BY free LIMIT ` + strconv.Itoa(hostCandidates) + `) c
-		WHERE pg_try_advisory_xact_lock(` + strconv.Itoa(hostLockClass) + `, hashtext(host(ip)))
-		LIMIT 1`
-}
-
-// onFirstCandidate narrows a claim to the class hostCandidatesQuery finds
-// first (nothing, when it finds none), in the same statement: the lookup
-// becomes the claim's CTE "host".
-func onFirstCandidate(f registry.NodeFilter, count int) func(q *query) string {
-	return func(q *query) string {
-		with := `host AS MATERIALIZED (` + q.hostCandidates(f, count, []string{}, "ip") + `)`
-		q.add("ip = (SELECT ip FROM host)")
-		q.add("coalesce(hardware_generation, 0) = (SELECT hardware_generation FROM host)")
-		q.add("coalesce(gpu_mem, -1) = (SELECT gpu_mem FROM host)")
-		q.add("cpu_mem = (SELECT cpu_mem FROM host)")
-		q.add("source = (SELECT source FROM host)")
-		return with
-	}
-}
-
 // gangClaim is a claim of c.Count free matching nodes of one host
 // (c.SameHost), best fit first, without reading the fleet: host_free
 // (migration 00013) counts the free nodes of each class of each host, and
@@ -273,4 +148,126 @@ func (g *gangClaim) queueMixedHosts(b *pgx.Batch, hosts *[]string) {
 		*hosts, err = pgx.AppendRows(*hosts, rows, pgx.RowTo[string])
 		return err
 	})
+}
+
+// maxHostsTried bounds how many candidate hosts a same-host claim tries
+// before it gives up with a conflict.
+const maxHostsTried = 32
+
+// hostClass is a class of host_free (migration 00013): the free nodes of
+// one host that share every attribute a claim filters on by value, NULLs
+// stored as 0 (hardware generation) and -1 (gpu_mem).
+type hostClass struct {
+	ip     string
+	hw     int64
+	gpuMem int64
+	cpuMem int64
+	source string
+}
+
+// nodes narrows a node query to the class.
+func (h hostClass) nodes(q *query) {
+	q.add("ip = " + q.arg(h.ip) + "::inet")
+	q.add("coalesce(hardware_generation, 0) = " + q.arg(h.hw))
+	q.add("coalesce(gpu_mem, -1) = " + q.arg(h.gpuMem))
+	q.add("cpu_mem = " + q.arg(h.cpuMem))
+	q.add("source = " + q.arg(h.source))
+}
+
+// hostWhere is the part of f a class of host_free, aliased t, can answer:
+// the attributes it is keyed by. The rest (seen_within, index, pk) only
+// the nodes can, so pick checks them; free and state are what the table
+// counts. Hosts already tried are left out.
+func (q *query) hostWhere(t string, f registry.NodeFilter, tried []string) {
+	q.add(t + ".ip <> ALL(" + q.arg(tried) + "::inet[])")
+	if f.HardwareGeneration != nil {
+		q.add(t + ".hardware_generation = " + q.arg(*f.HardwareGeneration))
+	}
+	if f.MinGPUMem != nil {
+		q.add(t + ".gpu_mem >= " + q.arg(*f.MinGPUMem))
+	}
+	if f.MinCPUMem != nil {
+		q.add(t + ".cpu_mem >= " + q.arg(*f.MinCPUMem))
+	}
+	if f.Source != nil {
+		q.add(t + ".source = " + q.arg(*f.Source))
+	}
+	if f.IP != nil {
+		q.add(t + ".ip = " + q.arg(*f.IP) + "::inet")
+	}
+}
+
+// hostLockClass keys the transaction-level advisory locks a gang claim
+// takes on the hosts it tries ("host"; the two-int form, a key space of
+// its own apart from the store's bigint advisory locks). A hash collision
+// only makes a claimer pass over a host.
+const hostLockClass = 0x686f7374
+
+// hostCandidates is the number of classes a gang claim reads per try before
+// it takes the first one no other claimer is trying.
+const hostCandidates = 64
+
+// hostCandidatesQuery is the statement a gang claim's try runs: the first
+// class with count or more free matching nodes, fewest first, whose host
+// no concurrent claimer is trying (it takes that host's advisory lock),
+// leaving out hosts already tried. Classes without unfolded deltas come
+// from host_free's index on the count; those with deltas are summed.
+func hostCandidatesQuery(f registry.NodeFilter, count int, tried []string) (string, []any) {
+	var q query
+	sql := q.hostCandidates(f, count, tried, "host(ip)")
+	return sql, q.args
+}
+
+// hostCandidates is hostCandidatesQuery's statement with its arguments in
+// q, selecting ip as ipExpr.
+func (q *query) hostCandidates(f registry.NodeFilter, count int, tried []string, ipExpr string) string {
+	n := q.arg(count)
+	saved := q.conds
+	q.conds = nil
+	q.hostWhere("b", f, tried)
+	baseCond := q.cond()
+	q.conds = nil
+	q.hostWhere("p", f, tried)
+	pendingCond := q.cond()
+	q.conds = saved
+	return `
+		WITH p AS MATERIALIZED (
+			SELECT ip, hardware_generation, gpu_mem, cpu_mem, source, sum(delta) AS delta
+			FROM host_free_delta GROUP BY 1, 2, 3, 4, 5
+		), c AS (
+			(SELECT b.ip, b.hardware_generation, b.gpu_mem, b.cpu_mem, b.source, b.free FROM host_free b
+			 WHERE b.free >= ` + n + ` AND ` + baseCond + `
+			   AND (b.ip, b.hardware_generation, b.gpu_mem, b.cpu_mem, b.source) NOT IN
+			       (SELECT ip, hardware_generation, gpu_mem, cpu_mem, source FROM p)
+			 ORDER BY b.free LIMIT ` + strconv.Itoa(hostCandidates) + `)
+			UNION ALL
+			-- One primary-key lookup per pending class, whatever the
+			-- planner believes of host_free_delta's size (docs/design.md).
+			SELECT p.ip, p.hardware_generation, p.gpu_mem, p.cpu_mem, p.source, coalesce(b.free, 0) + p.delta
+			FROM p LEFT JOIN LATERAL (
+				SELECT h.free FROM host_free h
+				WHERE (h.ip, h.hardware_generation, h.gpu_mem, h.cpu_mem, h.source) = (p.ip, p.hardware_generation, p.gpu_mem, p.cpu_mem, p.source)
+				LIMIT 1 -- the key is unique; the LIMIT keeps the planner from turning this back into a join
+			) b ON true
+			WHERE coalesce(b.free, 0) + p.delta >= ` + n + ` AND ` + pendingCond + `
+		)
+		SELECT ` + ipExpr + ` AS ip, hardware_generation, gpu_mem, cpu_mem, source
+		FROM (SELECT * FROM c ORDER BY free LIMIT ` + strconv.Itoa(hostCandidates) + `) c
+		WHERE pg_try_advisory_xact_lock(` + strconv.Itoa(hostLockClass) + `, hashtext(host(ip)))
+		LIMIT 1`
+}
+
+// onFirstCandidate narrows a claim to the class hostCandidatesQuery finds
+// first (nothing, when it finds none), in the same statement: the lookup
+// becomes the claim's CTE "host".
+func onFirstCandidate(f registry.NodeFilter, count int) func(q *query) string {
+	return func(q *query) string {
+		with := `host AS MATERIALIZED (` + q.hostCandidates(f, count, []string{}, "ip") + `)`
+		q.add("ip = (SELECT ip FROM host)")
+		q.add("coalesce(hardware_generation, 0) = (SELECT hardware_generation FROM host)")
+		q.add("coalesce(gpu_mem, -1) = (SELECT gpu_mem FROM host)")
+		q.add("cpu_mem = (SELECT cpu_mem FROM host)")
+		q.add("source = (SELECT source FROM host)")
+		return with
+	}
 }

@@ -46,24 +46,16 @@ func (s *Store) FoldHostFree(ctx context.Context) error {
 	if s.inTx || s.unvacuumed == nil {
 		return nil // VACUUM cannot run in a transaction block
 	}
-	// Every gang claim reads the whole of host_free_delta's file for the
-	// pending deltas, dead rows and empty pages included, so what the
-	// folds leave behind is vacuumed here rather than left to autovacuum,
-	// which looks at a table once a minute at most: at a million nodes,
-	// gang claims after 15 s of single claims (tens of thousands of dead
-	// deltas) had a p99 of 55 ms, and 44 ms with this vacuum. A plain
-	// VACUUM is safe for every snapshot (unlike TRUNCATE, which a backup's
-	// snapshot would see empty beside counts not yet folded). It needs the
-	// table's owner; any other role gets a warning and nothing is done.
+	// What the folds leave behind is vacuumed here, not left to
+	// autovacuum: gang claims read the whole of host_free_delta's file
+	// (docs/design.md). A role that does not own the table gets a warning
+	// from the server, and nothing is done.
 	unvacuumed := s.unvacuumed.Add(moved)
 	var vacuum string
 	switch {
 	case moved >= deltaVacuumRows:
-		// An import's worth: the emptied file is cut down as well (after a
-		// million nodes were imported it was 1,000 empty pages, 1.3 ms of a
-		// core per gang claim). The cut waits for a moment without writers
-		// to the table (at most 5 s, PostgreSQL's own bound), so only
-		// large folds ask for it.
+		// An import's worth: the emptied file is cut down as well, which
+		// waits (at most 5 s) for a moment without writers to the table.
 		vacuum = `VACUUM host_free_delta`
 	case unvacuumed >= deltaReuseRows:
 		// The steady claims' deltas: their space is made reusable, so the

@@ -52,13 +52,10 @@ func chunkOf(ctx context.Context) int {
 //
 // Every change is audited under actor and appears on the watch feed.
 //
-// A pass costs what it changes, not what the fleet holds: the inventory is
-// copied into a temporary table (COPY) and compared with the nodes table in
-// one statement, which returns only the pairs to insert and the nodes that
-// may need a write; the nodes holding what the provider says already are
-// never sent back. The writes go in chunks of importChunk nodes, each a
-// few statements over arrays, so the memory a pass takes beyond the
-// inventory stays bounded however large the fleet.
+// A pass costs what it changes, not what the fleet holds: only the pairs
+// to insert and the nodes that may need a write come back from the
+// comparison, and the writes go in chunks of importChunk nodes, so the
+// memory a pass takes beyond the inventory stays bounded (docs/design.md).
 func (s *Store) ApplyImport(ctx context.Context, actor registry.Actor, source string, nodes []registry.ImportedNode, skipped []string) (registry.ImportResult, error) {
 	var res registry.ImportResult
 	if _, ok := importLocks[source]; !ok {

@@ -9,12 +9,7 @@ import (
 )
 
 // Pages of nodes read from PostgreSQL are lent, their memory reused once
-// the caller is done with them (ListPage, RecyclePage). A page of 100 is
-// 24 KB of nodes and 14 KB of what their pointer fields point at, and
-// schedulers read thousands of pages a second: at a million nodes,
-// fresh ones were three quarters of what the server allocated, and each
-// collection they caused marked the node cache's hundreds of MB, which
-// put the free page's p99 past 20 ms (see docs/benchmarks.md).
+// the caller is done with them (ListPage, RecyclePage); why: docs/design.md.
 
 // pageBuf is the memory of one lent page: its nodes, and what their
 // pointer fields point at.

@@ -15,10 +15,7 @@ type batcher interface {
 
 // pipeTx is a transaction sent as batches, one round trip each: its BEGIN
 // travels with the first batch and its COMMIT with the last. Statements
-// that need no result of an earlier one go together, so a claim (the
-// nodes it takes; then their change-log and audit rows, made from what the
-// update returned) costs two round trips where a statement at a time cost
-// six, and a release the same.
+// that need no result of an earlier one go together.
 //
 // Inside WithTx it joins the transaction under way and neither begins nor
 // commits it.

@@ -14,14 +14,10 @@ import (
 	"github.com/registryd/registryd/internal/registry"
 )
 
-// Pages of nodes (the free pages schedulers read all day, and the keyset
-// pages of a streamed list) are decoded from the rows' wire bytes here
-// rather than through pgx's Scan: Scan plans each of a row's twenty
-// destinations through interfaces and allocates every nullable field and
-// string on its own, which made scanning a page cost more than the
-// database's work for it. A decoded node takes two allocations: its
-// strings share one, and what its pointer fields point at lives in a
-// backing shared with the page's other nodes.
+// Pages of nodes are decoded from the rows' wire bytes here rather than
+// through pgx's Scan (why: docs/design.md): a decoded node takes two
+// allocations, its strings sharing one and its pointer fields pointing into
+// a backing shared with the page's other nodes.
 
 // nodeBacking holds what a decoded node's pointer fields point at.
 type nodeBacking struct {
