@@ -473,6 +473,133 @@ func TestGroupLockWaitRunsEachAlone(t *testing.T) {
 	}
 }
 
+// waitActivity waits, at most 10 s, until the query (a count over
+// pg_locks or pg_stat_activity) counts at least one backend.
+func waitActivity(t *testing.T, st *store.Store, what, query string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var n int
+		if err := st.Pool().QueryRow(context.Background(), query).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not seen within 10 s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// A group locks rows in the order its requests came, so it can deadlock
+// with a writer that locks them in pk order (here a cordon of nodes 1 and
+// 2, against a group releasing node 2 and then node 1). The group must be
+// the one that gives way, within its lock timeout, before PostgreSQL's
+// deadlock check (deadlock_timeout, 1 s after the cordon began to wait)
+// fails the cordon: then the cordon commits, and the group's releases,
+// run again alone, commit too. A trigger holds the group between its two
+// locks (on an advisory lock the test holds, waited for without a lock
+// timeout) until the cordon waits for node 2. Fault caught (tried once):
+// the group's lock timeout raised above deadlock_timeout (the cordon
+// failed with "deadlock detected").
+func TestGroupGivesWayInDeadlock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st, log := observedFleet(t, 1)
+	one, err := st.ClaimNodes(ctx, sys, registry.Claim{Job: 71, Count: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	two, err := st.ClaimNodes(ctx, sys, registry.Claim{Job: 72, Count: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if one[0].PK != 1 || two[0].PK != 2 {
+		t.Fatalf("claimed nodes %d and %d, want 1 and 2", one[0].PK, two[0].PK)
+	}
+	if _, err := st.Pool().Exec(ctx, `
+		CREATE FUNCTION gate() RETURNS trigger LANGUAGE plpgsql AS $$
+		DECLARE saved text := current_setting('lock_timeout');
+		BEGIN
+			PERFORM set_config('lock_timeout', '0', true);
+			PERFORM pg_advisory_xact_lock_shared(4242);
+			PERFORM set_config('lock_timeout', saved, true);
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER gate BEFORE UPDATE ON nodes FOR EACH ROW
+			WHEN (OLD.pk = 2 AND NEW.current_job IS NULL) EXECUTE FUNCTION gate()`); err != nil {
+		t.Fatal(err)
+	}
+	gate, err := st.Pool().Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gate.Release()
+	if _, err := gate.Exec(ctx, `SELECT pg_advisory_lock(4242)`); err != nil {
+		t.Fatal(err)
+	}
+	opened := false
+	open := func() {
+		if !opened {
+			opened = true
+			if _, err := gate.Exec(ctx, `SELECT pg_advisory_unlock(4242)`); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	defer open()
+
+	release := store.HoldGroups(st)
+	var wg sync.WaitGroup
+	releaseErrs := make([]error, 2)
+	for i, job := range []int64{72, 71} { // node 2, then node 1
+		wg.Go(func() {
+			got, _, err := st.ReleaseNodes(ctx, scheduler(i), registry.Release{Job: job})
+			if err == nil && len(got) != 1 {
+				err = fmt.Errorf("released %d nodes, want 1", len(got))
+			}
+			releaseErrs[i] = err
+		})
+		waitQueued(t, st, i+1)
+	}
+	release()
+	waitActivity(t, st, "the group holding node 2, at the gate",
+		`SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`)
+	cordoned := make(chan error, 1)
+	go func() {
+		got, _, err := st.CordonNodes(ctx, sys, registry.Cordon{Nodes: []int64{1, 2}, Reason: "fan"})
+		if err == nil && len(got) != 2 {
+			err = fmt.Errorf("cordoned %d nodes, want 2", len(got))
+		}
+		cordoned <- err
+	}()
+	waitActivity(t, st, "the cordon holding node 1, waiting for node 2",
+		`SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event IN ('transactionid', 'tuple')`)
+	open() // the group goes on to node 1: a deadlock
+	select {
+	case err := <-cordoned:
+		if err != nil {
+			t.Errorf("the cordon caught in a deadlock with a group: %v; want the group to give way", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the cordon not answered within 10 s")
+	}
+	waitDone(t, &wg)
+	for i, err := range releaseErrs {
+		if err != nil {
+			t.Errorf("release %d of the group: %v", i, err)
+		}
+	}
+	if got := log.get(); len(got) != 1 || !strings.Contains(got[0], "55P03") {
+		t.Errorf("ObserveGroup told %q, want one group failed by its lock timeout (55P03)", got)
+	}
+	if n := heldNodes(t, st); n != 0 {
+		t.Errorf("%d nodes held after both releases, want 0", n)
+	}
+}
+
 // A claim whose caller gives up while its group is under way, before the
 // COMMIT is sent, commits nothing, and fails with its context's error; the
 // others of the group are run again alone and succeed. Here a trigger
