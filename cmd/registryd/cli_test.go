@@ -237,11 +237,15 @@ func TestSettingsTableCoversTheSources(t *testing.T) {
 	}
 }
 
-// readmeSettings reads README's configuration table: each variable with
-// its default cell, without markdown.
-func readmeSettings(t *testing.T) map[string]string {
+// configurationDoc is the document whose configuration table lists every
+// setting.
+const configurationDoc = "docs/operating.md"
+
+// documentedSettings reads the configuration table of configurationDoc:
+// each variable with its default cell, without markdown.
+func documentedSettings(t *testing.T) map[string]string {
 	t.Helper()
-	f, err := os.Open(filepath.Join(moduleRoot(t), "README.md"))
+	f, err := os.Open(filepath.Join(moduleRoot(t), filepath.FromSlash(configurationDoc)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -259,7 +263,7 @@ func readmeSettings(t *testing.T) map[string]string {
 		case in && strings.HasPrefix(line, "| `"):
 			cells := strings.Split(line, "|")[1:]
 			if len(cells) < 3 {
-				t.Fatalf("README configuration row: %q", line)
+				t.Fatalf("%s configuration row: %q", configurationDoc, line)
 			}
 			def := strings.TrimSpace(strings.NewReplacer("`", "", "*", "").Replace(cells[1]))
 			names := regexp.MustCompile("`([A-Z][A-Z0-9_]*)`").FindAllStringSubmatch(cells[0], -1)
@@ -272,29 +276,29 @@ func readmeSettings(t *testing.T) map[string]string {
 		}
 	}
 	if len(out) < 30 {
-		t.Fatalf("read only %d settings from README's configuration table", len(out))
+		t.Fatalf("read only %d settings from the configuration table of %s", len(out), configurationDoc)
 	}
 	return out
 }
 
-// README's configuration table and the settings table name the same
-// variables with the same defaults.
-func TestSettingsTableMatchesREADME(t *testing.T) {
+// The documented configuration table and the settings table name the
+// same variables with the same defaults.
+func TestSettingsTableMatchesDocs(t *testing.T) {
 	t.Parallel()
-	readme := readmeSettings(t)
+	documented := documentedSettings(t)
 	for _, s := range settings {
-		def, ok := readme[s.Name]
+		def, ok := documented[s.Name]
 		switch {
 		case s.Name == "PATH":
 		case !ok:
-			t.Errorf("%s is missing from README's configuration table", s.Name)
+			t.Errorf("%s is missing from the configuration table of %s", s.Name, configurationDoc)
 		case def != s.Default:
-			t.Errorf("%s: README's default is %q, the code's %q", s.Name, def, s.Default)
+			t.Errorf("%s: %s gives the default %q, the code %q", s.Name, configurationDoc, def, s.Default)
 		}
 	}
-	for name := range readme {
+	for name := range documented {
 		if _, ok := lookupSetting(name); !ok {
-			t.Errorf("README's configuration table has %s, which registryd does not read", name)
+			t.Errorf("the configuration table of %s has %s, which registryd does not read", configurationDoc, name)
 		}
 	}
 }
