@@ -10,7 +10,7 @@ import (
 )
 
 // An agent registers its GPUs and heartbeats as each node (these examples
-// are the README's; they compile, they are not run).
+// are docs/api.md's; they compile, they are not run).
 func Example_agent() {
 	ctx := context.Background()
 	c, err := client.New("http://registry:8080", client.WithTokenSource(client.TokenFile("/etc/registryd-agent/token")))

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rehearses deploy/README.md's backups on a throwaway cluster built from
+# Rehearses the backups of docs/operating.md on a throwaway cluster built from
 # the local server binaries under the system temp dir, with registryd
 # serving on it, and checks each restore through registryd's API:
 #

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Measures a PostgreSQL failover under registryd (deploy/README.md,
-# "Failover"): a primary and a synchronous streaming standby built from
+# Measures a PostgreSQL failover under registryd (docs/operating.md,
+# "Failover, measured"): a primary and a synchronous streaming standby built from
 # the local server binaries (initdb, pg_basebackup) under the system temp
 # dir, registryd serving against both through one multi-host URL with
 # target_session_attrs=read-write, writers registering nodes without

@@ -13,7 +13,7 @@ import (
 	"github.com/registryd/registryd/internal/pgtest"
 )
 
-// The backup story of deploy/README.md, round trip: pg_dump of a serving
+// The backup story of docs/operating.md, round trip: pg_dump of a serving
 // registry's database, pg_restore into a fresh one, and registryd started
 // on the copy (no migration needed) serves the same nodes, byte for byte,
 // and goes on numbering new ones after the restored ones.

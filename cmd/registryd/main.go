@@ -10,7 +10,7 @@
 //	registryd version                  the version and VCS revision
 //
 // Configuration comes from REGISTRY_* environment variables (the table in
-// settings.go; registryd COMMAND --help lists a command's); see README.md.
+// settings.go; registryd COMMAND --help lists a command's); see docs/operating.md.
 package main
 
 import (

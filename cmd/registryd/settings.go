@@ -29,7 +29,7 @@ const (
 // setting is one environment variable registryd reads.
 type setting struct {
 	Name string
-	// Default is the default as README's configuration table words it
+	// Default is the default as docs/operating.md's configuration table words it
 	// (without its markdown); "" when there is none.
 	Default string
 	// value is what the configuration loader uses when the variable is
@@ -45,7 +45,7 @@ type setting struct {
 // settings is every environment variable registryd reads: configuration
 // loading takes defaults from it and shows each command only its own
 // variables, --help lists it, and tests check it against the sources and
-// against README's configuration table.
+// against docs/operating.md's configuration table.
 var settings = []setting{
 	{Name: "REGISTRY_DATABASE_URL", Default: "(unset: embedded PostgreSQL)", Cmds: cmdServer, Secret: true,
 		Meaning: "PostgreSQL URL (postgres://USER:PASSWORD@HOST:5432/DB?sslmode=require) or key=value DSN"},

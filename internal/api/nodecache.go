@@ -10,7 +10,7 @@ import (
 
 // NodeCache serves reads of one node by pk from memory, kept current by
 // the change feed and by this replica's own writes. *nodecache.Cache
-// implements it; see README "Read consistency" for what a reader gets.
+// implements it; see docs/api.md, "Read consistency", for what a reader gets.
 type NodeCache interface {
 	// GetNode returns node pk, reading PostgreSQL when it must.
 	GetNode(ctx context.Context, pk int64) (registry.Node, error)

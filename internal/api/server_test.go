@@ -157,7 +157,7 @@ func TestUnknownRoutes(t *testing.T) {
 var chiPattern = regexp.MustCompile(`\{(\w+):[^}]*\}`)
 
 // notOperations are the routes that are not operations of openapi.yaml:
-// the API browser, and the Prometheus exposition (README, Metrics).
+// the API browser, and the Prometheus exposition (docs/operating.md, Metrics).
 var notOperations = []string{"GET /docs", "HEAD /docs", "GET /docs/*", "HEAD /docs/*", "GET /metrics"}
 
 // The router and openapi.yaml describe the same operations, both ways.

@@ -111,7 +111,7 @@ type beat struct{ seen, at time.Time }
 // ListNodes returns the nodes matching f in pk order, as the Loader's
 // ListNodes would: from memory when the cache serves and holds the whole
 // fleet and can evaluate f, otherwise from PostgreSQL. A list from memory
-// gives the consistency of a cached GetNode (README "Read consistency").
+// gives the consistency of a cached GetNode (docs/api.md, "Read consistency").
 func (c *Cache) ListNodes(ctx context.Context, f registry.NodeFilter) ([]registry.Node, error) {
 	if err := f.Normalize(); err != nil {
 		return nil, err

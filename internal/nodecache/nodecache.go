@@ -3,7 +3,7 @@
 // watch hub follows (it is the hub's Follower), after the model of
 // kube-apiserver's watch cache.
 //
-// The consistency a reader gets (README "Read consistency"):
+// The consistency a reader gets (docs/api.md, "Read consistency"):
 //
 //   - A replica's own writes are visible to its own reads at once: the
 //     API hands every node a write returns to Wrote, which updates the

@@ -38,7 +38,7 @@ func ParseRole(s string) (Role, bool) {
 // Permission is a kind of request, as the permission matrix names it.
 type Permission int
 
-// The permissions of the matrix in README.md.
+// The permissions of the matrix in docs/security.md.
 const (
 	PermRead          Permission = iota // ping, list, retrieve nodes and hardware
 	PermCreateNode                      // register a node

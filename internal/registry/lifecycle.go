@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// The node lifecycle's decisions (README "Node states"). The lifecycle
+// The node lifecycle's decisions (docs/scheduling.md, "Node states"). The lifecycle
 // sweeper asks the store for candidates, decides here which of them change,
 // and has the store apply exactly those decisions. The store's candidate
 // queries may select more than these functions accept, never fewer.

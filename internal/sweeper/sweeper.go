@@ -1,5 +1,5 @@
-// Package sweeper runs the node lifecycle's background pass (README "Node
-// states"): every second or so it marks silent nodes lost, finds them again
+// Package sweeper runs the node lifecycle's background pass (docs/scheduling.md,
+// "Node states"): every second or so it marks silent nodes lost, finds them again
 // when they heartbeat, and ends claims whose lease ran out. The rules are
 // the registry package's (DecideSweep); the store selects candidates and
 // applies the decisions in one transaction per pass.
