@@ -94,10 +94,6 @@ type Cache struct {
 	hits, misses, bypassed, drops atomic.Int64
 	listHits, listMisses          atomic.Int64
 
-	// afterRead, when set (tests), runs between a fill's read and its
-	// install: the window of the stale-fill race.
-	afterRead func(pk int64)
-
 	mu    sync.RWMutex
 	nodes map[int64]*registry.Node // each packed (see pack)
 	index index                    // nodes' pks in order (list.go)
@@ -201,9 +197,6 @@ func (c *Cache) readThrough(ctx context.Context, pk int64) (registry.Node, error
 	}
 	c.misses.Add(1)
 	n, err := c.load.GetNode(ctx, pk)
-	if c.afterRead != nil {
-		c.afterRead(pk)
-	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if f.readers--; f.readers == 0 {

@@ -151,8 +151,7 @@ func TestStaleFill(t *testing.T) {
 	a, b := newReplica(t, dbURL, 100), newReplica(t, dbURL, 100)
 	n := createNode(t, b.store, "10.0.0.1")
 	var up registry.Node
-	a.cache.afterRead = func(pk int64) {
-		a.cache.afterRead = nil
+	a.cache.pauseAfterRead(func(pk int64) {
 		up = setDriver(t, b.store, pk, "560")
 		apitest.Eventually(t, 5*time.Second, "the feed delivers the update during the fill", func() bool {
 			a.cache.mu.RLock()
@@ -160,7 +159,7 @@ func TestStaleFill(t *testing.T) {
 			f := a.cache.fills[pk]
 			return f != nil && f.node != nil && f.node.Version == up.Version
 		})
-	}
+	})
 	if got := get(t, a.cache, n.PK); got.Version > n.Version && got.Version != up.Version {
 		t.Fatalf("fill returned version %d", got.Version)
 	}
@@ -175,8 +174,7 @@ func TestStaleFillDeleted(t *testing.T) {
 	dbURL := pgtest.New(t)
 	a, b := newReplica(t, dbURL, 100), newReplica(t, dbURL, 100)
 	n := createNode(t, b.store, "10.0.0.1")
-	a.cache.afterRead = func(pk int64) {
-		a.cache.afterRead = nil
+	a.cache.pauseAfterRead(func(pk int64) {
 		if _, err := b.store.DeleteNode(context.Background(), admin, pk, false, nil); err != nil {
 			t.Error(err)
 		}
@@ -185,7 +183,7 @@ func TestStaleFillDeleted(t *testing.T) {
 			defer a.cache.mu.RUnlock()
 			return a.cache.fills[pk] != nil && a.cache.fills[pk].deleted > 0
 		})
-	}
+	})
 	get(t, a.cache, n.PK)
 	if _, err := a.cache.GetNode(context.Background(), n.PK); !errors.Is(err, registry.ErrNotFound) {
 		t.Fatalf("after the race: %v, want not found", err)
@@ -351,11 +349,10 @@ func TestFillAcrossDrop(t *testing.T) {
 	st := pgtest.Open(t, pgtest.New(t), store.Options{})
 	c := frozen(t, st, 10)
 	n := createNode(t, st, "10.0.0.1")
-	c.afterRead = func(int64) {
-		c.afterRead = nil
+	c.pauseAfterRead(func(int64) {
 		c.Gap("test")
 		c.Sequenced(time.Now().Add(time.Hour), 0) // current again at once
-	}
+	})
 	get(t, c, n.PK)
 	get(t, c, n.PK)
 	if s := c.Stats(); s.Hits != 0 || s.Misses != 2 {

@@ -51,7 +51,7 @@ type Config struct {
 // Sweeper runs lifecycle passes while it holds the lock.
 type Sweeper struct {
 	cfg    Config
-	passes atomic.Int64
+	passes atomic.Int64 // completed passes; read by tests (export_test.go)
 }
 
 // New validates cfg.
@@ -70,9 +70,6 @@ func New(cfg Config) (*Sweeper, error) {
 	}
 	return &Sweeper{cfg: cfg}, nil
 }
-
-// Passes reports how many passes this sweeper has completed.
-func (s *Sweeper) Passes() int64 { return s.passes.Load() }
 
 // Run sweeps until ctx ends: it leads while it holds the lock, and
 // otherwise tries to take it every interval.
