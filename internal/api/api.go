@@ -134,6 +134,18 @@ type Server struct {
 
 // New builds the handler with every route and middleware.
 func New(cfg Config) *Server {
+	s := newServer(cfg)
+	r := chi.NewRouter()
+	s.useMiddleware(r, cfg)
+	s.routeOpen(r)
+	s.routeV1(r)
+	s.router = r
+	return s
+}
+
+// newServer is a Server of cfg with every optional part defaulted; its
+// router is not built yet.
+func newServer(cfg Config) *Server {
 	s := &Server{
 		store:      cfg.Store,
 		logger:     orDiscard(cfg.Logger),
@@ -182,7 +194,12 @@ func New(cfg Config) *Server {
 		s.logger.Error("the API browser (/docs) cannot be served", "err", err)
 	}
 	s.docs = docs
-	r := chi.NewRouter()
+	return s
+}
+
+// useMiddleware installs what wraps every request, outermost first, and
+// the answers to unknown paths and methods.
+func (s *Server) useMiddleware(r chi.Router, cfg Config) {
 	if cfg.Observer != nil {
 		r.Use(s.measure) // outside the recoverer: a panic counts as the 500 it becomes
 	}
@@ -192,8 +209,10 @@ func New(cfg Config) *Server {
 	}
 	r.NotFound(s.problemHandler(http.StatusNotFound, "no such endpoint"))
 	r.MethodNotAllowed(s.methodNotAllowed)
+}
 
-	// Open endpoints: probes and the contract.
+// routeOpen adds the endpoints open to all: probes and the contract.
+func (s *Server) routeOpen(r chi.Router) {
 	getAndHead(r, "/healthz", s.handle(s.healthz))
 	getAndHead(r, "/readyz", s.handle(s.readyz))
 	getAndHead(r, "/openapi.yaml", s.serveOpenAPI)
@@ -201,47 +220,54 @@ func New(cfg Config) *Server {
 		r.Get("/metrics", s.serveMetrics)
 	}
 	s.routeDocs(r) // the contract in a browser
+}
 
-	// The API proper: a bearer token on every request, then Node-Id, then
-	// the role's permission for the route, before any body is read.
+// routeV1 adds the API proper: a bearer token on every request, then
+// Node-Id, then the role's permission for the route, before any body is
+// read.
+func (s *Server) routeV1(r chi.Router) {
 	read := s.require(registry.PermRead)
 	r.Route("/v1", func(r chi.Router) {
 		r.Use(s.authenticate, s.nodeID)
-		r.Route("/nodes", func(r chi.Router) {
-			r.NotFound(s.problemHandler(http.StatusNotFound, "no such endpoint; a node is addressed as /v1/nodes/{pk}"))
-			write := s.require(registry.PermWriteNode)
-			r.With(read).Post("/list", s.handle(s.listNodes))
-			r.With(s.require(registry.PermCreateNode)).Post("/create", s.handle(s.createNode))
-			r.With(s.require(registry.PermClaim)).Post("/claim", s.handle(s.claimNodes))
-			r.With(s.require(registry.PermClaim)).Post("/release", s.handle(s.releaseNodes))
-			r.With(s.require(registry.PermClaim)).Post("/renew", s.handle(s.renewLeases))
-			r.With(s.require(registry.PermCordon)).Post("/cordon", s.handle(s.cordonNodes))
-			r.With(s.require(registry.PermCordon)).Post("/uncordon", s.handle(s.uncordonNodes))
-			getAndHead(r.With(read), "/ping", s.handle(s.ping))
-			r.With(read).Get("/watch", s.handle(s.watchNodes))
-			r.With(read).Head("/watch", s.handle(s.headWatch))
-			// {pk} matches any segment: a malformed pk is a 400 (pathPK),
-			// an action's path with another method a 405 (notAction).
-			getAndHead(r.With(s.notAction, read), "/{pk}", s.handle(s.getNode))
-			r.With(s.notAction, write).Put("/{pk}", s.handle(s.updateNode))
-			r.With(s.notAction, write).Patch("/{pk}", s.handle(s.patchNode))
-			r.With(s.notAction, write).Delete("/{pk}", s.handle(s.deleteNode))
-		})
-		r.Route("/hardware", func(r chi.Router) {
-			r.NotFound(s.problemHandler(http.StatusNotFound, "no such endpoint; a hardware generation is addressed as /v1/hardware/{pk}"))
-			write := s.require(registry.PermWriteHardware)
-			r.With(read).Post("/list", s.handle(s.listHardware))
-			r.With(write).Post("/create", s.handle(s.createHardware))
-			getAndHead(r.With(s.notAction, read), "/{pk}", s.handle(s.getHardware))
-			r.With(s.notAction, write).Put("/{pk}", s.handle(s.updateHardware))
-			r.With(s.notAction, write).Patch("/{pk}", s.handle(s.patchHardware))
-			r.With(s.notAction, write).Delete("/{pk}", s.handle(s.deleteHardware))
-		})
+		r.Route("/nodes", func(r chi.Router) { s.routeNodes(r, read) })
+		r.Route("/hardware", func(r chi.Router) { s.routeHardware(r, read) })
 		r.With(s.require(registry.PermReadAudit)).Post("/audit/list", s.handle(s.listAudit))
 		r.With(s.require(registry.PermRevokeTokens)).Post("/tokens/revoke", s.handle(s.revokeTokens))
 	})
-	s.router = r
-	return s
+}
+
+// routeNodes adds /v1/nodes: its actions, then the node by pk. {pk}
+// matches any segment: a malformed pk is a 400 (pathPK), an action's path
+// with another method a 405 (notAction).
+func (s *Server) routeNodes(r chi.Router, read func(http.Handler) http.Handler) {
+	r.NotFound(s.problemHandler(http.StatusNotFound, "no such endpoint; a node is addressed as /v1/nodes/{pk}"))
+	write := s.require(registry.PermWriteNode)
+	r.With(read).Post("/list", s.handle(s.listNodes))
+	r.With(s.require(registry.PermCreateNode)).Post("/create", s.handle(s.createNode))
+	r.With(s.require(registry.PermClaim)).Post("/claim", s.handle(s.claimNodes))
+	r.With(s.require(registry.PermClaim)).Post("/release", s.handle(s.releaseNodes))
+	r.With(s.require(registry.PermClaim)).Post("/renew", s.handle(s.renewLeases))
+	r.With(s.require(registry.PermCordon)).Post("/cordon", s.handle(s.cordonNodes))
+	r.With(s.require(registry.PermCordon)).Post("/uncordon", s.handle(s.uncordonNodes))
+	getAndHead(r.With(read), "/ping", s.handle(s.ping))
+	r.With(read).Get("/watch", s.handle(s.watchNodes))
+	r.With(read).Head("/watch", s.handle(s.headWatch))
+	getAndHead(r.With(s.notAction, read), "/{pk}", s.handle(s.getNode))
+	r.With(s.notAction, write).Put("/{pk}", s.handle(s.updateNode))
+	r.With(s.notAction, write).Patch("/{pk}", s.handle(s.patchNode))
+	r.With(s.notAction, write).Delete("/{pk}", s.handle(s.deleteNode))
+}
+
+// routeHardware adds /v1/hardware, addressed like the nodes.
+func (s *Server) routeHardware(r chi.Router, read func(http.Handler) http.Handler) {
+	r.NotFound(s.problemHandler(http.StatusNotFound, "no such endpoint; a hardware generation is addressed as /v1/hardware/{pk}"))
+	write := s.require(registry.PermWriteHardware)
+	r.With(read).Post("/list", s.handle(s.listHardware))
+	r.With(write).Post("/create", s.handle(s.createHardware))
+	getAndHead(r.With(s.notAction, read), "/{pk}", s.handle(s.getHardware))
+	r.With(s.notAction, write).Put("/{pk}", s.handle(s.updateHardware))
+	r.With(s.notAction, write).Patch("/{pk}", s.handle(s.patchHardware))
+	r.With(s.notAction, write).Delete("/{pk}", s.handle(s.deleteHardware))
 }
 
 // ServeHTTP makes Server an http.Handler.
