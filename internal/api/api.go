@@ -127,9 +127,8 @@ type Server struct {
 	observer   Observer
 	router     chi.Router
 
-	watchKeepAlive    time.Duration
-	watchRecheck      time.Duration
-	watchWriteTimeout time.Duration
+	watchKeepAlive time.Duration
+	watchRecheck   time.Duration
 }
 
 // New builds the handler with every route and middleware.
@@ -161,9 +160,8 @@ func newServer(cfg Config) *Server {
 		metrics:    cfg.Metrics,
 		observer:   cfg.Observer,
 
-		watchKeepAlive:    cfg.WatchKeepAlive,
-		watchRecheck:      cfg.WatchRecheck,
-		watchWriteTimeout: 30 * time.Second,
+		watchKeepAlive: cfg.WatchKeepAlive,
+		watchRecheck:   cfg.WatchRecheck,
 	}
 	if s.watchKeepAlive <= 0 {
 		s.watchKeepAlive = 15 * time.Second

@@ -171,11 +171,18 @@ func setStreamHeaders(h http.Header) {
 	h.Set("X-Accel-Buffering", "no") // nginx: do not buffer the stream
 }
 
+// watchWriteTimeout bounds each write of a watch stream: a client that
+// does not read for that long is dropped.
+const watchWriteTimeout = 30 * time.Second
+
 // watchNodes is GET /v1/nodes/watch, a Server-Sent Events stream of node
 // changes. Each event's id increases; a client that reconnects with
 // Last-Event-ID gets everything it missed from the change log, or a
 // "reset" event when retention already removed it. Streams are capped per
 // server and per principal (429 beyond).
+//
+// Once the stream has started, every way it ends returns nil: the status
+// is sent, and the reason is counted (Observer.WatchClosed).
 func (s *Server) watchNodes(w http.ResponseWriter, r *http.Request) error {
 	filter, resume, err := s.checkWatch(r)
 	if err != nil {
@@ -197,144 +204,198 @@ func (s *Server) watchNodes(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	defer sub.Close()
-	// Every return below says why the stream ended (a write that fails
-	// means the client is gone or stuck).
-	end := watchEndWrite
+	st := &watchStream{s: s, ctx: ctx, w: w, rc: http.NewResponseController(w),
+		filter: filter, token: token, sub: sub, last: sub.Last(), end: watchEndWrite}
 	s.observer.WatchOpened()
-	defer func() { s.observer.WatchClosed(end) }()
-	last := sub.Last()
-
-	rc := http.NewResponseController(w)
-	// A stream outlives the server's request timeouts; each write gets its
-	// own deadline instead, so a stuck client is dropped.
-	_ = rc.SetReadDeadline(time.Time{})
-	_ = rc.SetWriteDeadline(time.Time{})
-	setStreamHeaders(w.Header())
-	w.WriteHeader(http.StatusOK)
-
-	// Events come in batches: a batch gets one write deadline and one
-	// flush, not one per event. deadline starts a batch; write buffers a
-	// chunk of it; flush sends what is buffered.
-	deadline := func() { _ = rc.SetWriteDeadline(time.Now().Add(s.watchWriteTimeout)) }
-	write := func(chunk []byte) error {
-		_, err := w.Write(chunk)
-		return err
-	}
-	flush := func() error { return rc.Flush() }
-	send := func(chunk string) error {
-		deadline()
-		if err := write([]byte(chunk)); err != nil {
-			return err
-		}
-		return flush()
-	}
-	reset := func(reason string) error {
-		data, _ := json.Marshal(map[string]any{"reason": reason, "last_event_id": last})
-		return send(fmt.Sprintf("id: %d\nevent: reset\ndata: %s\n\n", last, data))
-	}
-
-	if err := send(fmt.Sprintf("retry: 2000\n: watching node changes after event %d\n\n", max(resume, last))); err != nil {
+	defer func() { s.observer.WatchClosed(st.end) }()
+	if !st.open(resume) || !st.backfill(resume) {
 		return nil
 	}
-	floor := last // live events at or below it were covered by the backfill
-	if resume > last {
+	st.live()
+	return nil
+}
+
+// watchStream is one watch response once its subscription is open: the
+// steps open, backfill and live, in that order, write to it.
+//
+// Events come in batches: a batch gets one write deadline (deadline) and
+// one flush; write buffers a chunk of it. send is a whole batch of one
+// chunk.
+type watchStream struct {
+	s      *Server
+	ctx    context.Context
+	w      http.ResponseWriter
+	rc     *http.ResponseController
+	filter watchFilter
+	token  string // re-verified every watchRecheck
+	sub    EventStream
+	// last is the id a reset event tells the client to resume after:
+	// the subscription's Last, or the log's latest for an id ahead of it.
+	last int64
+	// floor: live events at or below it were covered by the backfill.
+	floor int64
+	end   string // why the stream ended, one of the watchEnd reasons
+}
+
+func (st *watchStream) deadline() { _ = st.rc.SetWriteDeadline(time.Now().Add(watchWriteTimeout)) }
+
+func (st *watchStream) write(chunk []byte) error {
+	_, err := st.w.Write(chunk)
+	return err
+}
+
+func (st *watchStream) flush() error { return st.rc.Flush() }
+
+func (st *watchStream) send(chunk string) error {
+	st.deadline()
+	if err := st.write([]byte(chunk)); err != nil {
+		return err
+	}
+	return st.flush()
+}
+
+// reset tells the client to re-list, then watch after st.last.
+func (st *watchStream) reset(reason string) error {
+	data, _ := json.Marshal(map[string]any{"reason": reason, "last_event_id": st.last})
+	return st.send(fmt.Sprintf("id: %d\nevent: reset\ndata: %s\n\n", st.last, data))
+}
+
+// open starts the response: the stream's headers, then a comment naming
+// where it starts. The server's read and write timeouts are lifted, since
+// a stream outlives them; each write gets its own deadline instead, so a
+// stuck client is dropped. false when the client is gone.
+func (st *watchStream) open(resume int64) bool {
+	_ = st.rc.SetReadDeadline(time.Time{})
+	_ = st.rc.SetWriteDeadline(time.Time{})
+	setStreamHeaders(st.w.Header())
+	st.w.WriteHeader(http.StatusOK)
+	return st.send(fmt.Sprintf("retry: 2000\n: watching node changes after event %d\n\n", max(resume, st.last))) == nil
+}
+
+// backfill brings a client resuming after resume (-1: not resuming) up to
+// the live feed: it sends the matching events in (resume, floor] from the
+// change log, or a reset when retention removed some of them or resume is
+// ahead of every event this registry issued. It sets floor, which the
+// live step does not send again. false when the stream ends here.
+func (st *watchStream) backfill(resume int64) bool {
+	s, ctx := st.s, st.ctx
+	st.floor = st.last
+	if resume > st.last {
 		// This replica's hub may lag the log by a moment (the client saw the
 		// event through another replica): ask the log itself.
 		latest, err := s.events.Latest(ctx)
 		if err != nil {
 			s.logger.WarnContext(ctx, "watch: reading the latest event failed", "request_id", requestID(ctx), "err", err)
-			end = watchEndBackfill
-			return nil // the client retries
+			st.end = watchEndBackfill
+			return false // the client retries
 		}
-		floor = max(floor, latest)
+		st.floor = max(st.floor, latest)
 	}
 	switch {
 	case resume < 0:
-	case resume > floor:
+		return true
+	case resume > st.floor:
 		// An id this registry never issued (another database, a restore).
-		last = floor
-		if err := reset("Last-Event-ID is ahead of this registry's events; re-list"); err != nil {
-			return nil
-		}
-	default:
-		err := s.events.Backfill(ctx, resume, floor, func(e registry.NodeEvent, frame []byte) error {
-			if !filter.match(e.Node) {
-				return nil
-			}
-			deadline()
-			if err := write(frame); err != nil {
-				return err
-			}
-			s.observer.WatchSent(1)
-			return nil
-		})
-		if err == nil {
-			deadline()
-			err = flush()
-		}
-		switch {
-		case errors.Is(err, registry.ErrGone):
-			if reset(publicMessage(err)) != nil {
-				return nil
-			}
-		case err != nil:
-			if ctx.Err() == nil {
-				s.logger.WarnContext(ctx, "watch backfill failed", "request_id", requestID(ctx), "err", err)
-				end = watchEndBackfill
-			} else {
-				end = watchEndClient
-			}
-			return nil // the client resumes from what it got
-		}
+		st.last = st.floor
+		return st.reset("Last-Event-ID is ahead of this registry's events; re-list") == nil
 	}
+	err := st.sendLog(resume)
+	switch {
+	case errors.Is(err, registry.ErrGone):
+		return st.reset(publicMessage(err)) == nil
+	case err != nil:
+		if ctx.Err() == nil {
+			s.logger.WarnContext(ctx, "watch backfill failed", "request_id", requestID(ctx), "err", err)
+			st.end = watchEndBackfill
+		} else {
+			st.end = watchEndClient
+		}
+		return false // the client resumes from what it got
+	}
+	return true
+}
 
+// sendLog writes the matching events in (resume, floor] from the change
+// log and flushes them; an error matching registry.ErrGone when retention
+// removed some.
+func (st *watchStream) sendLog(resume int64) error {
+	err := st.s.events.Backfill(st.ctx, resume, st.floor, func(e registry.NodeEvent, frame []byte) error {
+		if !st.filter.match(e.Node) {
+			return nil
+		}
+		st.deadline()
+		if err := st.write(frame); err != nil {
+			return err
+		}
+		st.s.observer.WatchSent(1)
+		return nil
+	})
+	if err == nil {
+		st.deadline()
+		err = st.flush()
+	}
+	return err
+}
+
+// live sends the hub's matching events after floor as they come, and a
+// keep-alive comment every watchKeepAlive, until the client goes, the
+// token is no longer valid (checked every watchRecheck), the subscription
+// falls behind (or the hub stops) or a write fails.
+func (st *watchStream) live() {
+	s := st.s
 	keepAlive := time.NewTicker(s.watchKeepAlive)
 	defer keepAlive.Stop()
 	recheck := time.NewTicker(s.watchRecheck)
 	defer recheck.Stop()
 	for {
 		select {
-		case <-ctx.Done():
-			end = watchEndClient
-			return nil
+		case <-st.ctx.Done():
+			st.end = watchEndClient
+			return
 		case <-recheck.C:
-			if _, err := s.auth.Verify(token); err != nil && !errors.Is(err, registry.ErrUnavailable) {
+			if _, err := s.auth.Verify(st.token); err != nil && !errors.Is(err, registry.ErrUnavailable) {
 				// The reason stays out of the stream (a comment ends at a
 				// newline); a reconnect with the token gets it in a 401.
-				_ = send(": the token is no longer valid (revoked or expired); stream ended\n\n")
-				end = watchEndToken
-				return nil
+				_ = st.send(": the token is no longer valid (revoked or expired); stream ended\n\n")
+				st.end = watchEndToken
+				return
 			}
-		case <-sub.Done():
+		case <-st.sub.Done():
 			// Fell behind (or the server is stopping): end the stream; the
 			// client resumes with Last-Event-ID from the change log.
-			_ = send(": falling behind; reconnect with Last-Event-ID\n\n")
-			end = watchEndBehind
-			return nil
+			_ = st.send(": falling behind; reconnect with Last-Event-ID\n\n")
+			st.end = watchEndBehind
+			return
 		case <-keepAlive.C:
-			if send(": keep-alive\n\n") != nil {
-				return nil
+			if st.send(": keep-alive\n\n") != nil {
+				return
 			}
-		case <-sub.Wake():
-			deadline()
-			sent := 0
-			err := sub.Next(func(e registry.NodeEvent, frame []byte) error {
-				if e.ID <= floor || !filter.match(e.Node) {
-					return nil
-				}
-				if err := write(frame); err != nil {
-					return err
-				}
-				sent++
-				return nil
-			})
-			if err == nil && sent > 0 {
-				err = flush()
-			}
-			s.observer.WatchSent(sent)
-			if err != nil {
-				return nil
+		case <-st.sub.Wake():
+			if st.sendPending() != nil {
+				return
 			}
 		}
 	}
+}
+
+// sendPending writes the subscription's pending events that match and
+// are above floor, as one batch.
+func (st *watchStream) sendPending() error {
+	st.deadline()
+	sent := 0
+	err := st.sub.Next(func(e registry.NodeEvent, frame []byte) error {
+		if e.ID <= st.floor || !st.filter.match(e.Node) {
+			return nil
+		}
+		if err := st.write(frame); err != nil {
+			return err
+		}
+		sent++
+		return nil
+	})
+	if err == nil && sent > 0 {
+		err = st.flush()
+	}
+	st.s.observer.WatchSent(sent)
+	return err
 }
