@@ -114,13 +114,8 @@ func loadAgentConfig(rawenv func(string) string) (agentConfig, error) {
 		}
 		c.IP = ip
 	}
-	if v := getenv("REGISTRY_AGENT_INTERVAL"); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil || d < minAgentInterval || d > maxAgentInterval {
-			errs = append(errs, fmt.Sprintf("REGISTRY_AGENT_INTERVAL=%q: want a duration between %s and %s, such as 10s", v, minAgentInterval, maxAgentInterval))
-		}
-		c.Interval = d
-	}
+	c.Interval = envDuration(getenv, "REGISTRY_AGENT_INTERVAL", 0, minAgentInterval, maxAgentInterval,
+		fmt.Sprintf("want a duration between %s and %s, such as 10s", minAgentInterval, maxAgentInterval), &errs)
 	if fi, err := os.Stat(c.StatePath); err == nil && fi.IsDir() {
 		errs = append(errs, fmt.Sprintf("REGISTRY_AGENT_STATE=%q is a directory; name a file in it, such as %s", c.StatePath, filepath.Join(c.StatePath, "state.json")))
 	}

@@ -121,172 +121,184 @@ func loadConfig(getenv func(string) string) (config, error) {
 
 // loadCommandConfig loads the settings cmd reads (see settings); the
 // others keep their defaults, unchecked. Defaults come from settings.
+// Each subsystem's settings are read and checked by a function of its
+// own; the error names every problem found.
 func loadCommandConfig(cmd cmdSet, rawenv func(string) string) (config, error) {
 	getenv := commandEnv(cmd, rawenv)
-	c := config{
-		DatabaseURL: getenv("REGISTRY_DATABASE_URL"),
-		Listen:      getenv("REGISTRY_LISTEN"),
-		DataDir:     getenv("REGISTRY_DATA_DIR"),
-		DataDirSet:  rawenv("REGISTRY_DATA_DIR") != "",
-	}
+	var c config
 	var errs []string
+	c.loadDatabase(getenv, rawenv, &errs)
+	c.LogLevel, c.LogFormat = loadLogging(getenv, defaultLogFormat(cmd), &errs)
+	c.LogHeartbeats = envBool(getenv, "REGISTRY_LOG_HEARTBEATS", &errs)
+	c.loadServing(getenv, &errs)
+	c.Metrics = loadMetricsConfig(getenv, &errs)
+	c.loadSync(getenv, &errs)
+	c.NodeTTL = loadNodeTTL(getenv, &errs)
+	c.NodeCache = loadNodeCache(getenv, &errs)
+	c.loadAuth(getenv, &errs)
+	if len(errs) > 0 {
+		return c, fmt.Errorf("configuration: %s", strings.Join(errs, "; "))
+	}
+	return c, nil
+}
+
+// loadDatabase reads where the database is (a URL, or the embedded
+// PostgreSQL's data folder and how long to wait for a turn on it),
+// whether to migrate at start, and the bounds of the connection pool.
+func (c *config) loadDatabase(getenv, rawenv func(string) string, errs *[]string) {
+	c.DatabaseURL = getenv("REGISTRY_DATABASE_URL")
+	c.DataDir = getenv("REGISTRY_DATA_DIR")
+	c.DataDirSet = rawenv("REGISTRY_DATA_DIR") != ""
 	if c.DatabaseURL != "" {
 		if msg := databaseURLProblem(c.DatabaseURL); msg != "" {
-			errs = append(errs, "REGISTRY_DATABASE_URL: "+msg)
+			*errs = append(*errs, "REGISTRY_DATABASE_URL: "+msg)
 		}
 	}
-	if v := getenv("REGISTRY_MIGRATE"); v != "" {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			errs = append(errs, fmt.Sprintf("REGISTRY_MIGRATE=%q: want true or false", v))
-		}
-		c.Migrate = b
-	}
-	c.LogLevel, c.LogFormat = loadLogging(getenv, defaultLogFormat(cmd), &errs)
-	if v := getenv("REGISTRY_LOG_HEARTBEATS"); v != "" {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			errs = append(errs, fmt.Sprintf("REGISTRY_LOG_HEARTBEATS=%q: want true or false", v))
-		}
-		c.LogHeartbeats = b
-	}
+	c.Migrate = envBool(getenv, "REGISTRY_MIGRATE", errs)
 	if v := getenv("REGISTRY_DB_MAX_CONNS"); v != "" {
 		n, err := strconv.ParseInt(v, 10, 32)
 		if err != nil || n < 1 {
-			errs = append(errs, fmt.Sprintf("REGISTRY_DB_MAX_CONNS=%q: want a positive integer", v))
+			*errs = append(*errs, fmt.Sprintf("REGISTRY_DB_MAX_CONNS=%q: want a positive integer", v))
 		}
 		c.MaxConns = int32(n)
 	}
-	if v := getenv("REGISTRY_DB_ACQUIRE_TIMEOUT"); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil || d < 10*time.Millisecond {
-			errs = append(errs, fmt.Sprintf("REGISTRY_DB_ACQUIRE_TIMEOUT=%q: want a duration of at least 10ms, such as 10s", v))
-		}
-		c.AcquireTimeout = d
-	}
-	if v := getenv("REGISTRY_DB_STATEMENT_TIMEOUT"); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil || d < 100*time.Millisecond || d > time.Hour {
-			errs = append(errs, fmt.Sprintf("REGISTRY_DB_STATEMENT_TIMEOUT=%q: want a duration between 100ms and 1h, such as 30s", v))
-		}
-		c.StatementTimeout = d
-	}
-	if v := getenv("REGISTRY_SHUTDOWN_TIMEOUT"); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil || d <= 0 {
-			errs = append(errs, fmt.Sprintf("REGISTRY_SHUTDOWN_TIMEOUT=%q: want a duration such as 15s", v))
-		}
-		c.ShutdownTimeout = d
-	}
-	if v := getenv("REGISTRY_EMBEDDED_WAIT"); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil || d < time.Second || d > time.Hour {
-			errs = append(errs, fmt.Sprintf("REGISTRY_EMBEDDED_WAIT=%q: want a duration between 1s and 1h, such as 1m", v))
-		}
-		c.EmbeddedWait = d
-	}
-	if v := getenv("REGISTRY_WATCH_RETENTION"); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil || d < time.Minute {
-			errs = append(errs, fmt.Sprintf("REGISTRY_WATCH_RETENTION=%q: want a duration of at least 1m, such as 24h", v))
-		}
-		c.WatchRetention = d
-	}
+	c.AcquireTimeout = envDuration(getenv, "REGISTRY_DB_ACQUIRE_TIMEOUT", 0, 10*time.Millisecond, 0,
+		"want a duration of at least 10ms, such as 10s", errs)
+	c.StatementTimeout = envDuration(getenv, "REGISTRY_DB_STATEMENT_TIMEOUT", 0, 100*time.Millisecond, time.Hour,
+		"want a duration between 100ms and 1h, such as 30s", errs)
+	c.EmbeddedWait = envDuration(getenv, "REGISTRY_EMBEDDED_WAIT", 0, time.Second, time.Hour,
+		"want a duration between 1s and 1h, such as 1m", errs)
+}
+
+// loadServing reads the HTTP server's settings: its address, shutdown,
+// CORS, the limits on what clients can make it hold, and how long watch
+// events stay resumable.
+func (c *config) loadServing(getenv func(string) string, errs *[]string) {
+	c.Listen = getenv("REGISTRY_LISTEN")
+	c.ShutdownTimeout = envDuration(getenv, "REGISTRY_SHUTDOWN_TIMEOUT", 0, time.Nanosecond, 0,
+		"want a duration such as 15s", errs)
+	c.WatchRetention = envDuration(getenv, "REGISTRY_WATCH_RETENTION", 0, time.Minute, 0,
+		"want a duration of at least 1m, such as 24h", errs)
 	if v := getenv("REGISTRY_CORS_ORIGINS"); v != "" {
 		origins, err := api.ParseCORSOrigins(v)
 		if err != nil {
-			errs = append(errs, fmt.Sprintf("REGISTRY_CORS_ORIGINS=%q: %v", v, err))
+			*errs = append(*errs, fmt.Sprintf("REGISTRY_CORS_ORIGINS=%q: %v", v, err))
 		}
 		c.CORSOrigins = origins
 	}
-	c.limits = loadLimits(getenv, &errs)
-	c.Metrics = loadMetricsConfig(getenv, &errs)
-	for name, dst := range map[string]*time.Duration{"REGISTRY_SYNC_INTERVAL": &c.SyncInterval, "REGISTRY_SYNC_TIMEOUT": &c.SyncTimeout} {
-		if v := getenv(name); v != "" {
-			d, err := time.ParseDuration(v)
-			if err != nil || d < time.Second {
-				errs = append(errs, fmt.Sprintf("%s=%q: want a duration of at least 1s, such as 5m", name, v))
-			}
-			*dst = d
-		}
-	}
-	c.NodeTTL = loadNodeTTL(getenv, &errs)
-	c.NodeCache = loadNodeCache(getenv, &errs)
+	c.limits = loadLimits(getenv, errs)
+}
+
+// loadSync reads the sync worker's settings: its pace and the providers
+// it imports from, each enabled by its endpoint.
+func (c *config) loadSync(getenv func(string) string, errs *[]string) {
+	const want = "want a duration of at least 1s, such as 5m"
+	c.SyncInterval = envDuration(getenv, "REGISTRY_SYNC_INTERVAL", 0, time.Second, 0, want, errs)
+	c.SyncTimeout = envDuration(getenv, "REGISTRY_SYNC_TIMEOUT", 0, time.Second, 0, want, errs)
 	c.SCP = scpConfig{
 		Endpoint:  getenv("REGISTRY_SCP_ENDPOINT"),
-		AccessKey: secret(getenv, "REGISTRY_SCP_ACCESS_KEY", &errs),
-		SecretKey: secret(getenv, "REGISTRY_SCP_SECRET_KEY", &errs),
+		AccessKey: secret(getenv, "REGISTRY_SCP_ACCESS_KEY", errs),
+		SecretKey: secret(getenv, "REGISTRY_SCP_SECRET_KEY", errs),
 		AccountID: getenv("REGISTRY_SCP_ACCOUNT_ID"),
 	}
 	if c.SCP.Endpoint != "" {
-		requireAll(&errs, "SCP", map[string]string{"REGISTRY_SCP_ACCESS_KEY": c.SCP.AccessKey, "REGISTRY_SCP_SECRET_KEY": c.SCP.SecretKey})
+		requireAll(errs, "SCP", map[string]string{"REGISTRY_SCP_ACCESS_KEY": c.SCP.AccessKey, "REGISTRY_SCP_SECRET_KEY": c.SCP.SecretKey})
 	}
 	table, err := provider.ParseGPUTable(getenv("REGISTRY_SCP_GPU_TABLE"))
 	if err != nil {
-		errs = append(errs, "REGISTRY_SCP_GPU_TABLE: "+err.Error())
+		*errs = append(*errs, "REGISTRY_SCP_GPU_TABLE: "+err.Error())
 	}
 	c.SCP.GPUTable = table
 	c.E2E = e2eConfig{
 		Endpoint:  getenv("REGISTRY_E2E_ENDPOINT"),
-		APIKey:    secret(getenv, "REGISTRY_E2E_API_KEY", &errs),
-		Token:     secret(getenv, "REGISTRY_E2E_TOKEN", &errs),
+		APIKey:    secret(getenv, "REGISTRY_E2E_API_KEY", errs),
+		Token:     secret(getenv, "REGISTRY_E2E_TOKEN", errs),
 		ProjectID: getenv("REGISTRY_E2E_PROJECT_ID"),
 		Location:  getenv("REGISTRY_E2E_LOCATION"),
 	}
 	if c.E2E.Endpoint != "" {
-		requireAll(&errs, "E2E", map[string]string{"REGISTRY_E2E_API_KEY": c.E2E.APIKey, "REGISTRY_E2E_TOKEN": c.E2E.Token,
+		requireAll(errs, "E2E", map[string]string{"REGISTRY_E2E_API_KEY": c.E2E.APIKey, "REGISTRY_E2E_TOKEN": c.E2E.Token,
 			"REGISTRY_E2E_PROJECT_ID": c.E2E.ProjectID, "REGISTRY_E2E_LOCATION": c.E2E.Location})
 	}
+}
+
+// loadAuth reads the token settings: the keys that verify (and sign)
+// them, their issuer and audience, the caps on their lifetimes, the cache
+// of verified tokens and whether agent tokens must name their addresses.
+func (c *config) loadAuth(getenv func(string) string, errs *[]string) {
 	c.JWTIssuer = getenv("REGISTRY_JWT_ISSUER")
 	c.JWTAudience = getenv("REGISTRY_JWT_AUDIENCE")
-	secret, file := getenv("REGISTRY_JWT_SECRET"), getenv("REGISTRY_JWT_SECRET_FILE")
-	switch {
-	case secret != "" && file != "":
-		errs = append(errs, "set REGISTRY_JWT_SECRET or REGISTRY_JWT_SECRET_FILE, not both")
-	case secret != "":
-		c.JWTSecret = []byte(secret)
-	case file != "":
-		b, err := os.ReadFile(file)
-		if err != nil {
-			errs = append(errs, fmt.Sprintf("REGISTRY_JWT_SECRET_FILE: %v", err))
-		}
-		c.JWTSecret = []byte(strings.TrimRight(string(b), "\r\n"))
-	}
-	if c.JWTSecret != nil && len(c.JWTSecret) < auth.MinSecretBytes {
-		// Never print the secret itself, only its length.
-		errs = append(errs, fmt.Sprintf("the JWT secret (REGISTRY_JWT_SECRET or _FILE) is %d bytes; it must be at least %d (e.g. openssl rand -hex 32)", len(c.JWTSecret), auth.MinSecretBytes))
-	}
+	c.JWTSecret = loadJWTSecret(getenv, errs)
 	if path := getenv("REGISTRY_JWT_PUBLIC_KEYS"); path != "" {
 		b, err := os.ReadFile(path)
 		if err == nil {
 			c.JWTPublicKeys, err = auth.ParsePublicKeys(b)
 		}
 		if err != nil {
-			errs = append(errs, fmt.Sprintf("REGISTRY_JWT_PUBLIC_KEYS: %v", err))
+			*errs = append(*errs, fmt.Sprintf("REGISTRY_JWT_PUBLIC_KEYS: %v", err))
 		}
 	}
-	c.TokenLifetimes = auth.Lifetimes{Max: auth.DefaultMaxTTL, Admin: auth.DefaultAdminMaxTTL}
-	for name, dst := range map[string]*time.Duration{"REGISTRY_TOKEN_MAX_TTL": &c.TokenLifetimes.Max, "REGISTRY_ADMIN_TOKEN_MAX_TTL": &c.TokenLifetimes.Admin} {
-		if v := getenv(name); v != "" {
-			d, err := time.ParseDuration(v)
-			if err != nil || d < time.Minute || d > maxTokenTTL {
-				errs = append(errs, fmt.Sprintf("%s=%q: want a duration between 1m and %s, such as 24h", name, v, auth.FormatDuration(maxTokenTTL)))
-			}
-			*dst = d
-		}
+	want := fmt.Sprintf("want a duration between 1m and %s, such as 24h", auth.FormatDuration(maxTokenTTL))
+	c.TokenLifetimes = auth.Lifetimes{
+		Max:   envDuration(getenv, "REGISTRY_TOKEN_MAX_TTL", auth.DefaultMaxTTL, time.Minute, maxTokenTTL, want, errs),
+		Admin: envDuration(getenv, "REGISTRY_ADMIN_TOKEN_MAX_TTL", auth.DefaultAdminMaxTTL, time.Minute, maxTokenTTL, want, errs),
 	}
-	c.TokenCache = loadTokenCache(getenv, &errs)
-	if v := getenv("REGISTRY_AGENT_REQUIRE_IP"); v != "" {
-		b, err := strconv.ParseBool(v)
+	c.TokenCache = loadTokenCache(getenv, errs)
+	c.AgentRequireIP = envBool(getenv, "REGISTRY_AGENT_REQUIRE_IP", errs)
+}
+
+// loadJWTSecret reads REGISTRY_JWT_SECRET or the file
+// REGISTRY_JWT_SECRET_FILE names; nil when neither is set. Unlike secret,
+// a file that is set but empty (or unreadable) gives an empty secret,
+// which the length check then refuses too.
+func loadJWTSecret(getenv func(string) string, errs *[]string) []byte {
+	var key []byte
+	value, file := getenv("REGISTRY_JWT_SECRET"), getenv("REGISTRY_JWT_SECRET_FILE")
+	switch {
+	case value != "" && file != "":
+		*errs = append(*errs, "set REGISTRY_JWT_SECRET or REGISTRY_JWT_SECRET_FILE, not both")
+	case value != "":
+		key = []byte(value)
+	case file != "":
+		b, err := os.ReadFile(file)
 		if err != nil {
-			errs = append(errs, fmt.Sprintf("REGISTRY_AGENT_REQUIRE_IP=%q: want true or false", v))
+			*errs = append(*errs, fmt.Sprintf("REGISTRY_JWT_SECRET_FILE: %v", err))
 		}
-		c.AgentRequireIP = b
+		key = []byte(strings.TrimRight(string(b), "\r\n"))
 	}
-	if len(errs) > 0 {
-		return c, fmt.Errorf("configuration: %s", strings.Join(errs, "; "))
+	if key != nil && len(key) < auth.MinSecretBytes {
+		// Never print the secret itself, only its length.
+		*errs = append(*errs, fmt.Sprintf("the JWT secret (REGISTRY_JWT_SECRET or _FILE) is %d bytes; it must be at least %d (e.g. openssl rand -hex 32)", len(key), auth.MinSecretBytes))
 	}
-	return c, nil
+	return key
+}
+
+// envBool reads the setting name as true or false; false when unset.
+func envBool(getenv func(string) string, name string, errs *[]string) bool {
+	v := getenv(name)
+	if v == "" {
+		return false
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		*errs = append(*errs, fmt.Sprintf("%s=%q: want true or false", name, v))
+	}
+	return b
+}
+
+// envDuration reads the setting name as a duration; def when unset. A
+// value that is not a duration, or is below lo or above hi (hi 0: no
+// bound), is reported as "NAME=value: " followed by want.
+func envDuration(getenv func(string) string, name string, def, lo, hi time.Duration, want string, errs *[]string) time.Duration {
+	v := getenv(name)
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < lo || hi > 0 && d > hi {
+		*errs = append(*errs, fmt.Sprintf("%s=%q: %s", name, v, want))
+	}
+	return d
 }
 
 // defaultLogFormat is REGISTRY_LOG_FORMAT's default: JSON for serve's log
@@ -340,16 +352,8 @@ const maxNodeTTL = 24 * time.Hour
 // loadNodeTTL reads REGISTRY_NODE_TTL: how long a node with an agent (or
 // that has heartbeated) may stay silent before the sweeper marks it lost.
 func loadNodeTTL(getenv func(string) string, errs *[]string) time.Duration {
-	v := getenv("REGISTRY_NODE_TTL")
-	if v == "" {
-		return registry.DefaultNodeTTL
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil || d < registry.MinNodeTTL || d > maxNodeTTL {
-		*errs = append(*errs, fmt.Sprintf("REGISTRY_NODE_TTL=%q: want a duration between %s and %s, such as 60s",
-			v, registry.MinNodeTTL, auth.FormatDuration(maxNodeTTL)))
-	}
-	return d
+	return envDuration(getenv, "REGISTRY_NODE_TTL", registry.DefaultNodeTTL, registry.MinNodeTTL, maxNodeTTL,
+		fmt.Sprintf("want a duration between %s and %s, such as 60s", registry.MinNodeTTL, auth.FormatDuration(maxNodeTTL)), errs)
 }
 
 // maxTokenCache bounds REGISTRY_TOKEN_CACHE: an entry takes a few hundred

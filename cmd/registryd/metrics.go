@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"net/netip"
-	"strconv"
 	"time"
 
 	"github.com/registryd/registryd/internal/metrics"
@@ -37,19 +36,13 @@ type metricsConfig struct {
 }
 
 func loadMetricsConfig(getenv func(string) string, errs *[]string) metricsConfig {
-	c := metricsConfig{Listen: getenv("REGISTRY_METRICS_LISTEN"), FleetInterval: metrics.DefaultFleetInterval}
+	c := metricsConfig{Listen: getenv("REGISTRY_METRICS_LISTEN")}
 	if v := getenv("REGISTRY_METRICS_LISTEN"); v != "" {
 		if _, _, err := net.SplitHostPort(v); err != nil {
 			*errs = append(*errs, fmt.Sprintf("REGISTRY_METRICS_LISTEN=%q: want host:port, such as 127.0.0.1:9090", v))
 		}
 	}
-	if v := getenv("REGISTRY_PPROF"); v != "" {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			*errs = append(*errs, fmt.Sprintf("REGISTRY_PPROF=%q: want true or false", v))
-		}
-		c.Pprof = b
-	}
+	c.Pprof = envBool(getenv, "REGISTRY_PPROF", errs)
 	switch {
 	case !c.Pprof:
 	case c.Listen == "":
@@ -59,13 +52,8 @@ func loadMetricsConfig(getenv func(string) string, errs *[]string) metricsConfig
 		*errs = append(*errs, fmt.Sprintf("REGISTRY_PPROF is on but REGISTRY_METRICS_LISTEN=%q is not a loopback address: profiles are "+
 			"served on loopback only (127.0.0.1, ::1 or localhost); reach them from elsewhere through ssh -L or kubectl port-forward", c.Listen))
 	}
-	if v := getenv("REGISTRY_METRICS_FLEET_INTERVAL"); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil || d < metrics.DefaultFleetInterval || d > time.Hour {
-			*errs = append(*errs, fmt.Sprintf("REGISTRY_METRICS_FLEET_INTERVAL=%q: want a duration between 15s and 1h, such as 15s", v))
-		}
-		c.FleetInterval = d
-	}
+	c.FleetInterval = envDuration(getenv, "REGISTRY_METRICS_FLEET_INTERVAL", metrics.DefaultFleetInterval, metrics.DefaultFleetInterval, time.Hour,
+		"want a duration between 15s and 1h, such as 15s", errs)
 	return c
 }
 
