@@ -22,6 +22,7 @@ import (
 	"github.com/registryd/registryd/internal/heartbeat"
 	"github.com/registryd/registryd/internal/lifecycle"
 	"github.com/registryd/registryd/internal/logbatch"
+	"github.com/registryd/registryd/internal/metrics"
 	"github.com/registryd/registryd/internal/nodecache"
 	"github.com/registryd/registryd/internal/registry"
 	"github.com/registryd/registryd/internal/revoke"
@@ -39,9 +40,13 @@ func newLogger(cfg config, w io.Writer) *slog.Logger {
 
 // serve is `registryd serve`: it listens, opens (or starts) the database,
 // starts the background loops (revocation list, heartbeats, sync, the
-// lifecycle sweeper, watch hub; each stopped by a deferred stop, whichever way serve returns),
-// waits for the revocation list and serves until ctx ends or the embedded
-// database is lost for good, then drains requests for ShutdownTimeout.
+// lifecycle sweeper, node cache, watch hub), waits for the revocation list
+// and serves until ctx ends or the embedded database is lost for good,
+// then drains requests for ShutdownTimeout.
+//
+// Each subsystem is built by a step of wiring, which pushes how to stop
+// it; whichever way serve returns, they are stopped in reverse order, the
+// HTTP server first and the listeners last.
 func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Writer) error {
 	if err := serveFlags(&cfg).Parse(args); err != nil {
 		c, _ := findCommand("serve")
@@ -51,201 +56,313 @@ func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 	// batches at most 50 ms apart; warnings and errors at once.
 	logs := logbatch.New(stderr, 0, 0)
 	defer logs.Flush()
-	logger := newLogger(cfg, logs)
-	// More Ps than cores while PostgreSQL shares them (see procsFactor).
-	_, procsSet := os.LookupEnv("GOMAXPROCS")
-	prev := runtime.GOMAXPROCS(0)
-	if n := procsPlan(prev, runtime.NumCPU(), procsSet, databaseIsLocal(cfg.DatabaseURL)); n != prev {
-		runtime.GOMAXPROCS(n)
-		defer runtime.SetDefaultGOMAXPROCS() // the runtime's own choice again, and its tracking of CPU limits
-		logger.Info("PostgreSQL shares this machine's cores: running more Go Ps than cores (set GOMAXPROCS to choose)",
-			"gomaxprocs", n, "cores", runtime.NumCPU())
-	}
+	w := &wiring{cfg: cfg, logs: logs, logger: newLogger(cfg, logs)}
+	defer w.stops.run()
+	w.setProcs()
 	// Cancelled on a signal, or when the embedded database is lost for
-	// good: either way every background loop below stops.
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	// good: either way every background loop stops.
+	ctx, w.cancel = context.WithCancel(ctx)
+	w.stops.push(w.cancel)
 
-	// Listen before starting anything slow, so a taken port fails at once
-	// (most likely taken by a serve on the same data folder: then that is
-	// what the error says).
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		if cfg.DatabaseURL == "" {
-			if err := serveRunning(cfg, logger); err != nil {
-				return err
-			}
-		}
-		return fmt.Errorf("listen on %s (set REGISTRY_LISTEN to another address): %w", cfg.Listen, err)
-	}
-	defer ln.Close()
-	// A second serve on the same data folder is refused at once, naming
-	// the first; one waits here for a one-shot command using it.
-	var claim *embeddedClaim
-	if cfg.DatabaseURL == "" {
-		if claim, err = claimEmbedded(ctx, cfg, logger, "serve"); err != nil {
-			return err
-		}
-		defer claim.release(ctx)
-	}
-	metricsLn, err := metricsListener(cfg.Metrics)
-	if err != nil {
+	if err := w.listen(ctx); err != nil {
 		return err
 	}
-	if metricsLn != nil {
-		defer metricsLn.Close()
-	}
-	m := newMetrics(&cfg)
-
-	db, err := openMigrated(ctx, cfg, logger, "serve", claim)
-	if err != nil {
+	w.metrics = newMetrics(&w.cfg)
+	if err := w.openDatabase(ctx); err != nil {
 		return err
 	}
-	defer db.close()
-	watchStore(ctx, m, db.store, cfg.Metrics.FleetInterval, logger)
-	dbFailed, stopSupervising := superviseEmbedded(ctx, db, cfg.embedded)
-	defer stopSupervising() // before db.close: no restart while stopping
-
-	secret, _, err := tokenSecret(cfg, logger)
-	if err != nil {
+	if err := w.startAuth(ctx); err != nil {
 		return err
 	}
-	// Revocations are checked from memory; no token is accepted before the
-	// list is loaded (the verifier fails closed until then, and serving
-	// waits for it below).
-	revocations := revoke.New(db.store, revoke.Options{Channel: store.RevocationsChannel,
-		Keep: cfg.TokenLifetimes.Longest() + 2*auth.Leeway, Leeway: auth.Leeway, Logger: logger})
-	defer lifecycle.Go(ctx, revocations.Run)()
-	verifier, err := auth.NewVerifier(auth.Config{Secret: secret, PublicKeys: cfg.JWTPublicKeys,
-		Issuer: cfg.JWTIssuer, Audience: cfg.JWTAudience, Lifetimes: cfg.TokenLifetimes,
-		RequireAgentIPs: cfg.AgentRequireIP, Revocations: revocations, CacheSize: cfg.TokenCache})
-	if err != nil {
+	if err := w.startWorkers(ctx); err != nil {
 		return err
 	}
-
-	// Heartbeats outlive the HTTP server by one final flush.
-	beats := heartbeat.New(db.store, heartbeat.Options{Logger: logger, Observer: m})
-	m.HeartbeatsPending(beats.Pending)
-	defer lifecycle.Go(context.WithoutCancel(ctx), beats.Run)()
-
-	// The sync loop runs when a provider is configured; replicas take turns
-	// through an advisory lock.
-	syncWorker, err := newSyncer(cfg, db.store, logger, 0, nil, syncPasses(m))
-	if err != nil {
+	w.lim = deriveLimits(w.cfg.limits, int(w.db.store.Pool().Config().MaxConns), w.logger)
+	w.startNodeCache(ctx)
+	w.startWatchHub(ctx)
+	if err := w.newAPIServer(ctx); err != nil {
 		return err
 	}
-	if syncWorker != nil {
-		defer lifecycle.Go(ctx, syncWorker.Run)()
-	}
-
-	// The lifecycle sweeper (lost, found, expired leases): one replica at
-	// a time, through an advisory lock.
-	sweep, err := newSweeper(cfg, db.store, logger)
-	if err != nil {
-		return err
-	}
-	defer lifecycle.Go(ctx, sweep.Run)()
-
-	lim := deriveLimits(cfg.limits, int(db.store.Pool().Config().MaxConns), logger)
-
-	// The node cache follows the change feed through the hub; without it
-	// (REGISTRY_NODE_CACHE=0) reads by pk go to PostgreSQL.
-	var nodes api.NodeCache
-	var follower watch.Follower
-	var follow []string
-	if cfg.NodeCache > 0 {
-		c := nodecache.New(db.store, nodecache.Options{Size: cfg.NodeCache, LivenessChannel: store.LivenessChannel, Logger: logger})
-		nodes, follower, follow = c, c, []string{store.LivenessChannel}
-		m.NodeCache(nodeCacheStats(c))
-		// Filled with the fleet once the feed is current (and again
-		// after a drop), so reads are hits from the start.
-		defer lifecycle.Go(ctx, func(ctx context.Context) {
-			c.Preload(ctx, func(ctx context.Context, after int64, limit int) ([]registry.Node, error) {
-				return db.store.ListNodes(ctx, registry.NodeFilter{After: after, Limit: limit})
-			})
-		})()
-	}
-	// The watch hub stops with the signal, which ends every watch stream so
-	// that the HTTP shutdown below is not held up by them.
-	hub := watch.New(db.store, watch.Options{
-		Follower:            follower,
-		FollowChannels:      follow,
-		Channels:            watch.Channels{Changes: store.ChangesChannel, Events: store.EventsChannel},
-		Encode:              api.EncodeEvent,
-		Retention:           cfg.WatchRetention,
-		MaxPending:          lim.WatchBufferBytes,
-		MaxStreams:          lim.WatchMaxStreams,
-		MaxPerPrincipal:     lim.WatchMaxPerPrincipal,
-		BackfillConcurrency: lim.WatchBackfillConcurrency,
-		Logger:              logger,
-	})
-	defer lifecycle.Go(ctx, hub.Run)()
-
-	handler := api.New(api.Config{
-		Store:      db.store,
-		Logger:     logger,
-		OpenAPI:    registryd.OpenAPI,
-		Docs:       docs.FS(),
-		CORS:       cfg.CORSOrigins,
-		Auth:       verifier,
-		Heartbeats: beats,
-		Nodes:      nodes,
-		Events:     hub,
-		Health:     embeddedHealth(db.cluster, cfg.embedded.healthGrace),
-		Ready:      schemaReady(db.store),
-		Metrics:    apiMetrics(m, metricsLn),
-		Observer:   m,
-
-		LogHeartbeats: cfg.LogHeartbeats,
-	})
-	srv := newHTTPServer(ctx, handler, logger)
-	// Idle keep-alive connections make room for new clients once the
-	// connection limit is reached (oldest idle first).
-	limited, err := connlimit.Wrap(srv, ln, connlimit.Options{Max: lim.MaxConnections, Logger: logger})
-	if err != nil {
-		return err
-	}
-	if err := awaitRevocations(ctx, revocations, cmp.Or(cfg.revocationsWait, 30*time.Second)); err != nil {
+	if err := awaitRevocations(ctx, w.revocations, cmp.Or(w.cfg.revocationsWait, 30*time.Second)); err != nil {
 		if ctx.Err() != nil {
 			return nil // stopped while waiting
 		}
 		return err
 	}
-	addr := "http://" + ln.Addr().String()
-	logger.Info("registryd listening", "addr", addr, "embedded_postgres", db.embedded())
+	if err := w.announce(stdout); err != nil {
+		return err
+	}
+	return w.run(ctx)
+}
+
+// wiring is a serving registryd, built subsystem by subsystem by serve's
+// steps, in the order of its fields.
+type wiring struct {
+	cfg    config
+	logs   *logbatch.Writer
+	logger *slog.Logger
+	cancel context.CancelFunc // serve's context: every background loop
+	stops  stack              // what the steps started, to stop in reverse
+
+	ln        net.Listener   // the API's
+	claim     *embeddedClaim // this serve's turn on the embedded PostgreSQL; nil with an external one
+	metricsLn net.Listener   // REGISTRY_METRICS_LISTEN's; nil: /metrics is on ln
+	metrics   *metrics.Metrics
+
+	db       *database
+	dbFailed <-chan error // the embedded PostgreSQL could not be brought back
+
+	secret      []byte // the HS256 key, if any
+	revocations *revoke.List
+	verifier    *auth.Verifier
+	beats       *heartbeat.Recorder
+	lim         limits // with the derived ones filled in
+
+	nodes    api.NodeCache  // nil: reads by pk go to PostgreSQL
+	follower watch.Follower // the node cache, following the hub's feed
+	follow   []string       // the channels the follower is notified of
+	hub      *watch.Hub
+
+	srv     *http.Server
+	limited net.Listener // ln under the connection limit
+}
+
+// stack holds stop functions, to run in the reverse order of push, as
+// deferred calls would run.
+type stack []func()
+
+func (s *stack) push(stop func()) { *s = append(*s, stop) }
+
+// run calls every stop, the last pushed first; a stop that panics does
+// not keep the others from running. Its receiver is a pointer so that
+// `defer stops.run()` runs what is pushed after the defer too.
+func (s *stack) run() {
+	for _, stop := range *s {
+		defer stop()
+	}
+}
+
+// setProcs runs more Ps than cores while PostgreSQL shares them (see
+// procsFactor), until serve returns.
+func (w *wiring) setProcs() {
+	_, procsSet := os.LookupEnv("GOMAXPROCS")
+	prev := runtime.GOMAXPROCS(0)
+	if n := procsPlan(prev, runtime.NumCPU(), procsSet, databaseIsLocal(w.cfg.DatabaseURL)); n != prev {
+		runtime.GOMAXPROCS(n)
+		w.stops.push(runtime.SetDefaultGOMAXPROCS) // the runtime's own choice again, and its tracking of CPU limits
+		w.logger.Info("PostgreSQL shares this machine's cores: running more Go Ps than cores (set GOMAXPROCS to choose)",
+			"gomaxprocs", n, "cores", runtime.NumCPU())
+	}
+}
+
+// listen takes the API's address, the embedded PostgreSQL (when there is
+// no external one) and the metrics address, before anything slow starts,
+// so that a taken port fails at once (most likely taken by a serve on the
+// same data folder: then that is what the error says).
+func (w *wiring) listen(ctx context.Context) error {
+	cfg := w.cfg
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		if cfg.DatabaseURL == "" {
+			if err := serveRunning(cfg, w.logger); err != nil {
+				return err
+			}
+		}
+		return fmt.Errorf("listen on %s (set REGISTRY_LISTEN to another address): %w", cfg.Listen, err)
+	}
+	w.ln = ln
+	w.stops.push(func() { ln.Close() })
+	// A second serve on the same data folder is refused at once, naming
+	// the first; one waits here for a one-shot command using it.
+	if cfg.DatabaseURL == "" {
+		if w.claim, err = claimEmbedded(ctx, cfg, w.logger, "serve"); err != nil {
+			return err
+		}
+		claim := w.claim
+		w.stops.push(func() { claim.release(ctx) })
+	}
+	if w.metricsLn, err = metricsListener(cfg.Metrics); err != nil {
+		return err
+	}
+	if w.metricsLn != nil {
+		w.stops.push(func() { w.metricsLn.Close() })
+	}
+	return nil
+}
+
+// openDatabase opens (or starts) the database at the binary's schema,
+// reports its figures to the metrics, and keeps the embedded PostgreSQL
+// running.
+func (w *wiring) openDatabase(ctx context.Context) error {
+	db, err := openMigrated(ctx, w.cfg, w.logger, "serve", w.claim)
+	if err != nil {
+		return err
+	}
+	w.db = db
+	w.stops.push(db.close)
+	watchStore(ctx, w.metrics, db.store, w.cfg.Metrics.FleetInterval, w.logger)
+	var stopSupervising func()
+	w.dbFailed, stopSupervising = superviseEmbedded(ctx, db, w.cfg.embedded)
+	w.stops.push(stopSupervising) // before db.close: no restart while stopping
+	return nil
+}
+
+// startAuth loads the token keys and starts following the revocation
+// list. Revocations are checked from memory; no token is accepted before
+// the list is loaded (the verifier fails closed until then, and serve
+// waits for it).
+func (w *wiring) startAuth(ctx context.Context) error {
+	cfg := w.cfg
+	secret, _, err := tokenSecret(cfg, w.logger)
+	if err != nil {
+		return err
+	}
+	w.secret = secret
+	w.revocations = revoke.New(w.db.store, revoke.Options{Channel: store.RevocationsChannel,
+		Keep: cfg.TokenLifetimes.Longest() + 2*auth.Leeway, Leeway: auth.Leeway, Logger: w.logger})
+	w.stops.push(lifecycle.Go(ctx, w.revocations.Run))
+	w.verifier, err = auth.NewVerifier(auth.Config{Secret: secret, PublicKeys: cfg.JWTPublicKeys,
+		Issuer: cfg.JWTIssuer, Audience: cfg.JWTAudience, Lifetimes: cfg.TokenLifetimes,
+		RequireAgentIPs: cfg.AgentRequireIP, Revocations: w.revocations, CacheSize: cfg.TokenCache})
+	return err
+}
+
+// startWorkers starts the background writers: heartbeats, the sync loop
+// (when a provider is configured) and the lifecycle sweeper (lost, found,
+// expired leases). Replicas take turns at syncing and sweeping through
+// advisory locks.
+func (w *wiring) startWorkers(ctx context.Context) error {
+	// Heartbeats outlive the HTTP server by one final flush.
+	w.beats = heartbeat.New(w.db.store, heartbeat.Options{Logger: w.logger, Observer: w.metrics})
+	w.metrics.HeartbeatsPending(w.beats.Pending)
+	w.stops.push(lifecycle.Go(context.WithoutCancel(ctx), w.beats.Run))
+	syncWorker, err := newSyncer(w.cfg, w.db.store, w.logger, 0, nil, syncPasses(w.metrics))
+	if err != nil {
+		return err
+	}
+	if syncWorker != nil {
+		w.stops.push(lifecycle.Go(ctx, syncWorker.Run))
+	}
+	sweep, err := newSweeper(w.cfg, w.db.store, w.logger)
+	if err != nil {
+		return err
+	}
+	w.stops.push(lifecycle.Go(ctx, sweep.Run))
+	return nil
+}
+
+// startNodeCache starts the node cache, unless REGISTRY_NODE_CACHE=0
+// turned it off (then reads by pk go to PostgreSQL). It follows the
+// change feed through the hub, and is filled with the fleet once the
+// feed is current (and again after a drop), so reads are hits from the
+// start.
+func (w *wiring) startNodeCache(ctx context.Context) {
+	if w.cfg.NodeCache <= 0 {
+		return
+	}
+	st := w.db.store
+	c := nodecache.New(st, nodecache.Options{Size: w.cfg.NodeCache, LivenessChannel: store.LivenessChannel, Logger: w.logger})
+	w.nodes, w.follower, w.follow = c, c, []string{store.LivenessChannel}
+	w.metrics.NodeCache(nodeCacheStats(c))
+	w.stops.push(lifecycle.Go(ctx, func(ctx context.Context) {
+		c.Preload(ctx, func(ctx context.Context, after int64, limit int) ([]registry.Node, error) {
+			return st.ListNodes(ctx, registry.NodeFilter{After: after, Limit: limit})
+		})
+	}))
+}
+
+// startWatchHub starts the watch hub. It stops with the signal, which
+// ends every watch stream so that the HTTP shutdown is not held up by
+// them.
+func (w *wiring) startWatchHub(ctx context.Context) {
+	w.hub = watch.New(w.db.store, watch.Options{
+		Follower:            w.follower,
+		FollowChannels:      w.follow,
+		Channels:            watch.Channels{Changes: store.ChangesChannel, Events: store.EventsChannel},
+		Encode:              api.EncodeEvent,
+		Retention:           w.cfg.WatchRetention,
+		MaxPending:          w.lim.WatchBufferBytes,
+		MaxStreams:          w.lim.WatchMaxStreams,
+		MaxPerPrincipal:     w.lim.WatchMaxPerPrincipal,
+		BackfillConcurrency: w.lim.WatchBackfillConcurrency,
+		Logger:              w.logger,
+	})
+	w.stops.push(lifecycle.Go(ctx, w.hub.Run))
+}
+
+// newAPIServer builds the API's handler and its server, on ln under the
+// connection limit: idle keep-alive connections make room for new clients
+// once the limit is reached (oldest idle first).
+func (w *wiring) newAPIServer(ctx context.Context) error {
+	cfg := w.cfg
+	handler := api.New(api.Config{
+		Store:      w.db.store,
+		Logger:     w.logger,
+		OpenAPI:    registryd.OpenAPI,
+		Docs:       docs.FS(),
+		CORS:       cfg.CORSOrigins,
+		Auth:       w.verifier,
+		Heartbeats: w.beats,
+		Nodes:      w.nodes,
+		Events:     w.hub,
+		Health:     embeddedHealth(w.db.cluster, cfg.embedded.healthGrace),
+		Ready:      schemaReady(w.db.store),
+		Metrics:    apiMetrics(w.metrics, w.metricsLn),
+		Observer:   w.metrics,
+
+		LogHeartbeats: cfg.LogHeartbeats,
+	})
+	w.srv = newHTTPServer(ctx, handler, w.logger)
+	var err error
+	w.limited, err = connlimit.Wrap(w.srv, w.ln, connlimit.Options{Max: w.lim.MaxConnections, Logger: w.logger})
+	return err
+}
+
+// announce logs where registryd serves and prints it on stdout, with an
+// admin token for whoever started the embedded default at a terminal.
+func (w *wiring) announce(stdout io.Writer) error {
+	addr := "http://" + w.ln.Addr().String()
+	w.logger.Info("registryd listening", "addr", addr, "embedded_postgres", w.db.embedded())
 	// One write, so that a reader who sees the first line sees the token too.
 	var banner bytes.Buffer
 	fmt.Fprintf(&banner, "registryd is serving on %s\n", addr)
-	if db.embedded() && cfg.JWTSecret == nil && secret != nil {
-		if err := printAdminToken(&banner, cfg, secret, addr); err != nil {
+	if w.db.embedded() && w.cfg.JWTSecret == nil && w.secret != nil {
+		if err := printAdminToken(&banner, w.cfg, w.secret, addr); err != nil {
 			return err
 		}
 	}
-	logs.Flush() // whoever reads the banner finds the log lines before it
+	w.logs.Flush() // whoever reads the banner finds the log lines before it
 	stdout.Write(banner.Bytes())
+	return nil
+}
 
-	if metricsLn != nil {
-		defer serveMetricsOn(ctx, metricsLn, m.Handler(), cfg.Metrics.Pprof, cfg.ShutdownTimeout, logger)()
+// run serves the API (and the metrics listener) until ctx ends or the
+// embedded PostgreSQL is lost for good, then drains requests for
+// ShutdownTimeout and closes what is left.
+func (w *wiring) run(ctx context.Context) error {
+	cfg, logger := w.cfg, w.logger
+	if w.metricsLn != nil {
+		defer serveMetricsOn(ctx, w.metricsLn, w.metrics.Handler(), cfg.Metrics.Pprof, cfg.ShutdownTimeout, logger)()
 	}
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(limited) }()
+	go func() { errc <- w.srv.Serve(w.limited) }()
 	var exitErr error
 	select {
 	case err := <-errc:
-		cancel()
+		w.cancel()
 		return fmt.Errorf("serve: %w", err)
-	case err := <-dbFailed:
+	case err := <-w.dbFailed:
 		logger.Error("embedded PostgreSQL is down and could not be restarted; shutting down", "err", err)
 		exitErr = fmt.Errorf("embedded PostgreSQL: %w", err)
-		cancel()
+		w.cancel()
 	case <-ctx.Done():
 	}
 	logger.Info("shutting down", "timeout", cfg.ShutdownTimeout.String())
 	shutCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
 	defer cancel()
-	if err := srv.Shutdown(shutCtx); err != nil {
+	if err := w.srv.Shutdown(shutCtx); err != nil {
 		logger.Warn("shutdown did not finish in time; closing connections", "err", err)
-		srv.Close()
+		w.srv.Close()
 	}
 	logger.Info("stopped")
 	return exitErr
