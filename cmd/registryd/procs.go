@@ -8,16 +8,11 @@ import (
 )
 
 // procsFactor is how many Go Ps serve runs per core when PostgreSQL shares
-// the machine with it.
-//
-// Why more Ps than cores: the kernel shares a core between runnable
-// threads, not between processes. With only as many threads as cores, a
-// request that arrives while every one of them has lost its core to a
-// PostgreSQL backend (or anything else busy) waits out the scheduler's
-// slices, however little work it needs. Measured at 100,000 nodes on two
-// cores with the load generator on them too (docs/benchmarks.md): twice the
-// Ps halved the p99 of reads served from memory (retrieve 17-19 ms to 8-9
-// ms, a page of free nodes 23 to 14 ms) for a few percent of their rate.
+// the machine with it. The kernel shares a core between runnable threads,
+// not between processes: with only as many threads as cores, a request
+// that arrives while each has lost its core to a PostgreSQL backend waits
+// out the scheduler's slices, however little work it needs (see
+// docs/operating.md; figures in docs/benchmarks.md).
 const procsFactor = 2
 
 // procsPlan decides serve's GOMAXPROCS. current is the runtime's value,

@@ -54,9 +54,8 @@ type Config struct {
 	Store  Store
 	Logger *slog.Logger
 	// LogHeartbeats writes an access log line for successful pings too.
-	// Without it a ping is logged only when it fails: a fleet of 100,000
-	// GPUs pings 10,000 times a second, and those lines were a tenth of
-	// the heartbeat's cost; metrics count every ping.
+	// Without it a ping is logged only when it fails; metrics count every
+	// ping (see docs/operating.md).
 	LogHeartbeats bool
 	// Ready reports whether the server can serve: database reachable and
 	// schema current. Its error text is shown on /readyz.
@@ -309,8 +308,8 @@ type pingJSON struct {
 }
 
 // appendPing appends ping's answer for t as json.Marshal writes pingJSON,
-// and a newline, as writeJSON does: ping is the heartbeat, the hottest
-// path, and reflection was a twentieth of its cost.
+// and a newline, as writeJSON does, without reflection: ping is the
+// heartbeat, the hottest path.
 func appendPing(b []byte, t time.Time) []byte {
 	b = append(b, `{"status":"ok","time":"`...)
 	b = t.AppendFormat(b, time.RFC3339Nano)
@@ -378,8 +377,8 @@ func (s *Server) requestID(next http.Handler) http.Handler {
 }
 
 // requestState is what the middleware learn of a request, in one object
-// in its context: each context value and request copy is an allocation,
-// and the heartbeat used to pay for three of each.
+// in its context, so that a request pays for one context value and one
+// request copy however many middleware add to it.
 type requestState struct {
 	id, clientID string // the server's id; the client's sane X-Request-Id or ""
 	principal    registry.Principal

@@ -150,7 +150,7 @@ func (s *Server) problemHandler(status int, detail string) http.HandlerFunc {
 	}
 }
 
-// logger is a tiny indirection so tests can pass nil.
+// orDiscard is l, or a logger that discards everything when l is nil.
 func orDiscard(l *slog.Logger) *slog.Logger {
 	if l == nil {
 		return slog.New(slog.DiscardHandler)

@@ -91,9 +91,8 @@ func (s *Server) getNode(w http.ResponseWriter, r *http.Request) error {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusOK)
-	// The document in a pooled buffer (Write copies it): a fresh one per
-	// read was an eighth of what the server allocated serving reads by pk
-	// from memory, and every collection marks the node cache.
+	// The document in a pooled buffer (Write copies it), so that a read
+	// by pk from memory allocates no document.
 	bp := listBodies.Get().(*[]byte)
 	b := append(n.AppendJSON((*bp)[:0]), '\n')
 	_, _ = w.Write(b)
@@ -277,8 +276,8 @@ func optPtr[T any](o registry.Optional[T]) *T {
 }
 
 // listWriters are the 32 KiB buffers list responses are written through,
-// reused: a page of free nodes is the request schedulers send most, and a
-// fresh buffer each (zeroed) cost as much as encoding the page.
+// reused across requests: a page of free nodes is the request schedulers
+// send most.
 var listWriters = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 32<<10) }}
 
 // listNodes streams the matching nodes as one JSON array. It reads them in
@@ -369,8 +368,8 @@ func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) error {
 var listBodies = sync.Pool{New: func() any { return new([]byte) }}
 
 // writeListPage answers a list that is one page (a free page of 100, say:
-// the list schedulers send most) with a Content-Length and one write: the
-// streamed form's chunks took three or four more write calls a page.
+// the list schedulers send most) with a Content-Length and one write,
+// rather than the streamed form's chunks.
 func (s *Server) writeListPage(w http.ResponseWriter, r *http.Request, nodes []registry.Node) error {
 	bp := listBodies.Get().(*[]byte)
 	b := append((*bp)[:0], '[')

@@ -10,11 +10,9 @@ import (
 // closeUnreadBody keeps a request body that the handler did not read to
 // its end from holding the connection. net/http would otherwise read the
 // rest of it, before sending the response and again after the handler, to
-// reuse the connection: up to 256 KiB, for as long as the server's
-// ReadTimeout allows. A client without any token could so keep a
-// connection busy for 30 s with a few bytes (GET /healthz announcing a
-// body it trickles), and a thousand such clients would keep the connection
-// limit from ever finding an idle connection to close for a newcomer.
+// reuse the connection (up to 256 KiB, within the server's ReadTimeout):
+// a client without any token could hold a connection by trickling a body
+// it announced (see docs/security.md).
 //
 // So a response to a request whose body was not read to its end says
 // Connection: close (net/http then reads nothing before answering), and

@@ -145,13 +145,12 @@ func cachedFilter(f registry.NodeFilter) bool {
 }
 
 // pages hold the slices pages from memory are returned in, for reuse
-// (Recycle): a page of 100 nodes is 24 KB, and schedulers read thousands
-// of pages a second; fresh ones made the garbage collector run several
-// times a second, marking the whole cache each time. A bounded free list,
-// not a sync.Pool: pages read from PostgreSQL by a Loader that does not
-// lend them are handed back too, and while the cache does not answer
-// lists nothing takes them out again; a pool would keep them all until
-// the next collection (hundreds of MB at a million nodes).
+// (Recycle), so that the pages schedulers read all day do not make the
+// garbage collector run, marking the whole cache each time. A bounded free
+// list, not a sync.Pool: pages read from PostgreSQL by a Loader that does
+// not lend them are handed back too, and while the cache does not answer
+// lists nothing takes them out again, so a pool would keep them all until
+// the next collection (see docs/design.md).
 var pages = make(chan []registry.Node, 64)
 
 // maxRecycled bounds the pages kept for reuse, in nodes.

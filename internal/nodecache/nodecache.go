@@ -251,9 +251,9 @@ func newer(cur, n registry.Node) registry.Node {
 }
 
 // packed is a cached node in one object: the node and what its pointer
-// fields point at; its strings' bytes share one more. A node as the store
-// scans it is a dozen small objects, and a full cache of them made the
-// garbage collector's marking the largest cost of a cached read.
+// fields point at; its strings' bytes share one more. So the garbage
+// collector marks two objects per cached node, not the dozen a node as
+// the store scans it takes (see docs/design.md).
 type packed struct {
 	n   registry.Node
 	opt [4]string    // owner, cordon_reason, external_id, provider_state
