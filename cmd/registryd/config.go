@@ -387,7 +387,7 @@ func or(v, def string) string {
 }
 
 // limits bound what clients can make the server hold. Zero means derived
-// at start (see serve).
+// at start (see deriveLimits).
 type limits struct {
 	MaxConnections           int // REGISTRY_MAX_CONNECTIONS; 0: from RLIMIT_NOFILE
 	WatchMaxStreams          int // REGISTRY_WATCH_MAX_STREAMS; 0: half the connection limit, at most 10,000
@@ -396,6 +396,8 @@ type limits struct {
 	WatchBackfillConcurrency int // REGISTRY_WATCH_BACKFILL_CONCURRENCY; 0: a quarter of the pool, at least 1
 }
 
+// loadLimits reads the limits' settings; those unset are derived at start
+// or take the watch hub's defaults.
 func loadLimits(getenv func(string) string, errs *[]string) limits {
 	l := limits{WatchMaxPerPrincipal: watch.DefaultMaxPerPrincipal, WatchBufferBytes: watch.DefaultMaxPending}
 	for _, v := range []struct {
