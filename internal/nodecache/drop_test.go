@@ -1,0 +1,67 @@
+package nodecache
+
+import (
+	"testing"
+	"time"
+
+	"github.com/registryd/registryd/internal/pgtest"
+	"github.com/registryd/registryd/internal/registry"
+	"github.com/registryd/registryd/internal/store"
+)
+
+// A sequencing pass that began before a drop proves nothing after it,
+// however its report reaches the cache: after the drop, or before it and
+// waiting for events the feed delivers after. Until a pass that began
+// after the drop is confirmed, reads go to PostgreSQL and fill nothing.
+func TestPassBeforeDropProvesNothing(t *testing.T) {
+	t.Parallel()
+	st := pgtest.Open(t, pgtest.New(t), store.Options{})
+	n := createNode(t, st, "10.0.0.1")
+	for _, tc := range []struct {
+		name string
+		// pass runs a pass that began at began, around a drop.
+		pass func(c *Cache, began time.Time)
+	}{
+		{"reported after a gap", func(c *Cache, began time.Time) {
+			c.Gap("test")
+			c.Sequenced(began, 0)
+		}},
+		{"reported after the notification connection came back", func(c *Cache, began time.Time) {
+			c.Listening(false)
+			c.Listening(true)
+			c.Sequenced(began, 0)
+		}},
+		{"waiting for its events across a gap", func(c *Cache, began time.Time) {
+			c.Sequenced(began, 1)
+			c.Gap("test")
+			c.Apply([]registry.NodeEvent{{ID: 1, Kind: "updated", Node: n}})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := New(st, Options{Size: 10, MaxStale: time.Hour})
+			c.Start(0)
+			c.Listening(true)
+			c.Sequenced(time.Now(), 0)
+			get(t, c, n.PK)
+			if s := c.Stats(); !s.Serving || s.Size != 1 {
+				t.Fatalf("%+v: want serving with the node cached before the drop", s)
+			}
+			tc.pass(c, time.Now())
+			if s := c.Stats(); s.Serving {
+				t.Fatalf("%+v: serving on a pass that began before the drop", s)
+			}
+			before := c.Stats()
+			get(t, c, n.PK)
+			get(t, c, n.PK)
+			if s := c.Stats(); s.Hits != before.Hits || s.Bypassed != before.Bypassed+2 || s.Size != 0 {
+				t.Fatalf("%+v (before the reads %+v): reads after the drop must go to PostgreSQL and fill nothing", s, before)
+			}
+			// A pass begun after the drop does prove the feed current.
+			c.Sequenced(time.Now(), 0)
+			if s := c.Stats(); !s.Serving {
+				t.Fatalf("%+v: not serving on a pass begun after the drop", s)
+			}
+		})
+	}
+}
