@@ -1,0 +1,56 @@
+package syncer_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/registryd/registryd/internal/provider/scp/scptest"
+)
+
+// A host the provider reports well but our own mapping (Nodes) skips, for
+// an address that is not an IP or a size past belief, keeps its nodes like
+// a host the provider client skipped: TestSyncKeepsSkippedHosts covers
+// only the clients' skips, which reach ApplyImport another way.
+func TestSyncKeepsHostsOurMappingSkips(t *testing.T) {
+	b := setup(t)
+	b.inventory()
+	if _, err := b.run(); err != nil {
+		t.Fatal(err)
+	}
+	before := b.table()
+	b.scp.Lock()
+	b.scp.Products = append(b.scp.Products, scptest.Product{ID: "p-huge", Name: "s8h100_huge", Description: "vCPU 96 │ Memory 2PB",
+		GPUModel: "H100", MemoryValue: "2097152", CPUValue: "96"}) // 2 PiB: more than a host holds
+	b.scp.Nodes[10].PolicyIP = "gpu-node-10.internal"
+	b.scp.Nodes[11].ServerType = "s8h100_huge"
+	b.scp.Unlock()
+	b.e2e.Lock()
+	b.e2e.Clusters[0].Workers[1].PrivateIP = "w2.train-a.internal"
+	b.e2e.Unlock()
+	sums, err := b.run()
+	if err != nil {
+		t.Fatalf("%v: %v", err, sums)
+	}
+	for i, want := range []struct {
+		kept    int
+		reasons []string
+	}{
+		{16, []string{"is not an IP address", "bytes of host memory"}},
+		{8, []string{"is not an IP address"}},
+	} {
+		s := sums[i]
+		if s.Result.KeptSkipped != want.kept || s.Result.Removed != 0 {
+			t.Errorf("%s: %+v, want %d nodes kept for their skipped hosts and none removed", s.Provider, s.Result, want.kept)
+		}
+		for _, r := range want.reasons {
+			if !strings.Contains(s.String(), r) {
+				t.Errorf("%s: no host skipped by our mapping for %q:\n%s", s.Provider, r, s)
+			}
+		}
+	}
+	if diff := cmp.Diff(before, b.table()); diff != "" {
+		t.Errorf("hosts our mapping skipped lost nodes:\n%s", diff)
+	}
+}
