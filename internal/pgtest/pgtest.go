@@ -128,15 +128,32 @@ func NewEmpty(t testing.TB) string {
 	return WithDatabase(admin, name)
 }
 
+// closeWait bounds how long closing a test's store waits for its
+// connections to be given back.
+const closeWait = 10 * time.Second
+
 // Open opens a store on url (a database from New, say) with opts, closed
-// when the test ends.
+// when the test ends. Closing waits for every connection to be given back;
+// one that never is (a lock or a transaction left open) fails the test
+// after closeWait instead of hanging it until go test's timeout.
 func Open(t testing.TB, url string, opts store.Options) *store.Store {
 	t.Helper()
 	st, err := store.Open(context.Background(), url, opts)
 	if err != nil {
 		t.Fatalf("pgtest: open store: %v", err)
 	}
-	t.Cleanup(st.Close)
+	t.Cleanup(func() {
+		closed := make(chan struct{})
+		go func() {
+			defer close(closed)
+			st.Close()
+		}()
+		select {
+		case <-closed:
+		case <-time.After(closeWait):
+			t.Errorf("pgtest: closing the store: a connection was not given back within %s (a lock or transaction never ended)", closeWait)
+		}
+	})
 	return st
 }
 
