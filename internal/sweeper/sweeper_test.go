@@ -67,22 +67,7 @@ func TestOneSweeperAtATime(t *testing.T) {
 
 	// Block the leader's next pass on the audit log, after it has marked
 	// the node and written the event, and terminate its session there.
-	n, _, err := admin.CreateNode(ctx, registry.Actor{Principal: registry.Principal{Sub: "t", Role: registry.RoleAdmin}},
-		registry.NodeSpec{IP: "10.2.0.1", CPUMem: 1, DriverVersion: "d"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	blocker, err := admin.Pool().Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer blocker.Rollback(ctx) //nolint:errcheck
-	if _, err := blocker.Exec(ctx, `LOCK TABLE audit_log IN EXCLUSIVE MODE`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := admin.Pool().Exec(ctx, `INSERT INTO node_liveness (node_pk, last_seen) VALUES ($1, now() - interval '1 hour')`, n.PK); err != nil {
-		t.Fatal(err)
-	}
+	n, blocker := stallOnAuditLog(t, admin)
 	var pid int
 	apitest.Eventually(t, 10*time.Second, "the leader's pass waits on the audit log", func() bool {
 		err := admin.Pool().QueryRow(ctx, `SELECT pid FROM pg_stat_activity
