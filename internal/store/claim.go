@@ -29,11 +29,11 @@ func (s *Store) ClaimNodes(ctx context.Context, actor registry.Actor, c registry
 	}
 	free := true
 	c.Filter.Free = &free
-	defer s.claims.start(c.Job)()
+	defer s.claims.start(c.Job).end(c.Job)
 	cl := &claiming{c: c}
 	var op txOp = cl
 	if c.SameHost {
-		op = &gangClaim{claiming: cl}
+		op = &gangClaim{claiming: cl, tried: []string{}}
 	}
 	if err := s.run(&groupOp{txOp: op, ctx: ctx, actor: actor}); err != nil {
 		return nil, err

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -88,12 +89,16 @@ func ListDecodable(ctx context.Context, db *pgxpool.Pool, f registry.NodeFilter)
 }
 
 // HoldGroups makes claims and releases queue, none running, until the
-// function it returns lets the queue go as groups: it takes every runner
-// (none is running when it is called), and gives them back.
+// function it returns lets the queue go as groups: it takes every runner,
+// and gives them back. Nothing may be running when it is called (a runner
+// under way would go on to the queue).
 func HoldGroups(s *Store) (release func()) {
 	g := s.group
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if g.running != 0 || len(g.queue) != 0 {
+		panic(fmt.Sprintf("HoldGroups: %d runners busy, %d queued", g.running, len(g.queue)))
+	}
 	g.running += g.runners
 	return func() {
 		g.mu.Lock()

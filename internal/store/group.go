@@ -200,7 +200,11 @@ func groupRunners(maxConns int32) int { return max(minRunners, int(maxConns)/2) 
 // error. An operation whose caller gives up while it waits in the queue
 // fails with its context's error and commits nothing.
 type group struct {
-	s       *Store
+	s *Store
+	// ctx is what groups run under: no caller's values or cancellation
+	// (runTx checks its callers between round trips; the statement
+	// timeout bounds each).
+	ctx     context.Context
 	runners int
 	observe func(committed int, err error) // Options.ObserveGroup
 
@@ -209,8 +213,8 @@ type group struct {
 	running int // runners busy: callers running their own operation, or goroutines running groups
 }
 
-func newGroup(s *Store, runners int, observe func(committed int, err error)) *group {
-	return &group{s: s, runners: runners, observe: observe}
+func newGroup(ctx context.Context, s *Store, runners int, observe func(committed int, err error)) *group {
+	return &group{s: s, ctx: context.WithoutCancel(ctx), runners: runners, observe: observe}
 }
 
 // do runs op, alone or in the next group, and sets its outcome.
@@ -319,9 +323,7 @@ func (g *group) runGroup(ops []*groupOp) {
 		}
 		return
 	}
-	// The group's context: no caller's cancellation reaches its round
-	// trips (the statement timeout bounds each), only runTx's checks.
-	committing, err := g.s.runTx(context.WithoutCancel(live[0].ctx), live)
+	committing, err := g.s.runTx(g.ctx, live)
 	if err == nil {
 		n := 0
 		for _, op := range live {

@@ -566,7 +566,8 @@ func TestGroupGivesWayInDeadlock(t *testing.T) {
 	}
 	release()
 	waitActivity(t, st, "the group holding node 2, at the gate",
-		`SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`)
+		`SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+		   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`)
 	cordoned := make(chan error, 1)
 	go func() {
 		got, _, err := st.CordonNodes(ctx, sys, registry.Cordon{Nodes: []int64{1, 2}, Reason: "fan"})
@@ -576,7 +577,8 @@ func TestGroupGivesWayInDeadlock(t *testing.T) {
 		cordoned <- err
 	}()
 	waitActivity(t, st, "the cordon holding node 1, waiting for node 2",
-		`SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event IN ('transactionid', 'tuple')`)
+		`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+		   AND wait_event_type = 'Lock' AND wait_event IN ('transactionid', 'tuple')`)
 	open() // the group goes on to node 1: a deadlock
 	select {
 	case err := <-cordoned:

@@ -21,27 +21,34 @@ func newJobClaims() *jobClaims {
 	return &jobClaims{n: map[int64]int{}, settled: make(chan struct{})}
 }
 
-// start notes a claim of job under way; the function it returns notes its
-// end, once.
-func (j *jobClaims) start(job int64) (end func()) {
-	j.mu.Lock()
-	j.n[job]++
-	j.mu.Unlock()
-	return sync.OnceFunc(func() {
+// start notes a claim of job under way; end notes its end. A nil
+// jobClaims tracks nothing.
+func (j *jobClaims) start(job int64) *jobClaims {
+	if j != nil {
 		j.mu.Lock()
-		defer j.mu.Unlock()
-		if j.n[job]--; j.n[job] <= 0 {
-			delete(j.n, job)
-		}
-		close(j.settled)
-		j.settled = make(chan struct{})
-	})
+		j.n[job]++
+		j.mu.Unlock()
+	}
+	return j
+}
+
+func (j *jobClaims) end(job int64) {
+	if j == nil {
+		return
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.n[job]--; j.n[job] <= 0 {
+		delete(j.n, job)
+	}
+	close(j.settled)
+	j.settled = make(chan struct{})
 }
 
 // wait waits until no claim of job is under way (or ctx ends, with its
-// error).
+// error); on a nil jobClaims it returns at once.
 func (j *jobClaims) wait(ctx context.Context, job int64) error {
-	for {
+	for j != nil {
 		j.mu.Lock()
 		n, settled := j.n[job], j.settled
 		j.mu.Unlock()
@@ -54,4 +61,5 @@ func (j *jobClaims) wait(ctx context.Context, job int64) error {
 			return ctx.Err()
 		}
 	}
+	return nil
 }

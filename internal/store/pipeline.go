@@ -78,7 +78,7 @@ func (tx *pipeTx) send(ctx context.Context, b *pgx.Batch) error {
 // still bounds it): the server commits a COMMIT it has received whether
 // the client waits or not, so the call returns only once the outcome is
 // known, and what is answered (and what waits for it, such as a release
-// of the same job, see group.waitClaims) is true.
+// of the same job, see jobClaims) is true.
 func (tx *pipeTx) commit(ctx context.Context, b *pgx.Batch) error {
 	if tx.own {
 		if err := ctx.Err(); err != nil {

@@ -41,8 +41,9 @@ type Store struct {
 	// transactions; nil (each alone) in a transaction or on a held
 	// connection.
 	group *group
-	// claims are the claims under way on this replica, by job; shared
-	// with the stores made from this one.
+	// claims are the claims under way on this replica, by job; nil (none
+	// tracked) in a transaction or on a held connection, where a claim
+	// ends before the transaction commits.
 	claims *jobClaims
 	// unvacuumed counts the deltas folded out of host_free_delta since it
 	// was last vacuumed (see FoldHostFree); shared with the stores bound
@@ -111,7 +112,7 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("store: open: %w", translate(err))
 	}
 	s := &Store{pool: pool, db: pool, claims: newJobClaims(), unvacuumed: new(atomic.Int64), pages: newPageLender()}
-	s.group = newGroup(s, groupRunners(pool.Config().MaxConns), opts.ObserveGroup)
+	s.group = newGroup(ctx, s, groupRunners(pool.Config().MaxConns), opts.ObserveGroup)
 	return s, nil
 }
 
@@ -147,7 +148,7 @@ func (s *Store) WithTx(ctx context.Context, fn func(*Store) error) error {
 		return translate(err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-	if err := fn(&Store{pool: s.pool, db: tx, conn: s.conn, inTx: true, claims: s.claims}); err != nil {
+	if err := fn(&Store{pool: s.pool, db: tx, conn: s.conn, inTx: true}); err != nil {
 		return err
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -180,7 +181,7 @@ func (s *Store) TryLock(ctx context.Context, key int64) (l *Lock, ok bool, err e
 		conn.Release()
 		return nil, false, nil
 	}
-	return &Lock{conn: conn, store: &Store{pool: s.pool, db: conn, conn: conn, claims: s.claims, unvacuumed: s.unvacuumed}}, true, nil
+	return &Lock{conn: conn, store: &Store{pool: s.pool, db: conn, conn: conn, unvacuumed: s.unvacuumed}}, true, nil
 }
 
 // Lock takes the advisory lock key, waiting at most wait for the session
@@ -219,7 +220,7 @@ func (s *Store) Lock(ctx context.Context, key int64, wait time.Duration) (l *Loc
 		conn.Hijack().Close(context.WithoutCancel(ctx)) // whatever state it is in, the lock goes with it
 		return nil, false, fmt.Errorf("store: lock: %w", translate(err))
 	}
-	return &Lock{conn: conn, store: &Store{pool: s.pool, db: conn, conn: conn, claims: s.claims, unvacuumed: s.unvacuumed}}, true, nil
+	return &Lock{conn: conn, store: &Store{pool: s.pool, db: conn, conn: conn, unvacuumed: s.unvacuumed}}, true, nil
 }
 
 // Store returns a Store bound to the lock's connection.
