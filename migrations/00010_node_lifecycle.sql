@@ -1,5 +1,5 @@
 -- +goose Up
--- The node lifecycle (README "Node states"). A node's state is derived, by
+-- The node lifecycle (docs/scheduling.md, "Node states"). A node's state is derived, by
 -- precedence, from what is kept here: schedulable (its provider's word),
 -- lost (the lifecycle sweeper's), cordon_reason (an admin's) and
 -- current_job (a claim's); lease_expires_at ends a leased claim.

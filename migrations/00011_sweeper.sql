@@ -1,5 +1,5 @@
 -- +goose Up
--- The lifecycle sweeper (README "Node states"). What it reads every second
+-- The lifecycle sweeper (docs/scheduling.md, "Node states"). What it reads every second
 -- is indexed so a pass over 100,000 nodes costs milliseconds:
 --   * heartbeats older than the TTL, by time (a range scan that returns
 --     only the silent nodes);

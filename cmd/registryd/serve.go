@@ -45,8 +45,8 @@ func newLogger(cfg config, w io.Writer) *slog.Logger {
 // then drains requests for ShutdownTimeout.
 //
 // Each subsystem is built by a step of wiring, which pushes how to stop
-// it; whichever way serve returns, they are stopped in reverse order, the
-// HTTP server first and the listeners last.
+// it; whichever way serve returns, they are stopped in the reverse order
+// of their start.
 func serve(ctx context.Context, cfg config, args []string, stdout, stderr io.Writer) error {
 	if err := serveFlags(&cfg).Parse(args); err != nil {
 		c, _ := findCommand("serve")
