@@ -14,11 +14,7 @@ import (
 // a host the provider client skipped: TestSyncKeepsSkippedHosts covers
 // only the clients' skips, which reach ApplyImport another way.
 func TestSyncKeepsHostsOurMappingSkips(t *testing.T) {
-	b := setup(t)
-	b.inventory()
-	if _, err := b.run(); err != nil {
-		t.Fatal(err)
-	}
+	b := imported(t)
 	before := b.table()
 	b.scp.Lock()
 	b.scp.Products = append(b.scp.Products, scptest.Product{ID: "p-huge", Name: "s8h100_huge", Description: "vCPU 96 │ Memory 2PB",

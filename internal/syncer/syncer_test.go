@@ -73,6 +73,17 @@ func setup(t *testing.T) *bundle {
 	return b
 }
 
+// imported is setup with the fake clouds' inventory imported by one pass.
+func imported(t *testing.T) *bundle {
+	t.Helper()
+	b := setup(t)
+	b.inventory()
+	if _, err := b.run(); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
 // inventory fills both fakes: SCP 45 GPU nodes over 3 pages (B300 with a
 // full description, H100 from the built-in table, CPU-only), one without
 // an address, one stopped; E2E 5 clusters over 2 pages.
@@ -219,11 +230,7 @@ func TestSyncFaults(t *testing.T) {
 		{"malformed JSON on the last page", func(b *bundle) { b.scp.MalformedPage[1] = true }, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			b := setup(t)
-			b.inventory()
-			if _, err := b.run(); err != nil {
-				t.Fatal(err)
-			}
+			b := imported(t)
 			before := b.table()
 			// The next inventory differs: 5 hosts gone, one more e2e worker.
 			b.scp.Lock()
@@ -267,11 +274,7 @@ func TestSyncFaults(t *testing.T) {
 // Hosts that vanish: free nodes go, busy ones stay unschedulable until
 // released; an agent adopting an imported node keeps it through passes.
 func TestSyncVanishedHostsAndAdoption(t *testing.T) {
-	b := setup(t)
-	b.inventory()
-	if _, err := b.run(); err != nil {
-		t.Fatal(err)
-	}
+	b := imported(t)
 	ctx := context.Background()
 	sched := registry.Actor{Principal: registry.Principal{Sub: "sched", Role: registry.RoleScheduler}}
 	ip := "10.10.0.6" // an H100 host, 8 GPUs
@@ -390,11 +393,7 @@ func TestNodesMapping(t *testing.T) {
 // went missing, its cluster lost its worker details) keeps its nodes as
 // they are: only hosts that vanish lose theirs.
 func TestSyncKeepsSkippedHosts(t *testing.T) {
-	b := setup(t)
-	b.inventory()
-	if _, err := b.run(); err != nil {
-		t.Fatal(err)
-	}
+	b := imported(t)
 	before := b.table()
 	b.scp.Lock()
 	b.scp.Nodes[10].PolicyIP = "" // briefly without an address
