@@ -40,6 +40,8 @@ func TestServeMetrics(t *testing.T) {
 		{"registryd_fleet_nodes", []string{"hardware_generation", "", "state", "busy"}, 0},
 		{"registryd_http_requests_total", []string{"route", "/v1/nodes/create", "method", "POST", "status", "201"}, 1},
 		{"registryd_heartbeats_pending", nil, 0},
+		{"registryd_heartbeat_pending_age_seconds", nil, 0},
+		{"registryd_heartbeats_lost_total", nil, 0},
 		{"registryd_watch_streams", nil, 0},
 	} {
 		if got, ok := s.Value(t, c.name, c.labels...); !ok || got != c.want {

@@ -234,7 +234,7 @@ func (w *wiring) startAuth(ctx context.Context) error {
 func (w *wiring) startWorkers(ctx context.Context) error {
 	// Heartbeats outlive the HTTP server by one final flush.
 	w.beats = heartbeat.New(w.db.store, heartbeat.Options{Logger: w.logger, Observer: w.metrics})
-	w.metrics.HeartbeatsPending(w.beats.Pending)
+	w.metrics.HeartbeatsPending(w.beats.Pending, w.beats.PendingAge)
 	w.stops.push(lifecycle.Go(context.WithoutCancel(ctx), w.beats.Run))
 	syncWorker, err := newSyncer(w.cfg, w.db.store, w.logger, 0, nil, syncPasses(w.metrics))
 	if err != nil {

@@ -31,7 +31,7 @@ func withMetrics(m *metrics.Metrics, beats **heartbeat.Recorder) option {
 		c.Metrics, c.Observer = m.Handler(), m
 		if beats != nil {
 			*beats = heartbeat.New(c.Store.(*store.Store), heartbeat.Options{Observer: m})
-			m.HeartbeatsPending((*beats).Pending)
+			m.HeartbeatsPending((*beats).Pending, (*beats).PendingAge)
 			c.Heartbeats = *beats
 		}
 	}
@@ -157,12 +157,17 @@ func TestMetricsHeartbeats(t *testing.T) {
 	if got := s.Get(t, "registryd_heartbeats_pending"); got != 2 {
 		t.Errorf("pending = %v, want 2 nodes", got)
 	}
+	if got := s.Get(t, "registryd_heartbeat_pending_age_seconds"); got <= 0 || got > 60 {
+		t.Errorf("pending age = %v s, want the time since the first unflushed ping", got)
+	}
 	if err := beats.Flush(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	s = apitest.Scrape(t, b.url+"/metrics")
 	for name, want := range map[string]float64{
 		"registryd_heartbeats_pending":               0,
+		"registryd_heartbeat_pending_age_seconds":    0,
+		"registryd_heartbeats_lost_total":            0,
 		"registryd_heartbeats_flushed_total":         2,
 		"registryd_heartbeat_flush_batch_size":       1, // observations
 		"registryd_heartbeat_flush_duration_seconds": 1,

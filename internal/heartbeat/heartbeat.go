@@ -3,6 +3,12 @@
 // otherwise cost one UPDATE per ping; here each node's latest time is kept
 // in memory and all of them are written in one statement per interval, and
 // once more on shutdown.
+//
+// Durability: a heartbeat is acknowledged before it is written. What the
+// process holds when it dies (at most one interval's worth plus a flush in
+// flight, 500 ms by default) is lost; Pending and PendingAge say how much
+// that is at any moment, and a stop whose final flush fails reports what it
+// drops to Observer.HeartbeatsLost.
 package heartbeat
 
 import (
@@ -27,12 +33,16 @@ type Observer interface {
 	HeartbeatRecorded()
 	// HeartbeatFlushed gets a flush's batch size, duration and failure.
 	HeartbeatFlushed(nodes int, d time.Duration, err error)
+	// HeartbeatsLost gets the nodes whose acknowledged heartbeat was
+	// dropped unwritten (the final flush at stop failed).
+	HeartbeatsLost(nodes int)
 }
 
 type noObserver struct{}
 
 func (noObserver) HeartbeatRecorded()                         {}
 func (noObserver) HeartbeatFlushed(int, time.Duration, error) {}
+func (noObserver) HeartbeatsLost(int)                         {}
 
 // Options tune a Recorder.
 type Options struct {
@@ -54,6 +64,9 @@ type Recorder struct {
 
 	mu      sync.Mutex
 	pending map[int64]time.Time
+	// oldest is when the earliest heartbeat in pending was recorded (zero
+	// when pending is empty): how long a crash now would set nodes back.
+	oldest  time.Time
 	flushMu sync.Mutex // one flush at a time keeps writes in time order
 }
 
@@ -83,6 +96,9 @@ func (r *Recorder) Record(pk int64) {
 	if cur, ok := r.pending[pk]; !ok || t.After(cur) {
 		r.pending[pk] = t
 	}
+	if r.oldest.IsZero() {
+		r.oldest = t
+	}
 	r.mu.Unlock()
 	r.observer.HeartbeatRecorded()
 }
@@ -94,6 +110,19 @@ func (r *Recorder) Pending() int {
 	return len(r.pending)
 }
 
+// PendingAge reports how long the oldest heartbeat not yet written has
+// waited: the window of acknowledged heartbeats a crash would lose. Zero
+// when nothing waits.
+func (r *Recorder) PendingAge() time.Duration {
+	r.mu.Lock()
+	oldest := r.oldest
+	r.mu.Unlock()
+	if oldest.IsZero() {
+		return 0
+	}
+	return max(r.now().Sub(oldest), 0)
+}
+
 // Flush writes every pending heartbeat. On failure they are kept (merged
 // with any newer ones) for the next flush, so an outage loses nothing that
 // the process still holds.
@@ -101,8 +130,8 @@ func (r *Recorder) Flush(ctx context.Context) error {
 	r.flushMu.Lock()
 	defer r.flushMu.Unlock()
 	r.mu.Lock()
-	batch := r.pending
-	r.pending = make(map[int64]time.Time, len(batch))
+	batch, oldest := r.pending, r.oldest
+	r.pending, r.oldest = make(map[int64]time.Time, len(batch)), time.Time{}
 	r.mu.Unlock()
 	if len(batch) == 0 {
 		return nil
@@ -126,6 +155,9 @@ func (r *Recorder) Flush(ctx context.Context) error {
 				r.pending[pk] = t
 			}
 		}
+		if r.oldest.IsZero() || oldest.Before(r.oldest) {
+			r.oldest = oldest
+		}
 		r.mu.Unlock()
 		return err
 	}
@@ -147,7 +179,9 @@ func (r *Recorder) Run(ctx context.Context) {
 			final, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
 			if err := r.Flush(final); err != nil {
-				r.logger.Error("final heartbeat flush failed", "lost", r.Pending(), "err", err)
+				lost := r.Pending()
+				r.observer.HeartbeatsLost(lost)
+				r.logger.Error("final heartbeat flush failed; acknowledged heartbeats are lost", "lost", lost, "err", err)
 			}
 			return
 		}

@@ -94,3 +94,64 @@ func TestRunFlushesOnStop(t *testing.T) {
 		t.Errorf("no final flush: %v", st.batches)
 	}
 }
+
+// PendingAge is the window a crash would lose: from the first heartbeat not
+// yet written, kept across a failed flush, zero once a flush succeeds.
+func TestPendingAge(t *testing.T) {
+	st := &recordingStore{fail: errors.New("database down")}
+	clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	r := New(st, Options{Now: func() time.Time { return clock }})
+	if got := r.PendingAge(); got != 0 {
+		t.Fatalf("age %v with nothing pending", got)
+	}
+	r.Record(1)
+	clock = clock.Add(300 * time.Millisecond)
+	r.Record(2)
+	clock = clock.Add(200 * time.Millisecond)
+	if got := r.PendingAge(); got != 500*time.Millisecond {
+		t.Fatalf("age %v, want 500ms (from the first heartbeat, not the latest)", got)
+	}
+	if err := r.Flush(context.Background()); err == nil {
+		t.Fatal("flush reported success while the store failed")
+	}
+	clock = clock.Add(time.Second)
+	if got := r.PendingAge(); got != 1500*time.Millisecond {
+		t.Errorf("age %v after a failed flush, want 1.5s (the failed batch's first heartbeat)", got)
+	}
+	st.fail = nil
+	if err := r.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.PendingAge(); got != 0 {
+		t.Errorf("age %v after a flush wrote everything", got)
+	}
+}
+
+type lostCounter struct {
+	noObserver
+	lost chan int
+}
+
+func (o lostCounter) HeartbeatsLost(n int) { o.lost <- n }
+
+// A stop whose final flush fails reports the heartbeats it drops.
+func TestRunCountsLostOnStop(t *testing.T) {
+	st := &recordingStore{fail: errors.New("database down")}
+	obs := lostCounter{lost: make(chan int, 1)}
+	r := New(st, Options{Interval: time.Hour, Observer: obs})
+	r.Record(1)
+	r.Record(2)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	done := make(chan struct{})
+	go func() { r.Run(ctx); close(done) }()
+	select {
+	case n := <-obs.lost:
+		if n != 2 {
+			t.Errorf("lost %d, want 2", n)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no loss reported after a failed final flush")
+	}
+	<-done
+}

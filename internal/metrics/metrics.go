@@ -39,6 +39,7 @@ type Metrics struct {
 	hbBatch        prometheus.Histogram
 	hbFlushSeconds prometheus.Histogram
 	hbFailures     prometheus.Counter
+	hbLost         prometheus.Counter
 
 	claims         *prometheus.CounterVec
 	claimedNodes   prometheus.Counter
@@ -81,6 +82,7 @@ func New() *Metrics {
 		prometheus.ExponentialBuckets(1, 4, 10)) // 1 … 262,144
 	m.hbFlushSeconds = f.histogram("heartbeat_flush_duration_seconds", "Time one heartbeat flush took, failed ones included.", prometheus.DefBuckets)
 	m.hbFailures = f.counter("heartbeat_flush_failures_total", "Heartbeat flushes that failed (their heartbeats are kept for the next).")
+	m.hbLost = f.counter("heartbeats_lost_total", "Nodes whose acknowledged heartbeat was dropped unwritten because the final flush at stop failed (a crash loses what heartbeats_pending showed, uncounted).")
 
 	m.claims = f.counterVec("claims_total", `Claim requests that reached the database, by outcome: "granted", "conflict" (409: not enough free nodes match), "error".`, "outcome")
 	m.claimedNodes = f.counter("claimed_nodes_total", "Nodes granted to jobs by claims.")
@@ -192,11 +194,17 @@ func (m *Metrics) HeartbeatFlushed(nodes int, d time.Duration, err error) {
 	m.hbFlushed.Add(float64(nodes))
 }
 
-// HeartbeatsPending reports, at scrape time, how many heartbeats wait to
-// be flushed.
-func (m *Metrics) HeartbeatsPending(pending func() int) {
+// HeartbeatsLost counts nodes whose acknowledged heartbeat was dropped.
+func (m *Metrics) HeartbeatsLost(nodes int) { m.hbLost.Add(float64(nodes)) }
+
+// HeartbeatsPending reports, at scrape time, how many acknowledged
+// heartbeats wait to be flushed and how long the oldest has waited: what a
+// crash of this replica would lose.
+func (m *Metrics) HeartbeatsPending(pending func() int, age func() time.Duration) {
 	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: namespace, Name: "heartbeats_pending",
-		Help: "Nodes whose heartbeat waits for the next flush."}, func() float64 { return float64(pending()) }))
+		Help: "Nodes whose acknowledged heartbeat waits for the next flush (lost if the replica dies now)."}, func() float64 { return float64(pending()) }))
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: namespace, Name: "heartbeat_pending_age_seconds",
+		Help: "How long the oldest acknowledged heartbeat not yet written has waited (about the flush interval when healthy)."}, func() float64 { return age().Seconds() }))
 }
 
 // Claim outcomes.
