@@ -57,7 +57,7 @@ check-generated:
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
 
-## bench-http: registryd through HTTP against pgbench running the same SQL, on a fleet seeded through SQL (cmd/registryd-bench; flags in BENCH_HTTP_FLAGS, e.g. BENCH_HTTP_FLAGS='-nodes 1000000 -duration 30s')
+## bench-http: registryd through HTTP against pgbench running the same SQL, on a fleet seeded through SQL, or with -seed api through the API as a real fleet arrives (cmd/registryd-bench; flags in BENCH_HTTP_FLAGS, e.g. BENCH_HTTP_FLAGS='-nodes 1000000 -duration 30s')
 BENCH_HTTP_FLAGS ?=
 bench-http: build
 	$(GO) run ./cmd/registryd-bench -registryd $(BIN) $(BENCH_HTTP_FLAGS)

@@ -60,7 +60,8 @@ Starts registryd serve on the embedded PostgreSQL in a temporary folder
 (or, with -url, targets a running registryd: then REGISTRY_DATABASE_URL
 names its database, and REGISTRY_JWT_SECRET its token secret or, without
 it, REGISTRY_TOKEN an admin token used for everything), seeds an empty
-registry with -nodes nodes through SQL, runs each workload through HTTP
+registry with -nodes nodes (through SQL, or with -seed api through the
+API), runs each workload through HTTP
 and its SQL through pgbench at the same concurrency, and prints one JSON
 line per workload and a markdown table. Exit 1 when a workload had
 errors.
@@ -75,6 +76,7 @@ errors.
 		clients   = fs.Int("clients", 32, "concurrent clients (gang always uses 16 schedulers)")
 		workloads = fs.String("workloads", strings.Join(bench.AllWorkloads, ","), "workloads to run, comma-separated (with -url, startup is left out of the default: it restarts the server)")
 		jsonOnly  = fs.Bool("json", false, "print only the JSON lines")
+		seedMode  = fs.String("seed", bench.SeedSQL, "how the fleet gets in: sql (one transaction, then the server restarts on it) or api (created through the running server's API, measured as it is afterwards)")
 		registryd = fs.String("registryd", "", "the registryd binary to start (default: built from this module with go build)")
 		url       = fs.String("url", "", "a running registryd to target instead of starting one")
 		pgbench   = fs.String("pgbench", "", "the pgbench binary (default: next to the PostgreSQL server binaries, or on PATH)")
@@ -94,7 +96,7 @@ errors.
 	}
 	cfg := bench.Config{
 		Nodes: *nodes, Agents: *agents, Duration: *duration, Clients: *clients,
-		JSONOnly: *jsonOnly, URL: *url, Pgbench: *pgbench, WorkDir: *workDir,
+		JSONOnly: *jsonOnly, Seed: *seedMode, URL: *url, Pgbench: *pgbench, WorkDir: *workDir,
 		RequirePgbench: getenv("CI") != "", ServerEnv: serverEnv, Client: *client,
 		Stdout: stdout, Stderr: stderr,
 	}

@@ -30,6 +30,8 @@ type Config struct {
 	Clients   int           // concurrency of every workload but gang (16)
 	Workloads []string      // default AllWorkloads
 	JSONOnly  bool          // only the JSON lines, no table
+	// Seed is how the fleet gets in: SeedSQL (default) or SeedAPI.
+	Seed string
 
 	// Registryd is the registryd binary to start on the embedded
 	// PostgreSQL; ServerEnv (NAME=VALUE) is added to its environment.
@@ -115,6 +117,7 @@ type Report struct {
 	Nodes         int       `json:"nodes"`
 	Hosts         int       `json:"hosts"`
 	SeedSeconds   float64   `json:"seed_seconds"`
+	Seed          string    `json:"seed"`
 	Started       time.Time `json:"started"`
 	ServerPeakRSS int64     `json:"server_peak_rss_bytes,omitempty"`
 	Notes         []string  `json:"notes,omitempty"`
@@ -149,6 +152,13 @@ func (c *Config) defaults() error {
 			return fmt.Errorf("bench: no workload %q (want some of %s)", w, strings.Join(AllWorkloads, ","))
 		}
 	}
+	switch c.Seed {
+	case "":
+		c.Seed = SeedSQL
+	case SeedSQL, SeedAPI:
+	default:
+		return fmt.Errorf("bench: seed %q: want %s or %s", c.Seed, SeedSQL, SeedAPI)
+	}
 	if c.StartTimeout <= 0 {
 		c.StartTimeout = 2 * time.Minute
 	}
@@ -180,7 +190,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	rep := &Report{Nodes: cfg.Nodes, Started: time.Now().UTC()}
+	rep := &Report{Nodes: cfg.Nodes, Seed: cfg.Seed, Started: time.Now().UTC()}
 	logf := func(format string, args ...any) { fmt.Fprintf(cfg.Stderr, "bench: "+format+"\n", args...) }
 
 	work := cfg.WorkDir
@@ -251,8 +261,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	defer func() { pool.Close() }() // the pool of the last start (see startup)
 	rep.Machine = describeMachine(ctx, pool, pgbench)
 
-	logf("seeding %d nodes", cfg.Nodes)
-	f, err := seed(ctx, pool, cfg.Nodes, cfg.Agents)
+	logf("seeding %d nodes through %s", cfg.Nodes, cfg.Seed)
+	var f *fleet
+	if cfg.Seed == SeedAPI {
+		f, err = seedAPI(ctx, url, pool, secret, cfg.Nodes, cfg.Agents)
+	} else {
+		f, err = seed(ctx, pool, cfg.Nodes, cfg.Agents)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -279,7 +294,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}()
 	}
 
-	if srv != nil {
+	if srv != nil && cfg.Seed == SeedSQL {
 		// A registry runs with its fleet in place: start again on the
 		// seeded data, so the server finds the fleet as a long-running
 		// one has it (its node cache listed from PostgreSQL), not as rows

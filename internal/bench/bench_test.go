@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/registryd/registryd/internal/auth"
 	"github.com/registryd/registryd/internal/registry"
 )
@@ -614,5 +616,58 @@ func TestPgbenchPercentiles(t *testing.T) {
 	}
 	if p50, p99 := pgbenchPercentiles(prefix); p50 != 0 || p99 != 0 {
 		t.Errorf("no logs: %v %v, want zeros", p50, p99)
+	}
+}
+
+// A fleet seeded through the API is the fleet seed describes: the same
+// addresses, agents that own their hosts' nodes and have pinged them, 1 in 8
+// hosts wholly claimed and 1 in 8 with 3 claimed, each by its own job.
+func TestSeedThroughAPI(t *testing.T) {
+	t.Parallel()
+	bin := registrydBinary(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	secret := []byte("bench-test-secret-0123456789abcdef")
+	srv, err := startServer(ctx, bin, workDir(t), secret, 2*time.Minute, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.stop()
+	pool, err := pgxpool.New(ctx, srv.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := seedAPI(ctx, srv.url, pool, nil, 16, 1); err == nil || !strings.Contains(err.Error(), "secret") {
+		t.Errorf("seed through the API without a secret = %v, want a refusal", err)
+	}
+	f, err := seedAPI(ctx, srv.url, pool, secret, 164, 3) // 21 hosts, the last with 4 nodes
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.nodes != 164 || f.hosts != 21 || f.maxPK-f.minPK != 163 || len(f.agents) != 3 {
+		t.Fatalf("fleet %+v", f)
+	}
+	if a := f.agents[2]; a.sub != "bench-agent-2" || a.ip != "10.0.0.3" || len(a.nodes) != 8 {
+		t.Errorf("agent %+v, want bench-agent-2 on 10.0.0.3 with 8 nodes", a)
+	}
+	var wholly, three, jobs, alive, ips int64
+	err = pool.QueryRow(ctx, `
+		WITH h AS (SELECT ip, count(current_job) AS held, count(DISTINCT current_job) AS jobs FROM nodes GROUP BY ip)
+		SELECT (SELECT count(*) FROM h WHERE held = 8), (SELECT count(*) FROM h WHERE held = 3),
+			(SELECT coalesce(sum(jobs), 0) FROM h),
+			(SELECT count(*) FROM node_liveness l JOIN nodes n ON n.pk = l.node_pk WHERE n.owner LIKE 'bench-agent-%'),
+			(SELECT count(DISTINCT ip) FROM nodes)`).Scan(&wholly, &three, &jobs, &alive, &ips)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Hosts 7 and 15 wholly, 5, 13 (and 21 would be, but there are 21
+	// hosts: 0..20) with three.
+	if wholly != 2 || three != 2 || jobs != 4 || alive != 24 || ips != 21 {
+		t.Errorf("hosts wholly held %d (want 2), with 3 held %d (want 2), jobs %d (want 4), agent nodes with liveness %d (want 24), addresses %d (want 21)",
+			wholly, three, jobs, alive, ips)
+	}
+	if _, err := seedAPI(ctx, srv.url, pool, secret, 8, 1); err == nil || !strings.Contains(err.Error(), "already") {
+		t.Errorf("a second seed = %v, want a refusal of the seeded registry", err)
 	}
 }

@@ -12,7 +12,11 @@ import (
 func Markdown(rep *Report) string {
 	var b strings.Builder
 	m := rep.Machine
-	fmt.Fprintf(&b, "%s UTC: %d nodes (%d hosts × 8 GPUs), seeded in %.1f s.\n", rep.Started.Format("2006-01-02 15:04"), rep.Nodes, rep.Hosts, rep.SeedSeconds)
+	how := "seeded through SQL (server restarted on it)"
+	if rep.Seed == SeedAPI {
+		how = "created through the API by the server measured (no restart)"
+	}
+	fmt.Fprintf(&b, "%s UTC: %d nodes (%d hosts × 8 GPUs), %s in %.1f s.\n", rep.Started.Format("2006-01-02 15:04"), rep.Nodes, rep.Hosts, how, rep.SeedSeconds)
 	fmt.Fprintf(&b, "Machine: %s, %d cores, %d MiB, %s (kernel %s), %s, %s", orUnknown(m.CPU), m.Cores, m.MemoryMB, orUnknown(m.OS), orUnknown(m.Kernel), m.Go, orUnknown(m.PostgreSQL))
 	if len(m.Settings) > 0 {
 		var kv []string

@@ -49,16 +49,11 @@ type agent struct {
 	nodes   []int64
 }
 
-// seed fills an empty registry with n nodes through SQL. It refuses a registry that holds
-// nodes already: the numbers depend on the fleet being the one described.
+// seed fills an empty registry with n nodes through SQL (see checkEmpty).
 func seed(ctx context.Context, pool *pgxpool.Pool, n, agents int) (*fleet, error) {
 	start := time.Now()
-	var existing int64
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM nodes`).Scan(&existing); err != nil {
-		return nil, fmt.Errorf("bench: seed: %w", err)
-	}
-	if existing > 0 {
-		return nil, fmt.Errorf("bench: seed: the registry holds %d nodes already; the harness seeds an empty one", existing)
+	if err := checkEmpty(ctx, pool); err != nil {
+		return nil, err
 	}
 	f := &fleet{nodes: n, hosts: (n + 7) / 8}
 	agents = min(agents, f.hosts)
@@ -99,12 +94,37 @@ func seed(ctx context.Context, pool *pgxpool.Pool, n, agents int) (*fleet, error
 	if _, err := pool.Exec(ctx, `ANALYZE nodes; ANALYZE node_liveness; ANALYZE hardware_generations`); err != nil {
 		return nil, fmt.Errorf("bench: seed: analyze: %w", err)
 	}
+	seeded := time.Since(start)
+	if f, err = fleetOf(ctx, pool, n); err != nil {
+		return nil, err
+	}
+	f.seeded = seeded
+	return f, nil
+}
+
+// checkEmpty refuses a registry that holds nodes already: the numbers
+// depend on the fleet being the one described.
+func checkEmpty(ctx context.Context, pool *pgxpool.Pool) error {
+	var existing int64
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM nodes`).Scan(&existing); err != nil {
+		return fmt.Errorf("bench: seed: %w", err)
+	}
+	if existing > 0 {
+		return fmt.Errorf("bench: seed: the registry holds %d nodes already; the harness seeds an empty one", existing)
+	}
+	return nil
+}
+
+// fleetOf reads what the workloads need of a seeded fleet of n nodes:
+// its pk range and its agents (owners bench-agent-H, with their host's
+// address and nodes).
+func fleetOf(ctx context.Context, pool *pgxpool.Pool, n int) (*fleet, error) {
+	f := &fleet{nodes: n, hosts: (n + 7) / 8}
 	if err := pool.QueryRow(ctx, `SELECT coalesce(min(pk), 0), coalesce(max(pk), 0) FROM nodes`).Scan(&f.minPK, &f.maxPK); err != nil {
 		return nil, fmt.Errorf("bench: seed: %w", err)
 	}
-	f.seeded = time.Since(start)
-
 	rows, _ := pool.Query(ctx, `SELECT owner, host(min(ip)), array_agg(pk ORDER BY pk) FROM nodes WHERE owner LIKE 'bench-agent-%' GROUP BY owner ORDER BY owner`)
+	var err error
 	f.agents, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (agent, error) {
 		var a agent
 		err := r.Scan(&a.sub, &a.ip, &a.nodes)
@@ -114,7 +134,7 @@ func seed(ctx context.Context, pool *pgxpool.Pool, n, agents int) (*fleet, error
 		return nil, fmt.Errorf("bench: seed: agents: %w", err)
 	}
 	if len(f.agents) == 0 {
-		return nil, fmt.Errorf("bench: seed: no agent-owned nodes (nodes %d, agents %d)", n, agents)
+		return nil, fmt.Errorf("bench: seed: no agent-owned nodes (nodes %d)", n)
 	}
 	return f, nil
 }
