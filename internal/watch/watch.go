@@ -138,7 +138,6 @@ type Hub struct {
 	// fanOut has yet to reset to; newEpochWhy says why it began.
 	newEpoch    int64
 	newEpochWhy string
-	resets      atomic.Int64 // epochs reset to
 	// head counts the bytes of every encoded event broadcast so far;
 	// a subscriber's lag is head minus its position.
 	head int64
@@ -373,13 +372,8 @@ func (h *Hub) resetToNewEpoch() {
 	}
 	last := h.last
 	h.mu.Unlock()
-	h.resets.Add(1)
 	h.opts.Follower.Start(last)
 }
-
-// Resets returns how many times this hub started over in a new epoch of
-// the feed.
-func (h *Hub) Resets() int64 { return h.resets.Load() }
 
 // checkGap tells the follower when events after after were pruned before
 // the hub read them. Ids have holes of their own (a sequencing pass that
