@@ -2,8 +2,9 @@
 -- The change feed's epoch (docs/design.md, "A feed that never goes
 -- backwards"). Event ids come from node_event_seq; the feed's epoch E owns
 -- the ids above E << 40. When the sequencer finds that the database is not
--- the one it last stamped ids in (another cluster, a new timeline after a
--- failover or a point-in-time restore), that the sequence or the log went
+-- the one it last stamped ids in (another cluster, another database such
+-- as a dump restored beside the original, a new timeline after a failover
+-- or a point-in-time restore), that the sequence or the log went
 -- back below ids already handed out, or that a replica has seen ids this
 -- database never handed out, it starts a new epoch: it moves the sequence
 -- to the new epoch's start, so every id from then on is above every id
@@ -17,6 +18,7 @@ CREATE TABLE node_feed (
     only_row          boolean PRIMARY KEY DEFAULT true CHECK (only_row),
     epoch             bigint NOT NULL DEFAULT 0 CHECK (epoch >= 0 AND epoch < 8388608),
     system_identifier bigint,
+    database_oid      bigint,
     timeline          bigint,
     wal_lsn           pg_lsn,
     high              bigint NOT NULL DEFAULT 0

@@ -15,9 +15,10 @@ const EpochBits = 40
 // the database or the caller knows (the log, the sequence, what was
 // seen), so its ids are above all of those.
 const feedVerdictSQL = `
-	SELECT f.epoch, f.high, n.sysid, n.tli, n.lsn, n.log_max, f.system_identifier IS NULL AS unwitnessed,
+	SELECT f.epoch, f.high, n.sysid, n.dboid, n.tli, n.lsn, n.log_max, f.system_identifier IS NULL AS unwitnessed,
 		CASE
 		WHEN f.system_identifier <> n.sysid THEN 'the database is another cluster (its system identifier changed)'
+		WHEN f.database_oid <> n.dboid THEN 'the database is another database (a restored dump?)'
 		WHEN f.timeline <> n.tli THEN 'the database is on a new timeline (a failover or a point-in-time restore)'
 		WHEN n.lsn < f.wal_lsn THEN 'the database''s WAL position went backwards'
 		WHEN n.log_max < f.high AND f.high > f.epoch << 40 THEN 'the change log lost events it had handed out'
@@ -27,6 +28,7 @@ const feedVerdictSQL = `
 		greatest(f.epoch + 1, (greatest(f.high, n.log_max, $1, n.next_id - 1) >> 40) + 1) AS next_epoch
 	FROM node_feed f, (
 		SELECT (SELECT system_identifier FROM pg_control_system()) AS sysid,
+			(SELECT oid::bigint FROM pg_database WHERE datname = current_database()) AS dboid,
 			('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::int::bigint AS tli,
 			pg_current_wal_lsn() AS lsn,
 			(SELECT CASE WHEN is_called THEN last_value + 1 ELSE last_value END FROM node_event_seq) AS next_id,
@@ -46,7 +48,7 @@ const newEpochSQL = `
 		UPDATE node_feed f SET
 			epoch = CASE WHEN v.reason IS NULL THEN f.epoch ELSE v.next_epoch END,
 			high = CASE WHEN v.reason IS NULL THEN f.high ELSE v.next_epoch << 40 END,
-			system_identifier = v.sysid, timeline = v.tli, wal_lsn = v.lsn
+			system_identifier = v.sysid, database_oid = v.dboid, timeline = v.tli, wal_lsn = v.lsn
 		FROM v WHERE v.reason IS NOT NULL OR v.unwitnessed
 	)
 	SELECT v.reason, CASE WHEN v.reason IS NOT NULL THEN setval('node_event_seq', v.next_epoch << 40) END FROM v`

@@ -29,13 +29,14 @@ func changes(t *testing.T, st *store.Store, n int, seen int64) registry.Feed {
 
 // The feed's epoch: ordinary passes stay in it; each way the database can
 // stop being the one that handed out the ids so far (the sequence set
-// back, another cluster's identity or a new timeline in the witness, the
-// log's tail gone, a replica that saw more) begins a new epoch whose ids
-// are above every earlier one, and FeedPosition never answers a position a
-// reader of the old ids could prove itself current with. Faults caught
-// (each tried once): no check of the sequence (the setval case stamps ids
-// again in epoch 0); FeedPosition ignoring the verdict (answers the old
-// epoch's position).
+// back, another cluster's or database's identity or a new timeline in the
+// witness, the log's tail gone, a replica that saw more) begins a new
+// epoch whose ids are above every earlier one, and FeedPosition never
+// answers a position a reader of the old ids could prove itself current
+// with. Faults caught (each tried once): no check of the sequence (the
+// setval case stamps ids again in epoch 0); FeedPosition ignoring the
+// verdict (answers the old epoch's position); no check of the database's
+// oid.
 func TestFeedEpochs(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -61,6 +62,7 @@ func TestFeedEpochs(t *testing.T) {
 	}{
 		{"setval backwards", `SELECT setval('node_event_seq', 1)`, "sequence went backwards", 0},
 		{"another cluster", `UPDATE node_feed SET system_identifier = system_identifier + 1`, "another cluster", 0},
+		{"another database", `UPDATE node_feed SET database_oid = database_oid + 1`, "another database", 0},
 		{"new timeline", `UPDATE node_feed SET timeline = timeline + 1`, "new timeline", 0},
 		{"lost tail", `DELETE FROM node_changes WHERE event_id = (SELECT max(event_id) FROM node_changes)`, "lost events", 0},
 		{"seen more", ``, "never handed out", -1},
