@@ -67,7 +67,7 @@ func TestNodeDocumentShared(t *testing.T) {
 		t.Errorf("audit document (-response +audit):\n%s", diff)
 	}
 
-	if _, err := b.store.SequenceEvents(context.Background()); err != nil {
+	if _, err := b.store.SequenceEvents(context.Background(), 0); err != nil {
 		t.Fatal(err)
 	}
 	events, err := b.store.NodeEventsAfter(context.Background(), 0, 10)

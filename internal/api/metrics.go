@@ -35,6 +35,7 @@ const (
 	watchEndBehind   = "behind"   // it fell too far behind the feed, or the hub stopped
 	watchEndWrite    = "write"    // a write failed or timed out
 	watchEndBackfill = "backfill" // reading the change log failed
+	watchEndReset    = "reset"    // the feed began a new epoch: it was sent a reset
 )
 
 type noObserver struct{}

@@ -38,8 +38,13 @@ type EventStream = interface {
 	// Wake is signalled when Next may have events.
 	Wake() <-chan struct{}
 	// Done is closed when the watcher fell too far behind or the feed
-	// stopped: the stream ends and the client resumes.
+	// stopped: the stream ends and the client resumes. Or when the feed
+	// began a new epoch: see Reset.
 	Done() <-chan struct{}
+	// Reset, once Done is closed, is why when the feed began a new epoch
+	// (what the watcher saw may be lost: it must re-list, then watch after
+	// last); "" otherwise.
+	Reset() (reason string, last int64)
 	// Last is the newest event id the stream will not deliver.
 	Last() int64
 	// Next calls fn with each pending event and its shared encoding.
@@ -178,7 +183,10 @@ const watchWriteTimeout = 30 * time.Second
 // watchNodes is GET /v1/nodes/watch, a Server-Sent Events stream of node
 // changes. Each event's id increases; a client that reconnects with
 // Last-Event-ID gets everything it missed from the change log, or a
-// "reset" event when retention already removed it. Streams are capped per
+// "reset" event when it cannot: retention already removed some, the id is
+// of an earlier epoch of the feed, or ahead of it. When the feed begins a
+// new epoch (a failover, a restore), an open stream gets a reset and
+// ends. Streams are capped per
 // server and per principal (429 beyond).
 //
 // Once the stream has started, every way it ends returns nil: the status
@@ -361,6 +369,14 @@ func (st *watchStream) live() {
 				return
 			}
 		case <-st.sub.Done():
+			if reason, last := st.sub.Reset(); reason != "" {
+				// A new epoch: the client re-lists, then reconnects with
+				// Last-Event-ID, the reset's id.
+				st.last = last
+				_ = st.reset(reason)
+				st.end = watchEndReset
+				return
+			}
 			// Fell behind (or the server is stopping): end the stream; the
 			// client resumes with Last-Event-ID from the change log.
 			_ = st.send(": falling behind; reconnect with Last-Event-ID\n\n")

@@ -99,7 +99,7 @@ func New() *Metrics {
 	m.watchStreams = f.gauge("watch_streams", "Watch streams open now.")
 	m.watchSent = f.counter("watch_events_sent_total", "Node events written to watch streams (backfilled ones included).")
 	m.watchClosed = f.counterVec("watch_streams_closed_total",
-		`Watch streams ended, by reason: "client" (went away), "token" (revoked or expired), "behind" (fell too far behind the feed, or the server is stopping), "write" (a write failed or timed out), "backfill" (reading the change log failed).`, "reason")
+		`Watch streams ended, by reason: "client" (went away), "token" (revoked or expired), "behind" (fell too far behind the feed, or the server is stopping), "write" (a write failed or timed out), "backfill" (reading the change log failed), "reset" (the change feed began a new epoch, after a failover, a restore or a reset of its sequence; the stream was sent a reset).`, "reason")
 	m.watchRefused = f.counter("watch_streams_refused_total", "Watch streams refused with 429 because a stream limit was reached.")
 
 	m.syncSeconds = f.histogramVec("sync_pass_duration_seconds", "Time of one provider's sync pass, failed ones included.",

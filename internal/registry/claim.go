@@ -84,6 +84,24 @@ type NotReleased struct {
 	Reason string
 }
 
+// Feed is where the change feed stands (docs/design.md, "A feed that
+// never goes backwards").
+type Feed struct {
+	// Epoch is the id the feed's current epoch starts after: every id
+	// handed out since the epoch began is above it. A position below it
+	// belongs to an earlier epoch (before a failover, a restore or a reset
+	// of the sequence), which the registry cannot vouch for.
+	Epoch int64
+	// Latest is the newest event id; never below Epoch or Pruned.
+	Latest int64
+	// Pruned is the highest id retention removed: resuming below it misses
+	// events.
+	Pruned int64
+	// NewEpoch, from a sequencing pass, is why that pass began the epoch;
+	// "" when it did not.
+	NewEpoch string
+}
+
 // NodeEvent is one change of a node as watchers see it.
 type NodeEvent struct {
 	ID   int64     // increases with every event, across replicas

@@ -290,7 +290,7 @@ func TestSequenceEventsOneRoundTrip(t *testing.T) {
 	dbURL := pgtest.New(t)
 	st := pgtest.Open(t, dbURL, store.Options{})
 	gangFleet(t, st, 1)
-	if _, err := st.SequenceEvents(ctx); err != nil {
+	if _, err := st.SequenceEvents(ctx, 0); err != nil {
 		t.Fatal(err)
 	}
 	listener, err := pgx.Connect(ctx, dbURL)
@@ -305,10 +305,11 @@ func TestSequenceEventsOneRoundTrip(t *testing.T) {
 	if _, err := st.ClaimNodes(ctx, sys, registry.Claim{Job: 1, Count: 3}); err != nil {
 		t.Fatal(err)
 	}
-	latest, err := st.SequenceEvents(ctx)
+	feed, err := st.SequenceEvents(ctx, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
+	latest := feed.Latest
 	rows, _ := st.Pool().Query(ctx, `SELECT event_id FROM node_changes WHERE row_id > $1 ORDER BY row_id`, changeID)
 	ids, err := pgx.CollectRows(rows, pgx.RowTo[*int64])
 	if err != nil {
@@ -334,9 +335,9 @@ func TestSequenceEventsOneRoundTrip(t *testing.T) {
 	if n.Payload != strconv.FormatInt(latest, 10) {
 		t.Errorf("notified %q, want %d", n.Payload, latest)
 	}
-	again, err := st.SequenceEvents(ctx)
-	if err != nil || again != latest {
-		t.Errorf("a pass with nothing new: %d, %v; want %d", again, err, latest)
+	again, err := st.SequenceEvents(ctx, 0)
+	if err != nil || again.Latest != latest {
+		t.Errorf("a pass with nothing new: %d, %v; want %d", again.Latest, err, latest)
 	}
 	wctx, cancel = context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()

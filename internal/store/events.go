@@ -92,20 +92,37 @@ func (s *Store) recordChanges(ctx context.Context, kind string, nodes ...registr
 }
 
 // SequenceEvents stamps every committed, unstamped change row with the next
-// event ids, in row order, and returns the latest event id. Passes of all
+// event ids, in row order, and returns where the feed stands. Passes of all
 // replicas serialize on an advisory lock, so stamps become visible in
 // increasing order: a watcher that has seen event N never later finds an
 // event below N.
 //
-// A pass is one round trip (see pipeTx): BEGIN, the lock, the stamping
-// (with the notification when it stamped anything) and COMMIT.
-func (s *Store) SequenceEvents(ctx context.Context) (latest int64, err error) {
+// Before it stamps, a pass checks that the database is the one it last
+// stamped ids in (feedVerdictSQL); seen is the highest id the caller has
+// seen. When not, it begins a new epoch whose ids are above every id
+// issued before (Feed.NewEpoch says why), so no id is ever issued twice.
+//
+// A pass is one round trip (see pipeTx): BEGIN, the lock, the check, the
+// stamping (with the notification when it stamped anything) and COMMIT.
+func (s *Store) SequenceEvents(ctx context.Context, seen int64) (feed registry.Feed, err error) {
 	err = s.pipelined(ctx, func(tx *pipeTx) error {
 		b := tx.batch()
 		b.Queue(`SELECT pg_advisory_xact_lock($1)`, int64(sequencerLockID))
+		b.Queue(newEpochSQL, seen).QueryRow(func(row pgx.Row) error {
+			var reason *string
+			var seq *int64
+			if err := row.Scan(&reason, &seq); err != nil {
+				return err
+			}
+			if reason != nil {
+				feed.NewEpoch = *reason
+			}
+			return nil
+		})
 		// The stamps are not visible to the rest of the statement (one
-		// snapshot), so the latest id is the greater of the stamped ones
-		// and those before.
+		// snapshot), so the latest id is the greatest of the stamped ones,
+		// those before and the epoch's start. The witness's highest id
+		// moves with the stamps, in their transaction.
 		b.Queue(`
 			WITH todo AS (
 				SELECT row_id FROM node_changes WHERE event_id IS NULL ORDER BY row_id
@@ -114,21 +131,26 @@ func (s *Store) SequenceEvents(ctx context.Context) (latest int64, err error) {
 			), upd AS (
 				UPDATE node_changes c SET event_id = stamps.event_id FROM stamps
 				WHERE c.row_id = stamps.row_id RETURNING c.event_id
+			), witness AS (
+				UPDATE node_feed SET high = greatest(high, (SELECT max(event_id) FROM upd)), wal_lsn = pg_current_wal_lsn()
+				WHERE EXISTS (SELECT 1 FROM upd)
 			), latest AS (
-				SELECT greatest((SELECT max(event_id) FROM upd), (SELECT coalesce(max(event_id), 0) FROM node_changes)) AS id,
+				SELECT greatest((SELECT max(event_id) FROM upd), (SELECT coalesce(max(event_id), 0) FROM node_changes), (SELECT epoch << 40 FROM node_feed)) AS id,
 					EXISTS (SELECT 1 FROM upd) AS stamped
 			)
-			SELECT l.id, (SELECT count(*) FROM (SELECT pg_notify($1, l.id::text) WHERE l.stamped) n) FROM latest l`,
+			SELECT l.id, (SELECT epoch << 40 FROM node_feed), (SELECT pruned_through FROM node_changes_horizon),
+				(SELECT count(*) FROM (SELECT pg_notify($1, l.id::text) WHERE l.stamped) n) FROM latest l`,
 			EventsChannel).QueryRow(func(row pgx.Row) error {
 			var notified int64
-			return row.Scan(&latest, &notified)
+			return row.Scan(&feed.Latest, &feed.Epoch, &feed.Pruned, &notified)
 		})
 		return tx.commit(ctx, b)
 	})
 	if err != nil {
-		return 0, fmt.Errorf("store: sequence events: %w", translate(err))
+		return registry.Feed{}, fmt.Errorf("store: sequence events: %w", translate(err))
 	}
-	return latest, nil
+	feed.Latest = max(feed.Latest, feed.Pruned)
+	return feed, nil
 }
 
 // NodeEventsAfter returns up to limit events with ids above after, in order.
@@ -157,17 +179,19 @@ func scanNodeEvent(row pgx.CollectableRow) (registry.NodeEvent, error) {
 	return e, nil
 }
 
-// EventHorizon returns the highest pruned event id (resuming below it
-// misses events) and the latest stamped one.
-func (s *Store) EventHorizon(ctx context.Context) (pruned, latest int64, err error) {
-	err = s.db.QueryRow(ctx, `
-		SELECT (SELECT pruned_through FROM node_changes_horizon),
-		       coalesce((SELECT max(event_id) FROM node_changes), 0)`).Scan(&pruned, &latest)
+// EventHorizon returns where the feed stands: its epoch, the highest
+// pruned event id (resuming below it misses events) and the latest
+// stamped one. Feed.NewEpoch is always "".
+func (s *Store) EventHorizon(ctx context.Context) (registry.Feed, error) {
+	var f registry.Feed
+	err := s.db.QueryRow(ctx, `
+		SELECT (SELECT epoch << 40 FROM node_feed), (SELECT pruned_through FROM node_changes_horizon),
+		       coalesce((SELECT max(event_id) FROM node_changes), 0)`).Scan(&f.Epoch, &f.Pruned, &f.Latest)
 	if err != nil {
-		return 0, 0, fmt.Errorf("store: event horizon: %w", translate(err))
+		return registry.Feed{}, fmt.Errorf("store: event horizon: %w", translate(err))
 	}
-	latest = max(latest, pruned)
-	return pruned, latest, nil
+	f.Latest = max(f.Latest, f.Pruned, f.Epoch)
+	return f, nil
 }
 
 // PruneEvents deletes stamped events older than before, keeping the newest

@@ -205,7 +205,7 @@ func TestEventsNeverAppearBehindTheReader(t *testing.T) {
 					return
 				default:
 				}
-				if _, err := st.SequenceEvents(ctx); err != nil {
+				if _, err := st.SequenceEvents(ctx, 0); err != nil {
 					t.Error(err)
 					return
 				}
@@ -242,7 +242,7 @@ func TestEventsNeverAppearBehindTheReader(t *testing.T) {
 	}
 	close(stop)
 	seqs.Wait()
-	if _, err := st.SequenceEvents(ctx); err != nil {
+	if _, err := st.SequenceEvents(ctx, 0); err != nil {
 		t.Fatal(err)
 	}
 	read()

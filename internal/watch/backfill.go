@@ -60,6 +60,15 @@ func (c *pageCache) put(p *page) *page {
 	return p
 }
 
+// clear forgets every page.
+func (c *pageCache) clear() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.lru.Init()
+	clear(c.byAfter)
+	c.size = 0
+}
+
 // query runs f, which reads the store for a backfill, once one of the
 // BackfillConcurrency slots is free.
 func (h *Hub) query(ctx context.Context, f func() error) error {
@@ -111,18 +120,22 @@ func (h *Hub) page(ctx context.Context, after int64) (*page, error) {
 // events, each read and encoded under one of the BackfillConcurrency
 // slots (or taken from the pages other backfills read recently), and
 // calls fn only after the slot is free again, so a client that reads
-// slowly holds neither a slot nor a connection. ErrTooOld when retention
-// already pruned some of the events.
+// slowly holds neither a slot nor a connection. ErrOtherEpoch when after
+// is of an earlier epoch of the feed; ErrTooOld when retention already
+// pruned some of the events.
 func (h *Hub) Backfill(ctx context.Context, after, upto int64, fn func(e registry.NodeEvent, frame []byte) error) error {
-	var pruned int64
+	var feed registry.Feed
 	err := h.query(ctx, func() (err error) {
-		pruned, _, err = h.store.EventHorizon(ctx)
+		feed, err = h.store.EventHorizon(ctx)
 		return err
 	})
 	if err != nil {
 		return err
 	}
-	if after < pruned {
+	switch {
+	case after < feed.Epoch:
+		return ErrOtherEpoch
+	case after < feed.Pruned:
 		return ErrTooOld
 	}
 	for after < upto {

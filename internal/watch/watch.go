@@ -28,9 +28,12 @@ import (
 
 // Store is the change log. *store.Store implements it.
 type Store interface {
-	SequenceEvents(ctx context.Context) (latest int64, err error)
+	// SequenceEvents stamps committed changes; seen is the highest id
+	// this hub has seen (the store begins a new epoch if it is ahead of
+	// the database).
+	SequenceEvents(ctx context.Context, seen int64) (registry.Feed, error)
 	NodeEventsAfter(ctx context.Context, after int64, limit int) ([]registry.NodeEvent, error)
-	EventHorizon(ctx context.Context) (pruned, latest int64, err error)
+	EventHorizon(ctx context.Context) (registry.Feed, error)
 	PruneEvents(ctx context.Context, before time.Time) (int64, error)
 	Listen(ctx context.Context, channels []string, fn func(channel, payload string)) error
 }
@@ -87,7 +90,9 @@ type Follower interface {
 	// place; notifications from now on arrive) or down (some may be lost).
 	Listening(up bool)
 	// Gap: events may have been missed (pruned before the hub read them,
-	// or the hub stopped).
+	// or the hub stopped), or, when the feed began a new epoch, what the
+	// follower applied may be lost (a failover, a restore). A Start
+	// follows when the hub goes on.
 	Gap(reason string)
 	// Notified gets a notification on one of Options.FollowChannels.
 	Notified(channel, payload string)
@@ -126,8 +131,13 @@ type Hub struct {
 
 	// mu guards what follows; subscribers taking events share it for
 	// reading, so thousands of them woken at once do not queue.
-	mu   sync.RWMutex
-	last int64 // newest event delivered to subscribers
+	mu    sync.RWMutex
+	last  int64 // newest event delivered to subscribers
+	epoch int64 // the feed's epoch (registry.Feed.Epoch) last follows
+	// newEpoch, when above epoch, is an epoch the sequencer found and
+	// fanOut has yet to reset to; newEpochWhy says why it began.
+	newEpoch    int64
+	newEpochWhy string
 	// head counts the bytes of every encoded event broadcast so far;
 	// a subscriber's lag is head minus its position.
 	head int64
@@ -237,6 +247,11 @@ func (h *Hub) sequence(ctx context.Context) {
 	tick := time.NewTicker(h.opts.Poll)
 	defer tick.Stop()
 	lastPrune := time.Time{}
+	select { // the epoch a pass answers is compared with fanOut's first
+	case <-h.ready:
+	case <-ctx.Done():
+		return
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -245,14 +260,30 @@ func (h *Hub) sequence(ctx context.Context) {
 		case <-tick.C:
 		}
 		at := time.Now()
-		latest, err := h.store.SequenceEvents(ctx)
+		h.mu.RLock()
+		seen, epoch := h.last, h.epoch
+		h.mu.RUnlock()
+		feed, err := h.store.SequenceEvents(ctx, seen)
 		if err != nil {
 			if ctx.Err() == nil {
 				h.opts.Logger.Warn("watch: sequencing failed; will retry", "err", err)
 			}
 			continue
 		}
-		h.opts.Follower.Sequenced(at, latest)
+		if feed.Epoch > epoch {
+			// fanOut resets: it alone tells the follower of events.
+			why := feed.NewEpoch
+			if why == "" {
+				why = "another replica found it"
+			}
+			h.mu.Lock()
+			if feed.Epoch > h.newEpoch {
+				h.newEpoch, h.newEpochWhy = feed.Epoch, why
+			}
+			h.mu.Unlock()
+		} else {
+			h.opts.Follower.Sequenced(at, feed.Latest)
+		}
 		signal(h.events)
 		if time.Since(lastPrune) > time.Minute {
 			lastPrune = time.Now()
@@ -269,12 +300,12 @@ func (h *Hub) sequence(ctx context.Context) {
 // fanOut reads events newer than the last delivered and hands them out.
 func (h *Hub) fanOut(ctx context.Context) {
 	for ctx.Err() == nil {
-		_, latest, err := h.store.EventHorizon(ctx)
+		feed, err := h.store.EventHorizon(ctx)
 		if err == nil {
 			h.mu.Lock()
-			h.last = latest
+			h.last, h.epoch = feed.Latest, feed.Epoch
 			h.mu.Unlock()
-			h.opts.Follower.Start(latest)
+			h.opts.Follower.Start(feed.Latest)
 			close(h.ready)
 			break
 		}
@@ -291,6 +322,7 @@ func (h *Hub) fanOut(ctx context.Context) {
 		case <-tick.C:
 		}
 		for ctx.Err() == nil {
+			h.resetToNewEpoch()
 			h.mu.Lock()
 			after := h.last
 			h.mu.Unlock()
@@ -304,8 +336,8 @@ func (h *Hub) fanOut(ctx context.Context) {
 			if len(events) == 0 {
 				break
 			}
-			if events[0].ID > after+1 {
-				h.checkGap(ctx, after)
+			if events[0].ID > after+1 && h.checkGap(ctx, after) {
+				continue // a new epoch: start over in it
 			}
 			h.opts.Follower.Apply(events)
 			h.broadcast(events)
@@ -313,18 +345,60 @@ func (h *Hub) fanOut(ctx context.Context) {
 	}
 }
 
+// resetToNewEpoch, when the sequencer found a new epoch of the feed,
+// starts over in it: the follower drops what it applied (Gap) and starts
+// at the epoch's start, the cached backfill pages go, and every
+// subscription ends with a reset (Stream.Reset). Events of the epoch are
+// then read from its start. Only fanOut calls it, between reads.
+func (h *Hub) resetToNewEpoch() {
+	h.mu.Lock()
+	if h.newEpoch <= h.epoch {
+		h.mu.Unlock()
+		return
+	}
+	epoch, why := h.newEpoch, h.newEpochWhy
+	h.mu.Unlock()
+	reason := "the change feed began a new epoch: " + why
+	h.opts.Logger.Warn("watch: the change feed began a new epoch; every watcher and cache starts over", "reason", why, "epoch_start", epoch)
+	h.opts.Follower.Gap(reason)
+	h.pages.clear()
+	h.mu.Lock()
+	h.epoch, h.last = epoch, max(h.last, epoch)
+	clear(h.window)
+	h.window = h.window[:0]
+	for s := range h.subs {
+		s.resetTo(h.last, reason)
+		delete(h.subs, s)
+	}
+	last := h.last
+	h.mu.Unlock()
+	h.opts.Follower.Start(last)
+}
+
 // checkGap tells the follower when events after after were pruned before
 // the hub read them. Ids have holes of their own (a sequencing pass that
-// rolled back), so only the horizon tells.
-func (h *Hub) checkGap(ctx context.Context, after int64) {
-	pruned, _, err := h.store.EventHorizon(ctx)
+// rolled back), so only the horizon tells. The first event of a new epoch
+// is such a jump too: checkGap reports true when the feed is in an epoch
+// the hub has not reset to yet (another replica's pass began it), for
+// fanOut to reset before it applies any of its events.
+func (h *Hub) checkGap(ctx context.Context, after int64) (newEpoch bool) {
+	feed, err := h.store.EventHorizon(ctx)
+	if err == nil {
+		h.mu.Lock()
+		if newEpoch = feed.Epoch > h.epoch; newEpoch && feed.Epoch > h.newEpoch {
+			h.newEpoch, h.newEpochWhy = feed.Epoch, "another replica's sequencing pass began it"
+		}
+		h.mu.Unlock()
+	}
 	switch {
+	case newEpoch:
 	case err != nil:
 		h.opts.Follower.Gap("cannot read the event horizon: " + err.Error())
-	case pruned > after:
-		h.opts.Logger.Warn("watch: events were pruned before this replica read them", "after", after, "pruned_through", pruned)
+	case feed.Pruned > after:
+		h.opts.Logger.Warn("watch: events were pruned before this replica read them", "after", after, "pruned_through", feed.Pruned)
 		h.opts.Follower.Gap("events were pruned before this replica read them")
 	}
+	return newEpoch
 }
 
 // batch is how many events fanOut reads at once: up to 500, fewer for a
@@ -393,8 +467,14 @@ type Stream = interface {
 	Wake() <-chan struct{}
 	// Done is closed when the subscriber is cut off (it fell more than
 	// MaxPending bytes behind) or the hub stopped: the stream must end
-	// and the client resume from its last id.
+	// and the client resume from its last id. Or when the feed began a
+	// new epoch: see Reset.
 	Done() <-chan struct{}
+	// Reset, once Done is closed, tells why when the subscription ended
+	// because the feed began a new epoch (a failover, a restore, a reset
+	// of the sequence): what the watcher saw may be lost, so it must
+	// re-list, then watch after last (the epoch's start). "" otherwise.
+	Reset() (reason string, last int64)
 	// Last is the id of the newest event the subscription will not
 	// deliver; backfill (after, Last] from the log when resuming.
 	Last() int64
@@ -415,9 +495,31 @@ type Subscription struct {
 	done      chan struct{}
 	cutOnce   sync.Once
 	closeOnce sync.Once
+	// Set before done closes, by resetTo.
+	resetWhy  string
+	resetLast int64
 }
 
 func (s *Subscription) cut() { s.cutOnce.Do(func() { close(s.done) }) }
+
+// resetTo ends the subscription with a reset to last, unless it already
+// ended.
+func (s *Subscription) resetTo(last int64, reason string) {
+	s.cutOnce.Do(func() {
+		s.resetWhy, s.resetLast = reason, last
+		close(s.done)
+	})
+}
+
+// Reset implements Stream.
+func (s *Subscription) Reset() (reason string, last int64) {
+	select {
+	case <-s.done:
+		return s.resetWhy, s.resetLast
+	default:
+		return "", 0
+	}
+}
 
 // Wake implements Stream.
 func (s *Subscription) Wake() <-chan struct{} { return s.wake }
@@ -481,6 +583,11 @@ func (s *Subscription) Close() {
 // matches registry.ErrGone.
 var ErrTooOld = registry.Errorf(registry.ErrGone, "the events after that id were removed by retention; re-list and watch from now")
 
+// ErrOtherEpoch means a resume point is of an earlier epoch of the feed
+// (before a failover, a restore or a reset of the sequence): what the
+// watcher saw may be lost. It matches registry.ErrGone.
+var ErrOtherEpoch = registry.Errorf(registry.ErrGone, "that event id is from before the change feed began a new epoch (a failover, a restore or a reset); re-list and watch from now")
+
 // Subscribe starts a subscription for principal, or refuses it with an
 // error matching registry.ErrTooMany when this hub already has
 // MaxStreams subscriptions, or the principal MaxPerPrincipal.
@@ -537,9 +644,9 @@ func (h *Hub) Streams() int {
 	return h.streams
 }
 
-// Latest returns the newest event id in the change log, which may be ahead
-// of what this hub has handed out yet.
+// Latest returns the newest event id in the change log (at least its
+// epoch's start), which may be ahead of what this hub has handed out yet.
 func (h *Hub) Latest(ctx context.Context) (int64, error) {
-	_, latest, err := h.store.EventHorizon(ctx)
-	return latest, err
+	feed, err := h.store.EventHorizon(ctx)
+	return feed.Latest, err
 }

@@ -6,10 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
 
 	"github.com/registryd/registryd/internal/lifecycle"
 	"github.com/registryd/registryd/internal/registry"
@@ -21,6 +25,8 @@ type memStore struct {
 	mu     sync.Mutex
 	events []registry.NodeEvent
 	pruned int64
+	epoch  int64  // registry.Feed.Epoch
+	why    string // why the epoch began, as the sequencer answers it
 
 	delay            time.Duration // how long each NodeEventsAfter takes
 	inflight, peak   atomic.Int64
@@ -31,12 +37,29 @@ func (m *memStore) add(n int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for range n {
-		id := int64(len(m.events)) + 1 + m.pruned
+		id := max(int64(len(m.events))+m.pruned, m.epoch) + 1
+		if len(m.events) > 0 {
+			id = max(m.events[len(m.events)-1].ID, m.epoch) + 1
+		}
 		m.events = append(m.events, registry.NodeEvent{ID: id, Kind: "updated", Node: registry.Node{PK: id}})
 	}
 }
 
-func (m *memStore) SequenceEvents(context.Context) (int64, error) { return 0, nil }
+// newEpoch begins an epoch of the feed at start, as a sequencing pass
+// would, for the reason why.
+func (m *memStore) newEpoch(start int64, why string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.epoch, m.why = start, why
+}
+
+func (m *memStore) SequenceEvents(ctx context.Context, _ int64) (registry.Feed, error) {
+	f, err := m.EventHorizon(ctx)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	f.NewEpoch = m.why
+	return f, err
+}
 
 func (m *memStore) NodeEventsAfter(ctx context.Context, after int64, limit int) ([]registry.NodeEvent, error) {
 	n := m.inflight.Add(1)
@@ -58,15 +81,15 @@ func (m *memStore) NodeEventsAfter(ctx context.Context, after int64, limit int) 
 	return out, nil
 }
 
-func (m *memStore) EventHorizon(context.Context) (int64, int64, error) {
+func (m *memStore) EventHorizon(context.Context) (registry.Feed, error) {
 	m.horizon.Add(1)
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	latest := m.pruned
+	latest := max(m.pruned, m.epoch)
 	if len(m.events) > 0 {
-		latest = m.events[len(m.events)-1].ID
+		latest = max(latest, m.events[len(m.events)-1].ID)
 	}
-	return m.pruned, latest, nil
+	return registry.Feed{Epoch: m.epoch, Pruned: m.pruned, Latest: latest}, nil
 }
 
 func (m *memStore) PruneEvents(context.Context, time.Time) (int64, error) { return 0, nil }
@@ -522,4 +545,98 @@ func TestPageCacheBudget(t *testing.T) {
 	if got := c.put(p); got == p {
 		t.Error("a second page for the same id replaced the first")
 	}
+}
+
+// follows records what a Follower is told, in order.
+type follows struct {
+	mu  sync.Mutex
+	log []string
+}
+
+func (f *follows) note(format string, args ...any) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.log = append(f.log, fmt.Sprintf(format, args...))
+}
+
+func (f *follows) Start(last int64) { f.note("start %d", last) }
+func (f *follows) Apply(events []registry.NodeEvent) {
+	for _, e := range events {
+		f.note("apply %d", e.ID)
+	}
+}
+func (f *follows) Sequenced(time.Time, int64) {}
+func (f *follows) Listening(bool)             {}
+func (f *follows) Gap(reason string) {
+	f.note("gap %s", reason[:min(len(reason), len("the change feed began a new epoch"))])
+}
+func (f *follows) Notified(string, string) {}
+func (f *follows) lines() []string         { f.mu.Lock(); defer f.mu.Unlock(); return slices.Clone(f.log) }
+
+// When the sequencer finds a new epoch of the feed, the hub starts over
+// in it: the follower drops what it applied (Gap) and starts at the
+// epoch's start before any event of the epoch, every open subscription
+// ends with a reset to that start, cached backfill pages go, and a resume
+// from an id of the old epoch is refused with ErrOtherEpoch. Faults caught
+// (each tried once): subscriptions cut without a reset (Reset answers "");
+// the follower started at the old position (the epoch's events applied
+// after "start 3").
+func TestNewEpochResetsFollowerAndSubscribers(t *testing.T) {
+	t.Parallel()
+	st := &memStore{}
+	enc := &encoder{}
+	f := &follows{}
+	h := New(st, Options{Encode: enc.encode, Poll: 10 * time.Millisecond, BackfillPage: 1, Follower: f})
+	run(t, h)
+	sub := subscribe(t, h, "a")
+	got := receive(sub)
+	st.add(3)
+	got.take(t, 3)
+	if err := h.Backfill(context.Background(), 0, 3, func(registry.NodeEvent, []byte) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if pagesSize(h) == 0 {
+		t.Fatal("no backfill page cached")
+	}
+	const start = 1 << 40
+	st.newEpoch(start, "the event sequence went backwards")
+	st.add(2)
+	select {
+	case <-sub.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("an open subscription outlived the new epoch by 5 s")
+	}
+	reason, last := sub.Reset()
+	if !strings.HasPrefix(reason, "the change feed began a new epoch") || last != start {
+		t.Errorf("Reset() = %q, %d; want the reason and %d", reason, last, start)
+	}
+	want := []string{"start 0", "apply 1", "apply 2", "apply 3",
+		"gap the change feed began a new epoch",
+		fmt.Sprintf("start %d", start), fmt.Sprintf("apply %d", start+1), fmt.Sprintf("apply %d", start+2)}
+	deadline := time.Now().Add(5 * time.Second)
+	for len(f.lines()) < len(want) && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if diff := cmp.Diff(want, f.lines()); diff != "" {
+		t.Errorf("the follower was told (-want +got):\n%s", diff)
+	}
+	if pagesSize(h) != 0 {
+		t.Errorf("after the reset: %d bytes of pages cached", pagesSize(h))
+	}
+	err := h.Backfill(context.Background(), 2, start+2, func(registry.NodeEvent, []byte) error { return nil })
+	if !errors.Is(err, ErrOtherEpoch) || !errors.Is(err, registry.ErrGone) {
+		t.Errorf("a resume from the old epoch: %v", err)
+	}
+	// A new subscription gets the epoch's events.
+	fresh := subscribe(t, h, "a")
+	st.add(1)
+	if ids := receive(fresh).take(t, int(start+3-fresh.Last())); fresh.Last() < start || ids[len(ids)-1] != start+3 {
+		t.Errorf("a new subscription after %d got %v", fresh.Last(), ids)
+	}
+}
+
+func pagesSize(h *Hub) int {
+	h.pages.mu.Lock()
+	defer h.pages.mu.Unlock()
+	return h.pages.size
 }
