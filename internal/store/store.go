@@ -52,6 +52,9 @@ type Store struct {
 	// pages lends pages of nodes (ListPage); nil on the stores made for
 	// a transaction or a held connection, which list as ListNodes.
 	pages *pageLender
+	// fence, set on a leader's Store (Lease.Store), is checked by every
+	// transaction WithTx commits.
+	fence *fence
 }
 
 // Options tune the connection pool.
@@ -162,6 +165,11 @@ func (s *Store) WithTx(ctx context.Context, fn func(*Store) error) error {
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
 	if err := fn(&Store{pool: s.pool, db: tx, conn: s.conn, inTx: true}); err != nil {
 		return err
+	}
+	if s.fence != nil {
+		if err := s.fence.check(ctx, tx); err != nil {
+			return err
+		}
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return translate(err)
