@@ -85,7 +85,7 @@ func (s *Sweeper) Run(ctx context.Context) {
 				return
 			}
 			wait := backoff.Next()
-			s.cfg.Logger.Warn("sweeper: cannot take the lock; retrying", "err", err, "in", wait.String())
+			s.cfg.Logger.Warn("sweeper: cannot take the lead; retrying", "err", err, "in", wait.String())
 			lifecycle.Sleep(ctx, wait)
 		case !ok:
 			backoff.Reset()
@@ -98,7 +98,7 @@ func (s *Sweeper) Run(ctx context.Context) {
 				return
 			}
 			wait := backoff.Next()
-			s.cfg.Logger.Warn("sweeper: a pass failed; the lock is given up", "err", err, "in", wait.String())
+			s.cfg.Logger.Warn("sweeper: a pass failed (or the lease was lost); the lead is given up", "err", err, "in", wait.String())
 			lifecycle.Sleep(ctx, wait)
 		}
 	}
