@@ -34,6 +34,9 @@ type config struct {
 	ShutdownTimeout time.Duration // REGISTRY_SHUTDOWN_TIMEOUT
 
 	StatementTimeout time.Duration // REGISTRY_DB_STATEMENT_TIMEOUT: bound on one statement
+	IdleInTxTimeout  time.Duration // REGISTRY_DB_IDLE_IN_TRANSACTION_TIMEOUT: bound on a transaction left idle
+	LockTimeout      time.Duration // REGISTRY_DB_LOCK_TIMEOUT: bound on one wait for a lock
+	LeaderTTL        time.Duration // REGISTRY_LEADER_TTL: how long the sweeper's and sync's leadership lasts unrenewed
 
 	JWTSecret     []byte             // REGISTRY_JWT_SECRET or the file REGISTRY_JWT_SECRET_FILE names
 	JWTPublicKeys []crypto.PublicKey // from the PEM file REGISTRY_JWT_PUBLIC_KEYS names
@@ -166,6 +169,10 @@ func (c *config) loadDatabase(getenv, rawenv func(string) string, errs *[]string
 		"want a duration of at least 10ms, such as 10s", errs)
 	c.StatementTimeout = envDuration(getenv, "REGISTRY_DB_STATEMENT_TIMEOUT", 0, 100*time.Millisecond, time.Hour,
 		"want a duration between 100ms and 1h, such as 30s", errs)
+	c.IdleInTxTimeout = envDuration(getenv, "REGISTRY_DB_IDLE_IN_TRANSACTION_TIMEOUT", 0, 100*time.Millisecond, time.Hour,
+		"want a duration between 100ms and 1h, such as 5s", errs)
+	c.LockTimeout = envDuration(getenv, "REGISTRY_DB_LOCK_TIMEOUT", 0, 10*time.Millisecond, time.Hour,
+		"want a duration between 10ms and 1h, such as 10s", errs)
 	c.EmbeddedWait = envDuration(getenv, "REGISTRY_EMBEDDED_WAIT", 0, time.Second, time.Hour,
 		"want a duration between 1s and 1h, such as 1m", errs)
 }
@@ -179,6 +186,8 @@ func (c *config) loadServing(getenv func(string) string, errs *[]string) {
 		"want a duration such as 15s", errs)
 	c.WatchRetention = envDuration(getenv, "REGISTRY_WATCH_RETENTION", 0, time.Minute, 0,
 		"want a duration of at least 1m, such as 24h", errs)
+	c.LeaderTTL = envDuration(getenv, "REGISTRY_LEADER_TTL", 0, time.Second, time.Minute,
+		"want a duration between 1s and 1m, such as 5s", errs)
 	if v := getenv("REGISTRY_CORS_ORIGINS"); v != "" {
 		origins, err := api.ParseCORSOrigins(v)
 		if err != nil {

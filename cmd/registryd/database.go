@@ -50,7 +50,8 @@ func openDatabase(ctx context.Context, cfg config, logger *slog.Logger, command 
 		url = u
 	}
 	st, err := store.Open(ctx, url, store.Options{MaxConns: cfg.MaxConns, AcquireTimeout: cfg.AcquireTimeout,
-		StatementTimeout: cfg.StatementTimeout, ObserveQuery: cfg.observeQuery,
+		StatementTimeout: cfg.StatementTimeout, IdleInTransactionTimeout: cfg.IdleInTxTimeout, LockTimeout: cfg.LockTimeout,
+		ObserveQuery: cfg.observeQuery,
 		ObserveGroup: cfg.observeGroup})
 	if err != nil {
 		claim.release(ctx)

@@ -230,7 +230,7 @@ func (w *wiring) startAuth(ctx context.Context) error {
 // startWorkers starts the background writers: heartbeats, the sync loop
 // (when a provider is configured) and the lifecycle sweeper (lost, found,
 // expired leases). Replicas take turns at syncing and sweeping through
-// advisory locks.
+// leader leases (takeLease).
 func (w *wiring) startWorkers(ctx context.Context) error {
 	// Heartbeats outlive the HTTP server by one final flush.
 	w.beats = heartbeat.New(w.db.store, heartbeat.Options{Logger: w.logger, Observer: w.metrics})

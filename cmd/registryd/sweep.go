@@ -9,17 +9,18 @@ import (
 )
 
 // newSweeper wires the node lifecycle sweeper to the store: replicas take
-// turns through an advisory lock held on a session of its own.
+// turns through the sweeper's lease (see takeLease), which a frozen leader
+// loses within REGISTRY_LEADER_TTL.
 func newSweeper(cfg config, st *store.Store, logger *slog.Logger) (*sweeper.Sweeper, error) {
 	return sweeper.New(sweeper.Config{
 		TTL:    cfg.NodeTTL,
 		Logger: logger,
 		Locker: func(ctx context.Context) (sweeper.Store, func(), bool, error) {
-			l, ok, err := st.TryLock(ctx, sweeper.LockKey)
+			leader, release, ok, err := takeLease(ctx, st, sweeperLease, cfg.LeaderTTL, 0)
 			if err != nil || !ok {
 				return nil, nil, ok, err
 			}
-			return l.Store(), func() { l.Release(context.WithoutCancel(ctx)) }, true, nil
+			return leader, release, true, nil
 		},
 	})
 }

@@ -15,9 +15,6 @@ import (
 	"github.com/registryd/registryd/internal/syncer"
 )
 
-// syncLockKey keys the advisory lock that lets one replica sync at a time.
-const syncLockKey = 0x7265676973747379
-
 // sources builds a client for every enabled provider.
 func sources(cfg config, logger *slog.Logger) ([]syncer.Source, error) {
 	var out []syncer.Source
@@ -58,10 +55,10 @@ func newSyncer(cfg config, st *store.Store, logger *slog.Logger, wait time.Durat
 		Logger:      logger,
 		OnPass:      onPass,
 		Locker: func(ctx context.Context) (syncer.Store, func(), bool, error) {
-			l, ok, err := st.TryLock(ctx, syncLockKey)
+			leader, release, ok, err := takeLease(ctx, st, syncLease, cfg.LeaderTTL, 0)
 			if err == nil && !ok && wait > 0 {
 				fmt.Fprintf(stderr, "registryd: another registryd is in the middle of a sync pass; waiting for it to end (at most %s, REGISTRY_SYNC_TIMEOUT), then running this one (--no-wait refuses instead)\n", wait)
-				l, ok, err = st.Lock(ctx, syncLockKey, wait)
+				leader, release, ok, err = takeLease(ctx, st, syncLease, cfg.LeaderTTL, wait)
 				if err == nil && !ok {
 					err = fmt.Errorf("the other registryd's sync pass did not end within %s (REGISTRY_SYNC_TIMEOUT); try again later", wait)
 				}
@@ -69,7 +66,7 @@ func newSyncer(cfg config, st *store.Store, logger *slog.Logger, wait time.Durat
 			if err != nil || !ok {
 				return nil, nil, ok, err
 			}
-			return l.Store(), func() { l.Release(context.WithoutCancel(ctx)) }, true, nil
+			return leader, release, true, nil
 		},
 	})
 }

@@ -112,6 +112,11 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.Is(err, registry.ErrTooMany):
 		p.Status, p.Detail = http.StatusTooManyRequests, publicMessage(err)
 		w.Header().Set("Retry-After", "5")
+	case errors.Is(err, registry.ErrBusy): // before ErrUnavailable, which it matches too
+		p.Status = http.StatusServiceUnavailable
+		p.Detail = "the request waited too long on a lock held by another database session (a concurrent change to the same rows); nothing was changed; retry shortly"
+		w.Header().Set("Retry-After", "1")
+		s.logger.WarnContext(r.Context(), "lock wait timed out", "request_id", p.RequestID, "err", err)
 	case errors.Is(err, registry.ErrUnavailable):
 		p.Status, p.Detail = http.StatusServiceUnavailable, "the database is unavailable; retry shortly"
 		w.Header().Set("Retry-After", "1")

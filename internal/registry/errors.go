@@ -32,6 +32,16 @@ var (
 	// ErrUnavailable means a dependency (the database) cannot be reached right
 	// now; the same request may succeed later.
 	ErrUnavailable = errors.New("unavailable")
+	// ErrBusy means the request waited for a lock another database session
+	// holds (a concurrent write to the same rows, or a replica that froze
+	// mid-transaction until the database ends its session) for longer than
+	// the lock timeout, and gave up; nothing was changed. The same request
+	// may succeed in a moment. An error matching ErrBusy matches
+	// ErrUnavailable too, so callers that retry on one retry on the other.
+	ErrBusy = errors.New("busy")
+	// ErrLeaseLost means a leader's lease ran out or another replica took
+	// it over: the work done under it was not committed.
+	ErrLeaseLost = errors.New("leadership lease lost")
 	// ErrTooMany means a cap on concurrent use was reached (too many watch
 	// streams); the same request may succeed once others have finished.
 	ErrTooMany = errors.New("too many")

@@ -130,3 +130,6 @@ func GroupRunners(s *Store) int { return s.group.runners }
 
 // ShortClaim exposes the conflict of a claim that found too few nodes.
 var ShortClaim = shortClaim
+
+// FreezeLease stops l's renewals, as a frozen process stops renewing.
+func FreezeLease(l *Lease) { l.stop() }

@@ -1,9 +1,12 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"net"
 	"regexp"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -13,9 +16,45 @@ import (
 
 // Defaults of the bounds unless Options say otherwise.
 const (
-	defaultAcquireTimeout   = 10 * time.Second
-	defaultStatementTimeout = 30 * time.Second
+	defaultAcquireTimeout           = 10 * time.Second
+	defaultStatementTimeout         = 30 * time.Second
+	defaultIdleInTransactionTimeout = 5 * time.Second
+	defaultLockTimeout              = 10 * time.Second
 )
+
+// keepAlive probes an idle connection after 10 s of silence, every 5 s,
+// and gives it up after 3 unanswered probes: a peer that vanished (a
+// frozen or unplugged host, a partition that resets nothing) is noticed
+// within about 25 s on either side, without waiting for the kernel's
+// default of two hours.
+var keepAlive = net.KeepAliveConfig{Enable: true, Idle: 10 * time.Second, Interval: 5 * time.Second, Count: 3}
+
+// sessionBounds makes every session of the pool bounded on the server's
+// side, so a replica that freezes cannot hold the database hostage: an
+// open transaction left idle is rolled back after
+// idle_in_transaction_session_timeout, a lock wait ends after
+// lock_timeout, and the server probes the connection (tcp_keepalives_*)
+// as the client does (the dialer's keepalives). A parameter the URL sets
+// itself (e.g. ?lock_timeout=100ms) wins.
+func sessionBounds(cc *pgx.ConnConfig, opts Options) {
+	params := map[string]string{
+		"idle_in_transaction_session_timeout": millis(cmp.Or(opts.IdleInTransactionTimeout, defaultIdleInTransactionTimeout)),
+		"lock_timeout":                        millis(cmp.Or(opts.LockTimeout, defaultLockTimeout)),
+		"tcp_keepalives_idle":                 strconv.Itoa(int(keepAlive.Idle.Seconds())),
+		"tcp_keepalives_interval":             strconv.Itoa(int(keepAlive.Interval.Seconds())),
+		"tcp_keepalives_count":                strconv.Itoa(keepAlive.Count),
+	}
+	for k, v := range params {
+		if _, set := cc.RuntimeParams[k]; !set {
+			cc.RuntimeParams[k] = v
+		}
+	}
+	dialer := &net.Dialer{KeepAliveConfig: keepAlive}
+	cc.DialFunc = dialer.DialContext
+}
+
+// millis is d as PostgreSQL reads a duration setting without a unit.
+func millis(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
 
 // bounds limits every wait for a pool connection and every statement.
 // pgxpool has no setting for either, but it waits on the context an

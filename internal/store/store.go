@@ -52,6 +52,9 @@ type Store struct {
 	// pages lends pages of nodes (ListPage); nil on the stores made for
 	// a transaction or a held connection, which list as ListNodes.
 	pages *pageLender
+	// fence, set on a leader's Store (Lease.Store), is checked by every
+	// transaction WithTx commits.
+	fence *fence
 }
 
 // Options tune the connection pool.
@@ -76,6 +79,17 @@ type Options struct {
 	// of holding its request until the client gives up. Migrations, import
 	// passes and pruning are not bounded (see withoutStatementTimeout).
 	StatementTimeout time.Duration
+	// IdleInTransactionTimeout ends a session of ours that sits idle in
+	// an open transaction that long (the server's
+	// idle_in_transaction_session_timeout), rolling it back and freeing
+	// its locks: a replica frozen mid-transaction (SIGSTOP, a VM pause, a
+	// long GC) holds no row hostage for longer. Default 5s.
+	IdleInTransactionTimeout time.Duration
+	// LockTimeout bounds each wait for a lock another session holds (the
+	// server's lock_timeout); the statement then fails with an error
+	// matching registry.ErrBusy. Default 10s. Group commits and waits for
+	// the sync lock set tighter or looser bounds of their own.
+	LockTimeout time.Duration
 	// ObserveQuery, when set, is called as each statement ends (or fails
 	// to get a connection) with "" on success, otherwise its ErrorClass:
 	// what the failed-query metric counts. It runs on the statement's path,
@@ -105,6 +119,7 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 			cfg.ConnConfig.ConnectTimeout = 5 * time.Second
 		}
 	}
+	sessionBounds(cfg.ConnConfig, opts)
 	cfg.ConnConfig.Tracer = bounds{wait: cmp.Or(opts.AcquireTimeout, defaultAcquireTimeout),
 		statement: cmp.Or(opts.StatementTimeout, defaultStatementTimeout), observe: opts.ObserveQuery}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
@@ -150,6 +165,11 @@ func (s *Store) WithTx(ctx context.Context, fn func(*Store) error) error {
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
 	if err := fn(&Store{pool: s.pool, db: tx, conn: s.conn, inTx: true}); err != nil {
 		return err
+	}
+	if s.fence != nil {
+		if err := s.fence.check(ctx, tx); err != nil {
+			return err
+		}
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return translate(err)
@@ -253,6 +273,12 @@ func translate(err error) error {
 	if _, ok := errors.AsType[*unavailableError](err); ok {
 		return err // already translated by an inner call
 	}
+	if _, ok := errors.AsType[*busyError](err); ok {
+		return err
+	}
+	if code, _ := pgCode(err); code == "55P03" { // lock_not_available: lock_timeout ran out
+		return &busyError{err}
+	}
 	if unavailable(err) {
 		return &unavailableError{err}
 	}
@@ -320,6 +346,17 @@ func (e *unavailableError) Is(target error) bool {
 	return target == registry.ErrUnavailable
 }
 func (e *unavailableError) Unwrap() error { return e.err }
+
+// busyError is a lock wait that lock_timeout ended: it keeps the driver's
+// error for logs while matching registry.ErrBusy (and, being a moment's
+// unavailability, registry.ErrUnavailable).
+type busyError struct{ err error }
+
+func (e *busyError) Error() string { return "waited too long for a lock: " + e.err.Error() }
+func (e *busyError) Is(target error) bool {
+	return target == registry.ErrBusy || target == registry.ErrUnavailable
+}
+func (e *busyError) Unwrap() error { return e.err }
 
 // pgCode returns the SQLSTATE of err and the constraint it names, if any.
 func pgCode(err error) (code, constraint string) {

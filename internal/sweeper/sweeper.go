@@ -4,12 +4,12 @@
 // the registry package's (DecideSweep); the store selects candidates and
 // applies the decisions in one transaction per pass.
 //
-// One replica sweeps at a time: the sweeper takes a cluster-wide advisory
-// lock on a database session of its own and keeps it while it leads, running
-// every pass through that session. Should the session be lost (the database
-// restarted, an operator terminated it), the pass in flight is rolled back
-// with it and the lock is free for another replica, so no transition is
-// applied twice.
+// One replica sweeps at a time: the sweeper leads while its Locker says so
+// and runs every pass through the Store the Locker returned. Serve's Locker
+// takes a leader lease that its holder renews (cmd/registryd, takeLease):
+// a leader that freezes loses it within the lease's TTL, and its passes
+// commit only while the lease is valid, so no transition is applied by a
+// leader that another replica has replaced.
 package sweeper
 
 import (
@@ -28,12 +28,14 @@ type Store interface {
 	SweepLifecycle(ctx context.Context, ttl time.Duration) (registry.Sweep, error)
 }
 
-// Locker takes the cluster-wide sweeper lock without waiting. While held,
-// passes run through the returned Store, bound to the lock's own session.
-// ok is false when another replica holds the lock.
+// Locker takes the cluster-wide sweeper leadership (a lease, or in tests
+// an advisory lock) without waiting. While held, passes run through the
+// returned Store, which commits only while the leadership holds. ok is
+// false when another replica leads.
 type Locker func(ctx context.Context) (st Store, release func(), ok bool, err error)
 
-// LockKey keys the advisory lock that lets one replica sweep at a time.
+// LockKey keys an advisory lock that lets one sweeper lead at a time, for
+// Lockers built on one (tests); serve leads through a lease instead.
 const LockKey = 0x7265676973747377
 
 // DefaultInterval is the time between passes, and between a follower's
@@ -83,7 +85,7 @@ func (s *Sweeper) Run(ctx context.Context) {
 				return
 			}
 			wait := backoff.Next()
-			s.cfg.Logger.Warn("sweeper: cannot take the lock; retrying", "err", err, "in", wait.String())
+			s.cfg.Logger.Warn("sweeper: cannot take the lead; retrying", "err", err, "in", wait.String())
 			lifecycle.Sleep(ctx, wait)
 		case !ok:
 			backoff.Reset()
@@ -96,7 +98,7 @@ func (s *Sweeper) Run(ctx context.Context) {
 				return
 			}
 			wait := backoff.Next()
-			s.cfg.Logger.Warn("sweeper: a pass failed; the lock is given up", "err", err, "in", wait.String())
+			s.cfg.Logger.Warn("sweeper: a pass failed (or the lease was lost); the lead is given up", "err", err, "in", wait.String())
 			lifecycle.Sleep(ctx, wait)
 		}
 	}

@@ -29,11 +29,12 @@ type Store interface {
 	ApplyImport(ctx context.Context, actor registry.Actor, source string, nodes []registry.ImportedNode, skipped []string) (registry.ImportResult, error)
 }
 
-// Locker takes the cluster-wide sync lock (serve's loop without waiting;
-// `registryd sync --once` may wait for another replica's pass). While held, the
-// pass writes through the returned Store, which is bound to the lock's own
-// database session: if that session is lost, so is the ability to write.
-// ok is false when another replica holds the lock.
+// Locker takes the cluster-wide sync leadership (serve's loop without
+// waiting; `registryd sync --once` may wait for another replica's pass).
+// While held, the pass writes through the returned Store, which commits
+// only while the leadership holds (serve's: a renewed lease, so a replica
+// that froze mid-pass cannot write once another has taken over). ok is
+// false when another replica holds it.
 type Locker func(ctx context.Context) (st Store, release func(), ok bool, err error)
 
 // ErrLocked means another replica is syncing right now.
