@@ -46,17 +46,6 @@ func cpuMem(t *testing.T, base, token string, pk int64) int64 {
 	return n.CPUMem
 }
 
-func createNode(t *testing.T, base, token, ip string) int64 {
-	t.Helper()
-	code, body := call(t, "POST", base+"/v1/nodes/create",
-		fmt.Sprintf(`{"ip":%q,"index":0,"cpu_mem":1024,"driver_version":"550","hardware_generation":null,"gpu_mem":null}`, ip), token)
-	var n struct{ PK int64 }
-	if code != 201 || json.Unmarshal([]byte(body), &n) != nil {
-		t.Fatalf("create: %d %s", code, body)
-	}
-	return n.PK
-}
-
 func setCPUMem(t *testing.T, base, token string, pk, v int64) {
 	t.Helper()
 	if code, body := call(t, "PATCH", fmt.Sprintf("%s/v1/nodes/%d", base, pk), fmt.Sprintf(`{"cpu_mem":%d}`, v), token); code != 200 {
@@ -93,7 +82,7 @@ func TestServeFeedEpochAfterSetval(t *testing.T) {
 	db := pgtest.New(t)
 	urls, admin := replicas(t, db, 2)
 	a, b := urls[0], urls[1]
-	pk := createNode(t, a, admin, "10.22.3.1")
+	pk := createNode(t, a, admin, "10.22.3.1", 0)
 	wa, wb := openWatch(t, a, admin, 0), openWatch(t, b, admin, 0)
 	writesShow(t, a, b, admin, pk, 1000, 5)
 	last, _ := wb.await(t, 10*time.Second, "updated", pk)
@@ -134,7 +123,7 @@ func TestServeFeedEpochAfterLossyFailover(t *testing.T) {
 	primary, standby := pgtest.NewPair(t, false)
 	urls, admin := replicas(t, pgtest.MultiHostURL(primary, standby), 2)
 	a, b := urls[0], urls[1]
-	kept := createNode(t, a, admin, "10.22.4.1")
+	kept := createNode(t, a, admin, "10.22.4.1", 0)
 	writesShow(t, a, b, admin, kept, 1000, 3)
 	ctx := context.Background()
 	caughtUp := func() bool {
@@ -148,7 +137,7 @@ func TestServeFeedEpochAfterLossyFailover(t *testing.T) {
 	// Writes the standby never gets: seen by watchers and caches.
 	wa, wb := openWatch(t, a, admin, 0), openWatch(t, b, admin, 0)
 	writesShow(t, a, b, admin, kept, 9000, 3)
-	lost := createNode(t, a, admin, "10.22.4.2")
+	lost := createNode(t, a, admin, "10.22.4.2", 0)
 	apitest.Eventually(t, staleBound, "the lost node read on the other replica", func() bool {
 		return cpuMem(t, b, admin, lost) == 1024
 	})
