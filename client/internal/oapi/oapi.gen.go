@@ -2197,10 +2197,11 @@ type ClientInterface interface {
 	// goes on live, with no gap and no duplicates. Without either, the
 	// stream starts with changes made after it opened (its opening
 	// bookmark says where); for the state before, list the nodes first
-	// (`POST /v1/nodes/list`) and resume after the list's `X-Event-Id`. Events stay resumable
+	// (`POST /v1/nodes/list`) and resume after the list's `X-Event-Id`.
+	// Events stay resumable
 	// for the server's retention (`REGISTRY_WATCH_RETENTION`, 24 hours by
-	// default). When the id is older than that, or one the registry cannot vouch
-	// for (ahead of its newest event, from another database, or from
+	// default). When the id is older than that, or one the registry
+	// cannot vouch for (ahead of its newest event, from another database, or from
 	// before a failover or restore that lost events), the stream sends a
 	// `reset` event instead of replaying: its `id` and `last_event_id` are
 	// the newest event id, and the client must re-list the nodes; the
@@ -3141,10 +3142,11 @@ func (c *Client) UncordonNodes(ctx context.Context, params *UncordonNodesParams,
 // goes on live, with no gap and no duplicates. Without either, the
 // stream starts with changes made after it opened (its opening
 // bookmark says where); for the state before, list the nodes first
-// (`POST /v1/nodes/list`) and resume after the list's `X-Event-Id`. Events stay resumable
+// (`POST /v1/nodes/list`) and resume after the list's `X-Event-Id`.
+// Events stay resumable
 // for the server's retention (`REGISTRY_WATCH_RETENTION`, 24 hours by
-// default). When the id is older than that, or one the registry cannot vouch
-// for (ahead of its newest event, from another database, or from
+// default). When the id is older than that, or one the registry
+// cannot vouch for (ahead of its newest event, from another database, or from
 // before a failover or restore that lost events), the stream sends a
 // `reset` event instead of replaying: its `id` and `last_event_id` are
 // the newest event id, and the client must re-list the nodes; the
@@ -5799,10 +5801,11 @@ type ClientWithResponsesInterface interface {
 	// goes on live, with no gap and no duplicates. Without either, the
 	// stream starts with changes made after it opened (its opening
 	// bookmark says where); for the state before, list the nodes first
-	// (`POST /v1/nodes/list`) and resume after the list's `X-Event-Id`. Events stay resumable
+	// (`POST /v1/nodes/list`) and resume after the list's `X-Event-Id`.
+	// Events stay resumable
 	// for the server's retention (`REGISTRY_WATCH_RETENTION`, 24 hours by
-	// default). When the id is older than that, or one the registry cannot vouch
-	// for (ahead of its newest event, from another database, or from
+	// default). When the id is older than that, or one the registry
+	// cannot vouch for (ahead of its newest event, from another database, or from
 	// before a failover or restore that lost events), the stream sends a
 	// `reset` event instead of replaying: its `id` and `last_event_id` are
 	// the newest event id, and the client must re-list the nodes; the
@@ -11554,10 +11557,11 @@ func (c *ClientWithResponses) UncordonNodesWithResponse(ctx context.Context, par
 // goes on live, with no gap and no duplicates. Without either, the
 // stream starts with changes made after it opened (its opening
 // bookmark says where); for the state before, list the nodes first
-// (`POST /v1/nodes/list`) and resume after the list's `X-Event-Id`. Events stay resumable
+// (`POST /v1/nodes/list`) and resume after the list's `X-Event-Id`.
+// Events stay resumable
 // for the server's retention (`REGISTRY_WATCH_RETENTION`, 24 hours by
-// default). When the id is older than that, or one the registry cannot vouch
-// for (ahead of its newest event, from another database, or from
+// default). When the id is older than that, or one the registry
+// cannot vouch for (ahead of its newest event, from another database, or from
 // before a failover or restore that lost events), the stream sends a
 // `reset` event instead of replaying: its `id` and `last_event_id` are
 // the newest event id, and the client must re-list the nodes; the
