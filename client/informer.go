@@ -69,7 +69,8 @@ var errRelist = errors.New("client: informer: re-list")
 // server refuses in a way retrying cannot cure (an *Error such as 401 or
 // 403, or ErrNoPosition from a server that gives lists no position).
 // While the server is unreachable or overloaded it keeps trying, backing
-// off as Watch does. The view stays as it was while Run is away.
+// off as Watch does. The view stays as it was while Run is away. Call
+// Run once per Informer.
 func (in *Informer) Run(ctx context.Context) error {
 	failures := 0
 	for {
@@ -140,7 +141,7 @@ func (in *Informer) apply(ev Event) error {
 		in.mu.Unlock()
 		in.progress = true
 		in.notify(InformerUpdate{Event: &ev, EventID: ev.ID})
-	default: // a bookmark, or an event of a type this client does not know
+	case ev.Bookmark != nil:
 		in.mu.Lock()
 		in.pos = ev.ID
 		in.mu.Unlock()

@@ -90,7 +90,15 @@ func TestWatchResumesFromBookmarks(t *testing.T) {
 	}}
 	ts := httptest.NewServer(f)
 	t.Cleanup(ts.Close)
-	got, err := collect(t, newClient(t, ts.URL, fast(1)), client.WatchOptions{Reconnect: time.Millisecond}, 6)
+	var opened []string
+	got, err := collect(t, newClient(t, ts.URL, fast(1)), client.WatchOptions{Reconnect: time.Millisecond,
+		Opened: func(after *int64) {
+			if after == nil {
+				opened = append(opened, "none")
+			} else {
+				opened = append(opened, itoa(int(*after)))
+			}
+		}}, 6)
 	if !errors.Is(err, context.Canceled) {
 		t.Errorf("watch ended with %v", err)
 	}
@@ -106,5 +114,8 @@ func TestWatchResumesFromBookmarks(t *testing.T) {
 	}
 	if resumes, _ := f.seen(); !slices.Equal(resumes, []string{"", "7", "9", "9"}) {
 		t.Errorf("Last-Event-Id sent: %q", resumes)
+	}
+	if want := []string{"none", "7", "9"}; !slices.Equal(opened, want) {
+		t.Errorf("streams opened after %q, want %q (the hang-up opened none)", opened, want)
 	}
 }

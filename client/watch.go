@@ -37,6 +37,11 @@ type WatchOptions struct {
 	// takes what the server's retry field asks (2s). Failed reconnects
 	// back off from it, doubling up to the client's Retry.MaxDelay.
 	Reconnect time.Duration
+	// Opened, if set, is called each time a stream opens (answers 200),
+	// before its events, with the position it resumes after: After, or
+	// the id of the last event or bookmark fn took; nil for a first
+	// stream without After, whose opening bookmark says where it starts.
+	Opened func(after *int64)
 	// IdleTimeout ends a stream that brought nothing, not even the
 	// server's keep-alive (every 15s), for this long, and reconnects: a
 	// connection that died silently is noticed. Default 1 minute.
@@ -81,8 +86,9 @@ const maxEventBytes = 1 << 20
 
 // Watch streams node events to fn, in order, until ctx ends (it returns
 // ctx.Err()) or fn returns an error (it returns that error). Each stream
-// opens with a bookmark (or a reset) saying where it starts, and idle
-// streams send bookmarks now and then; fn gets them too. When the stream
+// opens with a bookmark (or a reset) saying where it starts, after any
+// replay, and idle streams send bookmarks now and then; fn gets them too
+// (and WatchOptions.Opened learns when a stream opens, and from where). When the stream
 // ends or the connection drops, it reconnects with Last-Event-ID set to
 // the id of the last event or bookmark fn took (or After, when it took
 // none yet), so the server replays what was missed: no event is lost or
@@ -228,6 +234,9 @@ func (s *stream) connect(ctx context.Context) (delivered bool, err error) {
 	}
 	if ct, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); ct != "text/event-stream" {
 		return false, fmt.Errorf("%w: answered %q, not text/event-stream", errProtocol, resp.Header.Get("Content-Type"))
+	}
+	if w.Opened != nil {
+		w.Opened(w.After)
 	}
 	// A stream that brings nothing for IdleTimeout is dead: cancel it.
 	idle := time.AfterFunc(w.IdleTimeout, cancel)
