@@ -87,8 +87,9 @@ func (f *fleet) changed() {
 
 // failover loses the newest n events, as a failover to a standby that
 // had not received them does, and starts a new epoch whose ids are
-// larger than any before. Open streams get a reset, or with silent they
-// end without one (their replica died), and their resumption gets it.
+// larger than any before. Open streams get a reset and end, or with
+// silent they end without one (their replica died), and their
+// resumption gets it.
 func (f *fleet) failover(n int, silent bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -168,11 +169,9 @@ func (f *fleet) watch(w http.ResponseWriter, r *http.Request) {
 		if reset && silent {
 			return
 		}
-		if reset {
-			after, todo = pos, nil
-			if !send("id: %d\nevent: reset\ndata: {\"reason\":\"new epoch\",\"last_event_id\":%d}\n\n", pos, pos) {
-				return
-			}
+		if reset { // as registryd does: a reset, then the stream ends
+			send("id: %d\nevent: reset\ndata: {\"reason\":\"new epoch\",\"last_event_id\":%d}\n\n", pos, pos)
+			return
 		}
 		for _, ev := range todo {
 			data, _ := json.Marshal(client.NodeEvent{Kind: ev.kind, At: time.Unix(ev.id, 0).UTC(), Node: ev.node})

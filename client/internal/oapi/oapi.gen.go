@@ -1243,7 +1243,7 @@ type WatchBookmark struct {
 	LastEventID int64 `json:"last_event_id"`
 }
 
-// WatchReset The `data` of a `reset` event on the watch stream: the requested `Last-Event-ID` cannot be replayed (retention already removed events after it, or the registry cannot vouch for it: ahead of its events, or from before a failover or restore), or the feed started a new epoch while the stream was open. Re-list the nodes (`POST /v1/nodes/list`) and go on from the list's `X-Event-Id`; the stream itself goes on live after `last_event_id`, which is also the event's SSE `id:`.
+// WatchReset The `data` of a `reset` event on the watch stream: the requested `Last-Event-ID` cannot be replayed (retention already removed events after it, or the registry cannot vouch for it: ahead of its events, or from before a failover or restore), or the feed started a new epoch while the stream was open. Re-list the nodes (`POST /v1/nodes/list`) and go on from the list's `X-Event-Id`. The stream itself goes on live after `last_event_id`, which is also the event's SSE `id:` (after a new epoch it ends instead: resume after that id).
 type WatchReset struct {
 	// LastEventID The newest event id; the stream continues after it.
 	//
@@ -2207,9 +2207,10 @@ type ClientInterface interface {
 	// the newest event id, and the client must re-list the nodes; the
 	// stream then goes on live after that id. An open stream gets a
 	// `reset` too when the registry's feed starts a new epoch (after a
-	// failover to a standby that lost events, or a restore): the ids of
-	// the new epoch are larger than any id sent before, so a client keeps
-	// comparing ids as numbers. The usual pattern: list the nodes (`POST
+	// failover to a standby that lost events, a restore, or the event
+	// sequence set back), within a few seconds, and then ends: reconnect
+	// with the reset's id. The ids of the new epoch are larger than any id
+	// sent before, so a client keeps comparing ids as numbers. The usual pattern: list the nodes (`POST
 	// /v1/nodes/list`, whose `X-Event-Id` is its position), watch with
 	// `Last-Event-ID` set to that position, apply events as they come, and
 	// on `reset` list again and watch from the new list's position.
@@ -3152,9 +3153,10 @@ func (c *Client) UncordonNodes(ctx context.Context, params *UncordonNodesParams,
 // the newest event id, and the client must re-list the nodes; the
 // stream then goes on live after that id. An open stream gets a
 // `reset` too when the registry's feed starts a new epoch (after a
-// failover to a standby that lost events, or a restore): the ids of
-// the new epoch are larger than any id sent before, so a client keeps
-// comparing ids as numbers. The usual pattern: list the nodes (`POST
+// failover to a standby that lost events, a restore, or the event
+// sequence set back), within a few seconds, and then ends: reconnect
+// with the reset's id. The ids of the new epoch are larger than any id
+// sent before, so a client keeps comparing ids as numbers. The usual pattern: list the nodes (`POST
 // /v1/nodes/list`, whose `X-Event-Id` is its position), watch with
 // `Last-Event-ID` set to that position, apply events as they come, and
 // on `reset` list again and watch from the new list's position.
@@ -5811,9 +5813,10 @@ type ClientWithResponsesInterface interface {
 	// the newest event id, and the client must re-list the nodes; the
 	// stream then goes on live after that id. An open stream gets a
 	// `reset` too when the registry's feed starts a new epoch (after a
-	// failover to a standby that lost events, or a restore): the ids of
-	// the new epoch are larger than any id sent before, so a client keeps
-	// comparing ids as numbers. The usual pattern: list the nodes (`POST
+	// failover to a standby that lost events, a restore, or the event
+	// sequence set back), within a few seconds, and then ends: reconnect
+	// with the reset's id. The ids of the new epoch are larger than any id
+	// sent before, so a client keeps comparing ids as numbers. The usual pattern: list the nodes (`POST
 	// /v1/nodes/list`, whose `X-Event-Id` is its position), watch with
 	// `Last-Event-ID` set to that position, apply events as they come, and
 	// on `reset` list again and watch from the new list's position.
@@ -11567,9 +11570,10 @@ func (c *ClientWithResponses) UncordonNodesWithResponse(ctx context.Context, par
 // the newest event id, and the client must re-list the nodes; the
 // stream then goes on live after that id. An open stream gets a
 // `reset` too when the registry's feed starts a new epoch (after a
-// failover to a standby that lost events, or a restore): the ids of
-// the new epoch are larger than any id sent before, so a client keeps
-// comparing ids as numbers. The usual pattern: list the nodes (`POST
+// failover to a standby that lost events, a restore, or the event
+// sequence set back), within a few seconds, and then ends: reconnect
+// with the reset's id. The ids of the new epoch are larger than any id
+// sent before, so a client keeps comparing ids as numbers. The usual pattern: list the nodes (`POST
 // /v1/nodes/list`, whose `X-Event-Id` is its position), watch with
 // `Last-Event-ID` set to that position, apply events as they come, and
 // on `reset` list again and watch from the new list's position.
