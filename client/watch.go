@@ -39,8 +39,9 @@ type WatchOptions struct {
 	Reconnect time.Duration
 	// Opened, if set, is called each time a stream opens (answers 200),
 	// before its events, with the position it resumes after: After, or
-	// the id of the last event or bookmark fn took; nil for a first
-	// stream without After, whose opening bookmark says where it starts.
+	// the id of the last event or bookmark fn took; nil while the watch
+	// knows no position (no After, nothing taken yet): that stream's
+	// opening bookmark says where it starts.
 	Opened func(after *int64)
 	// IdleTimeout ends a stream that brought nothing, not even the
 	// server's keep-alive (every 15s), for this long, and reconnects: a
