@@ -78,10 +78,10 @@ func TestFollowRealServer(t *testing.T) {
 	}()
 	time.Sleep(20 * time.Millisecond)
 	list, err := admin.ListNodesWithPosition(ctx, client.NodeFilter{})
+	<-done // the writers are done before the test may end
 	if err != nil {
 		t.Fatal(err)
 	}
-	<-done
 	if _, _, err := admin.CreateNode(ctx, client.NodeCreate{IP: "10.0.0.2", Index: 0, CPUMem: gib, DriverVersion: "550"}); err != nil {
 		t.Fatal(err)
 	}
