@@ -348,3 +348,39 @@ func TestInformerRelistsOnReset(t *testing.T) {
 		t.Errorf("%d lists, Last-Event-Id %q", lists, resumes)
 	}
 }
+
+// A list refused for a while (503 with Retry-After, past the client's own
+// retries) is tried again until it succeeds; a refusal retrying cannot
+// cure ends Run with it.
+func TestInformerRetriesAndGivesUp(t *testing.T) {
+	t.Parallel()
+	f, ts := newFleet(t)
+	f.write(client.EventCreated, 1, 1)
+	var mu sync.Mutex
+	refusals := 3
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		refuse := r.URL.Path == "/v1/nodes/list" && refusals > 0
+		if refuse {
+			refusals--
+		}
+		mu.Unlock()
+		if refuse {
+			problem(http.StatusServiceUnavailable, "0")(w, r)
+			return
+		}
+		ts.Config.Handler.ServeHTTP(w, r)
+	}))
+	t.Cleanup(front.Close)
+	in := client.NewInformer(newClient(t, front.URL, fast(1)), client.InformerOptions{Reconnect: time.Millisecond})
+	runInformer(t, in)
+	converged(t, f, in, "after three refused lists")
+
+	_, denied := newScript(t, problem(http.StatusForbidden, ""))
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	err := client.NewInformer(newClient(t, denied.URL, fast(1)), client.InformerOptions{}).Run(ctx)
+	if !errors.Is(err, client.ErrForbidden) {
+		t.Errorf("a forbidden list: Run ended with %v", err)
+	}
+}
