@@ -15,7 +15,8 @@ import (
 // to its view, and lists again whenever the watch says it must (a reset:
 // events lost to retention or a failover, or a new feed epoch). Its view
 // is always one the registry was in: the list at its position, then the
-// events after it in order.
+// events after it in order (an event older, by the node's version, than
+// what a list read from PostgreSQL already showed is skipped).
 //
 // Run it in a goroutine; read its view from any number of goroutines.
 type Informer struct {
@@ -131,16 +132,28 @@ func (in *Informer) apply(ev Event) error {
 		// the view holds can no longer be trusted.
 		return errRelist
 	case ev.Node != nil:
+		n := ev.Node.Node
 		in.mu.Lock()
-		if ev.Node.Kind == EventDeleted {
-			delete(in.nodes, ev.Node.Node.PK)
-		} else {
-			in.nodes[ev.Node.Node.PK] = ev.Node.Node
+		old, had := in.nodes[n.PK]
+		// A list read from PostgreSQL may already show changes after its
+		// position: a change not newer than the node the view holds is
+		// one (every change moves the version; 0 is a server without). A
+		// deletion carries the last version and always applies.
+		deleted := ev.Node.Kind == EventDeleted
+		stale := !deleted && had && n.Version > 0 && n.Version <= old.Version
+		switch {
+		case stale:
+		case deleted:
+			delete(in.nodes, n.PK)
+		default:
+			in.nodes[n.PK] = n
 		}
 		in.pos = ev.ID
 		in.mu.Unlock()
 		in.progress = true
-		in.notify(InformerUpdate{Event: &ev, EventID: ev.ID})
+		if !stale {
+			in.notify(InformerUpdate{Event: &ev, EventID: ev.ID})
+		}
 	case ev.Bookmark != nil:
 		in.mu.Lock()
 		in.pos = ev.ID

@@ -32,6 +32,7 @@ type fleet struct {
 	floor   int64        // the oldest position a watch may resume after
 	epoch   int
 	silent  bool          // the last failover ended streams without a reset
+	lag     int64         // lists say they are this much behind what they show
 	wake    chan struct{} // closed and replaced on every change
 	drop    chan struct{} // closed and replaced to drop every stream
 	lists   int
@@ -119,6 +120,7 @@ func (f *fleet) list(w http.ResponseWriter, r *http.Request) {
 	nodes, pos := f.truth()
 	f.mu.Lock()
 	f.lists++
+	pos -= f.lag
 	f.mu.Unlock()
 	w.Header().Set("X-Event-Id", strconv.FormatInt(pos, 10))
 	w.Header().Set("Content-Type", "application/json")
@@ -155,6 +157,11 @@ func (f *fleet) watch(w http.ResponseWriter, r *http.Request) {
 	idle := time.NewTicker(50 * time.Millisecond)
 	defer idle.Stop()
 	for {
+		select {
+		case <-drop: // dropped: send nothing more, even what woke it
+			return
+		default:
+		}
 		f.mu.Lock()
 		var todo []fleetEvent
 		for _, ev := range f.log {
@@ -382,5 +389,36 @@ func TestInformerRetriesAndGivesUp(t *testing.T) {
 	err := client.NewInformer(newClient(t, denied.URL, fast(1)), client.InformerOptions{}).Run(ctx)
 	if !errors.Is(err, client.ErrForbidden) {
 		t.Errorf("a forbidden list: Run ended with %v", err)
+	}
+}
+
+// A list from PostgreSQL is at least at its position: it may already show
+// changes the watch then delivers. The informer skips those by version,
+// so its view never goes back to an older node.
+func TestInformerSkipsWhatTheListShowed(t *testing.T) {
+	t.Parallel()
+	f, ts := newFleet(t)
+	f.write(client.EventCreated, 1, 1)
+	f.write(client.EventUpdated, 1, 2)
+	f.write(client.EventUpdated, 1, 3)
+	f.lag = 2
+	var mu sync.Mutex
+	var applied []int64
+	in := client.NewInformer(newClient(t, ts.URL, fast(1)), client.InformerOptions{Reconnect: time.Millisecond,
+		Handler: func(u client.InformerUpdate) {
+			if u.Event != nil {
+				mu.Lock()
+				applied = append(applied, u.Event.Node.Node.Version)
+				mu.Unlock()
+			}
+		}})
+	runInformer(t, in)
+	converged(t, f, in, "after a list ahead of its position")
+	f.write(client.EventUpdated, 1, 4)
+	converged(t, f, in, "after a write")
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(applied, []int64{4}) {
+		t.Errorf("versions applied after the list showed version 3: %v, want [4]", applied)
 	}
 }

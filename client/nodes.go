@@ -46,8 +46,10 @@ type NodeList struct {
 	// Nodes are the matching nodes, by pk.
 	Nodes []Node
 	// EventID is the list's position: every event with an id up to it is
-	// reflected in Nodes, none after. Watch with After set to it for
-	// exactly the changes since (WatchOptions.After).
+	// reflected in Nodes; none after when the server answered from its
+	// node cache, while a list read from PostgreSQL (NoCache) may show
+	// some later changes too. Watch with After set to it for the changes
+	// since (WatchOptions.After); an Informer applies them by version.
 	EventID int64
 }
 
