@@ -124,7 +124,7 @@ func TestFollowRealServer(t *testing.T) {
 				return fmt.Errorf("reset: %+v", ev.Reset)
 			case ev.Node != nil && ev.Node.Kind == client.EventDeleted:
 				delete(view, ev.Node.Node.PK)
-			case ev.Node != nil && ev.Node.Node.Version > held.Version:
+			case ev.Node != nil && (ev.Node.Node.Version == 0 || ev.Node.Node.Version > held.Version):
 				view[ev.Node.Node.PK] = ev.Node.Node
 			}
 			if cmp.Equal(want.Nodes, byPK(view)) {
