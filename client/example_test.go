@@ -127,7 +127,7 @@ func ExampleClient_ListNodesWithPosition() {
 		switch {
 		case ev.Reset != nil: // list again; watch from the new list's EventID
 		case ev.Bookmark != nil: // where the stream stands; nothing changed
-		case ev.Node != nil: // apply ev.Node.Node by pk; EventDeleted removes it
+		case ev.Node != nil: // apply ev.Node.Node by pk if its Version is newer; EventDeleted removes it
 		}
 		return nil
 	})
