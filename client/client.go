@@ -129,12 +129,14 @@ func (c *Client) authorize(ctx context.Context, req *http.Request) error {
 type CallOption func(*call)
 
 type call struct {
-	nodeID      *int64
-	ifMatch     *string
-	ifNoneMatch *string
-	requestID   string
-	into        *Response
-	attempts    int
+	nodeID       *int64
+	ifMatch      *string
+	ifNoneMatch  *string
+	cacheControl *string
+	requestID    string
+	into         *Response
+	attempts     int
+	header       http.Header // the answer's headers, once finish read it
 }
 
 // AsNode sends Node-Id: pk, so that the call acts on behalf of that node:
@@ -150,6 +152,21 @@ func IfMatch(etag string) CallOption { return func(c *call) { c.ifMatch = &etag 
 // IfNoneMatch makes a GET of a node or hardware generation answer
 // ErrNotModified when its ETag is still etag.
 func IfNoneMatch(etag string) CallOption { return func(c *call) { c.ifNoneMatch = &etag } }
+
+// MaxStale sends Cache-Control: max-stale on a read (GetNode, HeadNode,
+// ListNodes, ListNodesWithPosition; other calls ignore it): the replica
+// answers from its node cache as it is, without waiting for it to catch
+// up, so another replica's writes of the last 2 seconds may be missing.
+// Without it (or NoCache) every read is consistent: it reflects every
+// write any replica acknowledged before the read was sent.
+func MaxStale() CallOption { return cacheControl("max-stale") }
+
+// NoCache sends Cache-Control: no-cache on a read (GetNode, HeadNode,
+// ListNodes, ListNodesWithPosition; other calls ignore it): the replica
+// reads PostgreSQL instead of its node cache.
+func NoCache() CallOption { return cacheControl("no-cache") }
+
+func cacheControl(v string) CallOption { return func(c *call) { c.cacheControl = &v } }
 
 // RequestID sends X-Request-Id: id (kept by the server as the client's
 // request id, in its logs and the audit log, when it matches
@@ -211,6 +228,7 @@ func (cl *call) finish(resp *http.Response, err error, out any, ok ...int) (stat
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxProblemBytes))
 		resp.Body.Close()
 	}()
+	cl.header = resp.Header
 	if cl.into != nil {
 		*cl.into = Response{Status: resp.StatusCode, Header: resp.Header, ETag: resp.Header.Get("ETag"),
 			RequestID: resp.Header.Get("X-Request-Id"), Attempts: max(cl.attempts, 1)}

@@ -10,8 +10,15 @@
 // *Error values (errors.As) carrying the problem document: status,
 // detail, the bad fields, existing_pk and the request ids; errors.Is
 // matches them against ErrNotFound, ErrConflict, ErrPreconditionFailed
-// and the other status sentinels. Watch streams node events and resumes
-// with Last-Event-ID after a dropped connection.
+// and the other status sentinels.
+//
+// Reads are consistent: they reflect every write any replica
+// acknowledged before them. MaxStale and NoCache (Cache-Control) choose a
+// replica's cache as it is, or PostgreSQL. ListNodesWithPosition returns
+// a list and its position in the change feed; Watch streams node events,
+// bookmarks and resets from a position and resumes with Last-Event-ID
+// after a dropped connection; an Informer combines them into a view of
+// the fleet that lists again on a reset.
 //
 // # Retries
 //

@@ -87,3 +87,52 @@ func Example_admin() {
 		log.Print(err)
 	}
 }
+
+// A scheduler follows the fleet: an informer lists it at a position,
+// watches from there and lists again on a reset (docs/scheduling.md,
+// "Follow the fleet").
+func ExampleInformer() {
+	ctx := context.Background()
+	c, err := client.New("http://registry:8080", client.WithToken("…"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	in := client.NewInformer(c, client.InformerOptions{Handler: func(u client.InformerUpdate) {
+		if u.Listed {
+			log.Printf("the fleet as of event %d", u.EventID) // at start, and after every reset
+			return
+		}
+		log.Printf("%d %s node %d", u.EventID, u.Event.Type, u.Event.Node.Node.PK)
+	}})
+	go func() { log.Print(in.Run(ctx)) }() // until ctx ends; retries while the registry is away
+	<-in.Synced()
+	nodes, at := in.Nodes() // every node as of event at, by pk; safe from any goroutine
+	n, ok := in.Get(42)
+	log.Print(len(nodes), at, n.State, ok)
+}
+
+// The same by hand: list at a position, then watch from it. Reads are
+// consistent unless a call says MaxStale or NoCache.
+func ExampleClient_ListNodesWithPosition() {
+	ctx := context.Background()
+	c, err := client.New("http://registry:8080", client.WithToken("…"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	l, err := c.ListNodesWithPosition(ctx, client.NodeFilter{}) // l.Nodes as of event l.EventID
+	if err != nil {
+		log.Fatal(err)
+	}
+	err = c.Watch(ctx, client.WatchOptions{After: &l.EventID}, func(ev client.Event) error {
+		switch {
+		case ev.Reset != nil: // list again; watch from the new list's EventID
+		case ev.Bookmark != nil: // where the stream stands; nothing changed
+		case ev.Node != nil: // apply ev.Node.Node by pk if its Version is newer; EventDeleted removes it
+		}
+		return nil
+	})
+	log.Print(err)
+	if _, err := c.GetNode(ctx, 42, client.MaxStale()); err != nil { // a replica's cache as it is
+		log.Print(err)
+	}
+}

@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net/http"
+	"strconv"
 
 	"github.com/registryd/registryd/client/internal/oapi"
 )
@@ -30,13 +33,56 @@ func (c *Client) HeadPing(ctx context.Context, opts ...CallOption) error {
 
 // ListNodes returns the nodes that match every filter of f, by pk. With
 // no Limit it returns every matching node; page with Limit and After (the
-// last pk received).
+// last pk received). The list is consistent unless MaxStale or NoCache
+// says otherwise.
 func (c *Client) ListNodes(ctx context.Context, f NodeFilter, opts ...CallOption) ([]Node, error) {
+	nodes, _, err := c.listNodes(ctx, f, opts)
+	return nodes, err
+}
+
+// NodeList is a list of nodes and the position in the change feed it
+// reflects.
+type NodeList struct {
+	// Nodes are the matching nodes, by pk.
+	Nodes []Node
+	// EventID is the list's position: every event with an id up to it is
+	// reflected in Nodes; none after when the server answered from its
+	// node cache, while a list read from PostgreSQL (NoCache) may show
+	// some later changes too. Watch with After set to it for the changes
+	// since (WatchOptions.After); an Informer applies them by version.
+	EventID int64
+}
+
+// ErrNoPosition is what ListNodesWithPosition returns when the answer
+// carried no feed position (X-Event-Id): a server older than the
+// contract, or something between the client and the server that drops
+// the header.
+var ErrNoPosition = errors.New("client: the list carried no X-Event-Id position")
+
+// ListNodesWithPosition is ListNodes and the position the list reflects
+// (its X-Event-Id), from which a watch goes on with no gap and no
+// duplicate. Each page of a paged list (Limit) has a position of its
+// own; for one position over the whole fleet list without Limit. An
+// answer without a position is an error wrapping ErrNoPosition.
+func (c *Client) ListNodesWithPosition(ctx context.Context, f NodeFilter, opts ...CallOption) (NodeList, error) {
+	nodes, header, err := c.listNodes(ctx, f, opts)
+	if err != nil {
+		return NodeList{}, err
+	}
+	raw := header.Get("X-Event-Id")
+	id, perr := strconv.ParseInt(raw, 10, 64)
+	if raw == "" || perr != nil || id < 0 {
+		return NodeList{}, fmt.Errorf("%w (got %q)", ErrNoPosition, raw)
+	}
+	return NodeList{Nodes: nodes, EventID: id}, nil
+}
+
+func (c *Client) listNodes(ctx context.Context, f NodeFilter, opts []CallOption) ([]Node, http.Header, error) {
 	cl := newCall(opts)
 	var out []Node
-	resp, err := c.raw.ListNodes(cl.ctx(ctx), &oapi.ListNodesParams{NodeID: cl.nodeID}, f, cl.editors()...)
+	resp, err := c.raw.ListNodes(cl.ctx(ctx), &oapi.ListNodesParams{NodeID: cl.nodeID, CacheControl: cl.cacheControl}, f, cl.editors()...)
 	_, err = cl.finish(resp, err, &out, http.StatusOK)
-	return out, err
+	return out, cl.header, err
 }
 
 // CreateNode registers a node. An agent registering the (ip, index) of a
@@ -51,14 +97,15 @@ func (c *Client) CreateNode(ctx context.Context, n NodeCreate, opts ...CallOptio
 }
 
 // GetNode returns the node pk. With IfNoneMatch it returns ErrNotModified
-// while the node's ETag is unchanged.
+// while the node's ETag is unchanged. The read is consistent unless
+// MaxStale or NoCache says otherwise.
 func (c *Client) GetNode(ctx context.Context, pk int64, opts ...CallOption) (Node, error) {
 	var out Node
 	if err := checkPK("node", pk); err != nil {
 		return out, err
 	}
 	cl := newCall(opts)
-	resp, err := c.raw.GetNode(cl.ctx(ctx), pk, &oapi.GetNodeParams{NodeID: cl.nodeID, IfNoneMatch: cl.ifNoneMatch}, cl.editors()...)
+	resp, err := c.raw.GetNode(cl.ctx(ctx), pk, &oapi.GetNodeParams{NodeID: cl.nodeID, IfNoneMatch: cl.ifNoneMatch, CacheControl: cl.cacheControl}, cl.editors()...)
 	status, err := cl.finish(resp, err, &out, http.StatusOK, http.StatusNotModified)
 	if err == nil && status == http.StatusNotModified {
 		return out, ErrNotModified
@@ -73,7 +120,7 @@ func (c *Client) HeadNode(ctx context.Context, pk int64, opts ...CallOption) (et
 		return "", err
 	}
 	cl := newCall(opts)
-	resp, err := c.raw.HeadNode(cl.ctx(ctx), pk, &oapi.HeadNodeParams{NodeID: cl.nodeID, IfNoneMatch: cl.ifNoneMatch}, cl.editors()...)
+	resp, err := c.raw.HeadNode(cl.ctx(ctx), pk, &oapi.HeadNodeParams{NodeID: cl.nodeID, IfNoneMatch: cl.ifNoneMatch, CacheControl: cl.cacheControl}, cl.editors()...)
 	if resp != nil {
 		etag = resp.Header.Get("ETag")
 	}

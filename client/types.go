@@ -52,6 +52,8 @@ type (
 	NodeEventKind = oapi.NodeEventKind
 	// WatchReset is the data of a reset event: re-list the nodes.
 	WatchReset = oapi.WatchReset
+	// WatchBookmark is the data of a bookmark event: where the stream stands.
+	WatchBookmark = oapi.WatchBookmark
 	// Source is where a node came from.
 	Source = oapi.Source
 	// NodeState is a node's lifecycle state.

@@ -28,13 +28,21 @@ type WatchOptions struct {
 	// these states; empty does not filter.
 	State []NodeState
 	// After resumes after this event id: every later event is replayed
-	// first. Nil starts with the changes made once the stream is open
-	// (list the nodes first for the state before).
+	// first. To follow the fleet, set it to the EventID of
+	// ListNodesWithPosition (or use an Informer). Nil starts with the
+	// changes made once the first stream is open; its opening bookmark
+	// says where that is.
 	After *int64
 	// Reconnect is the wait before reconnecting once a stream ended; 0
 	// takes what the server's retry field asks (2s). Failed reconnects
 	// back off from it, doubling up to the client's Retry.MaxDelay.
 	Reconnect time.Duration
+	// Opened, if set, is called each time a stream opens (answers 200),
+	// before its events, with the position it resumes after: After, or
+	// the id of the last event or bookmark fn took; nil while the watch
+	// knows no position (no After, nothing taken yet): that stream's
+	// opening bookmark says where it starts.
+	Opened func(after *int64)
 	// IdleTimeout ends a stream that brought nothing, not even the
 	// server's keep-alive (every 15s), for this long, and reconnects: a
 	// connection that died silently is noticed. Default 1 minute.
@@ -44,31 +52,51 @@ type WatchOptions struct {
 // Event is one event of the watch stream.
 type Event struct {
 	// ID is the event id: Watch resumes after it (WatchOptions.After).
+	// For a bookmark or a reset it is the stream's position.
 	ID int64
 	// Type is the SSE event name: a NodeEventKind (created, updated,
 	// deleted, claimed, released, lost, found, cordoned, uncordoned,
-	// expired) or "reset".
+	// expired), "reset" or "bookmark".
 	Type string
 	// Node is the data of a node event.
 	Node *NodeEvent
-	// Reset is the data of a reset event: the events after the id the
-	// watch resumed from are gone (retention) or were never issued; list
-	// the nodes again. The watch goes on after Reset.LastEventID.
+	// Reset is the data of a reset event: the events after the position
+	// the watch resumed from cannot be replayed (retention removed them,
+	// or the registry cannot vouch for that position, as after a failover
+	// that lost events), or the feed started a new epoch. Everything
+	// learnt from the stream before may be stale: list the nodes again
+	// (ListNodesWithPosition). The watch itself goes on after
+	// Reset.LastEventID.
 	Reset *WatchReset
+	// Bookmark is the data of a bookmark event: the stream's position,
+	// with no change. Every stream opens with one (or with a reset), and
+	// an idle stream sends one now and then.
+	Bookmark *WatchBookmark
 	// Data is the event's data as sent, for types this client does not know.
 	Data json.RawMessage
 }
 
-// EventReset is the Type of a reset event.
-const EventReset = "reset"
+// Types of the watch stream's events besides the NodeEventKinds.
+const (
+	EventReset    = "reset"
+	EventBookmark = "bookmark"
+)
 
 // maxEventBytes bounds one line of the stream (a node event is under 1 KiB).
 const maxEventBytes = 1 << 20
 
 // Watch streams node events to fn, in order, until ctx ends (it returns
-// ctx.Err()) or fn returns an error (it returns that error). When the
-// stream ends or the connection drops, it reconnects with Last-Event-ID,
-// so the server replays what was missed: no event is lost or repeated.
+// ctx.Err()) or fn returns an error (it returns that error). Each stream
+// opens with a bookmark (or a reset) saying where it starts, after any
+// replay, and idle streams send bookmarks now and then; fn gets them too
+// (and WatchOptions.Opened learns when a stream opens, and from where). When the stream
+// ends or the connection drops, it reconnects with Last-Event-ID set to
+// the id of the last event or bookmark fn took (or After, when it took
+// none yet), so the server replays what was missed: no event is lost or
+// repeated. Without After, a stream that ends before its opening
+// bookmark gave nothing to fn, and the watch starts afresh; once any
+// position is known, every reconnection carries it. A reset is handed
+// to fn like any event.
 // While the server is unreachable, overloaded (429, 503 with Retry-After)
 // or failing (5xx) it keeps trying, backing off with jitter and honouring
 // Retry-After; a refusal that retrying cannot cure (400, 401, 403, 404,
@@ -89,21 +117,12 @@ func (c *Client) Watch(ctx context.Context, w WatchOptions, fn func(Event) error
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		var wait time.Duration
-		var se *Error
 		var he handlerError
-		switch {
-		case errors.As(err, &se):
-			switch {
-			case se.Status == http.StatusTooManyRequests || se.Status == http.StatusServiceUnavailable && se.retryLater:
-				wait = se.RetryAfter
-			case se.Status >= 500 && se.Status != http.StatusServiceUnavailable:
-			default:
-				return err
-			}
-		case errors.As(err, &he):
+		if errors.As(err, &he) {
 			return he.err
-		case errors.Is(err, errProtocol):
+		}
+		wait, ok := transient(err)
+		if err != nil && !ok {
 			return err
 		}
 		if delivered {
@@ -119,6 +138,29 @@ func (c *Client) Watch(ctx context.Context, w WatchOptions, fn func(Event) error
 			return err
 		}
 	}
+}
+
+// transient says whether a call or stream that failed with err may
+// succeed when tried again, and how long the server asked to wait first:
+// yes for a connection that failed or dropped, 429, 503 with Retry-After
+// (the database unavailable, a lock waited on too long) and other 5xx;
+// no for any other answer (400, 401, 403, 404, watching disabled) and a
+// stream this client cannot read.
+func transient(err error) (wait time.Duration, ok bool) {
+	var se *Error
+	switch {
+	case errors.As(err, &se):
+		switch {
+		case se.Status == http.StatusTooManyRequests || se.Status == http.StatusServiceUnavailable && se.retryLater:
+			return se.RetryAfter, true
+		case se.Status >= 500 && se.Status != http.StatusServiceUnavailable:
+			return 0, true
+		}
+		return 0, false
+	case errors.Is(err, errProtocol), errors.Is(err, ErrNoPosition):
+		return 0, false
+	}
+	return 0, true
 }
 
 // HeadWatch checks a watch request as the server would before opening a
@@ -193,6 +235,9 @@ func (s *stream) connect(ctx context.Context) (delivered bool, err error) {
 	}
 	if ct, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); ct != "text/event-stream" {
 		return false, fmt.Errorf("%w: answered %q, not text/event-stream", errProtocol, resp.Header.Get("Content-Type"))
+	}
+	if w.Opened != nil {
+		w.Opened(w.After)
 	}
 	// A stream that brings nothing for IdleTimeout is dead: cancel it.
 	idle := time.AfterFunc(w.IdleTimeout, cancel)
@@ -274,6 +319,9 @@ func (s *stream) dispatch(typ string, rawID, data []byte) error {
 	case EventReset:
 		ev.Reset = new(WatchReset)
 		err = json.Unmarshal(data, ev.Reset)
+	case EventBookmark:
+		ev.Bookmark = new(WatchBookmark)
+		err = json.Unmarshal(data, ev.Bookmark)
 	case EventCreated, EventUpdated, EventDeleted, EventClaimed, EventReleased,
 		EventLost, EventFound, EventCordoned, EventUncordoned, EventExpired:
 		ev.Node = new(NodeEvent)

@@ -439,6 +439,9 @@ type EchoState = string
 // EchoUpdatedAt Read-only and best left out; accepted when it is the stored instant written at the precision sent, as `created_at`. A different value means the row changed since it was read (a write within the same second goes unnoticed at second precision: use `If-Match` to guard against concurrent writes).
 type EchoUpdatedAt = time.Time
 
+// EchoVersion Read-only and best left out; accepted only when it equals the node's `version` now. A different value means the node changed since it was read (400); send `If-Match` to be answered 412 instead.
+type EchoVersion = int64
+
 // FieldError defines model for FieldError.
 type FieldError struct {
 	// Field The request body member (or watch query parameter) at fault. A name the client chose that is longer than 64 bytes is cut to at most 64 bytes and ends in `…`.
@@ -633,6 +636,11 @@ type Node struct {
 	//
 	// Example: 2025-01-01T00:00:00.5Z
 	UpdatedAt time.Time `json:"updated_at"`
+
+	// Version The node's version (server-managed), the number its `ETag` quotes: it changes on every write of the node except heartbeats, and stays the same when a write changes nothing.
+	//
+	// Example: 3
+	Version int64 `json:"version"`
 }
 
 // NodeCPUMem CPU memory in bytes. Not null.
@@ -943,6 +951,9 @@ type NodePatch struct {
 
 	// UpdatedAt Read-only and best left out; accepted when it is the stored instant written at the precision sent, as `created_at`. A different value means the row changed since it was read (a write within the same second goes unnoticed at second precision: use `If-Match` to guard against concurrent writes).
 	UpdatedAt *EchoUpdatedAt `json:"updated_at,omitempty"`
+
+	// Version Read-only and best left out; accepted only when it equals the node's `version` now. A different value means the node changed since it was read (400); send `If-Match` to be answered 412 instead.
+	Version *EchoVersion `json:"version,omitempty"`
 }
 
 // NodeRelease A release: nodes the job `job` gives back. `job` is required.
@@ -1066,6 +1077,9 @@ type NodeUpdate struct {
 
 	// UpdatedAt Read-only and best left out; accepted when it is the stored instant written at the precision sent, as `created_at`. A different value means the row changed since it was read (a write within the same second goes unnoticed at second precision: use `If-Match` to guard against concurrent writes).
 	UpdatedAt *EchoUpdatedAt `json:"updated_at,omitempty"`
+
+	// Version Read-only and best left out; accepted only when it equals the node's `version` now. A different value means the node changed since it was read (400); send `If-Match` to be answered 412 instead.
+	Version *EchoVersion `json:"version,omitempty"`
 }
 
 // NotDone A node a cordon or uncordon named but did not act on, and why.
@@ -1221,7 +1235,15 @@ type UncordonResult struct {
 	Uncordoned []Node `json:"uncordoned"`
 }
 
-// WatchReset The `data` of a `reset` event on the watch stream: the requested `Last-Event-ID` cannot be replayed, because retention already removed events after it or because it is ahead of this registry's events. Re-list the nodes (`POST /v1/nodes/list`); the stream goes on live after `last_event_id`, which is also the event's SSE `id:`.
+// WatchBookmark The `data` of a `bookmark` event on the watch stream, sent right after the stream opens (after any replay) and now and then while it is idle: the stream has sent every matching event up to `last_event_id`, which is also the event's SSE `id:`. Resume with `Last-Event-ID` set to it.
+type WatchBookmark struct {
+	// LastEventID The position of the stream; it goes on after it.
+	//
+	// Example: 1042
+	LastEventID int64 `json:"last_event_id"`
+}
+
+// WatchReset The `data` of a `reset` event on the watch stream: the requested `Last-Event-ID` cannot be replayed (retention already removed events after it, or the registry cannot vouch for it: ahead of its events, or from before a failover or restore), or the feed started a new epoch while the stream was open. Re-list the nodes (`POST /v1/nodes/list`) and go on from the list's `X-Event-Id`. The stream itself goes on live after `last_event_id`, which is also the event's SSE `id:` (after a new epoch it ends instead: resume after that id).
 type WatchReset struct {
 	// LastEventID The newest event id; the stream continues after it.
 	//
@@ -1234,7 +1256,7 @@ type WatchReset struct {
 	Reason string `json:"reason"`
 }
 
-// CacheControl Example: no-cache
+// CacheControl defines model for CacheControl.
 type CacheControl = string
 
 // Force defines model for Force.
@@ -1411,6 +1433,9 @@ type CreateNodeParams struct {
 type ListNodesParams struct {
 	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
 	NodeID *NodeID `json:"Node-Id,omitempty"`
+
+	// CacheControl How current the read must be (RFC 9111 request directives, comma-separated, any case). Without it the read is consistent: it reflects every write any replica acknowledged before the request arrived. `max-stale` or `max-stale=S` (S in seconds, at most 2; a larger S counts as 2) accepts the replica's node cache as it is, which may miss another replica's writes of the last 2 seconds but never waits for the feed. `no-cache` reads PostgreSQL: as current as the database, at the price of a round trip; it wins over `max-stale`. The directive applies to the `Node-Id` check of the same request too. Other directives are ignored.
+	CacheControl *CacheControl `json:"Cache-Control,omitempty"`
 }
 
 // PingNodesParams defines parameters for PingNodes.
@@ -1523,7 +1548,7 @@ type GetNodeParams struct {
 	// IfNoneMatch One or more entity tags separated by commas, or `*`: node tags look like `"3"` (`W/"3"`), hardware generation tags like `"3-12"` (`W/"3-12"`). When one names the row's current `ETag` (weak comparison: `W/"3"` matches `"3"`) or the value is `*`, the answer is 304 Not Modified with no body. Otherwise the row is sent as usual. A hardware generation's tag includes its `nodes` count, so a tag read before nodes moved to or from it no longer matches.
 	IfNoneMatch *IfNoneMatch `json:"If-None-Match,omitempty"`
 
-	// CacheControl `no-cache` (among other directives, comma-separated, any case) reads the node straight from PostgreSQL instead of the replica's node cache: a strong read, as current as the database, at the price of a round trip. It applies to the `Node-Id` check of the same request too. Other directives are ignored.
+	// CacheControl How current the read must be (RFC 9111 request directives, comma-separated, any case). Without it the read is consistent: it reflects every write any replica acknowledged before the request arrived. `max-stale` or `max-stale=S` (S in seconds, at most 2; a larger S counts as 2) accepts the replica's node cache as it is, which may miss another replica's writes of the last 2 seconds but never waits for the feed. `no-cache` reads PostgreSQL: as current as the database, at the price of a round trip; it wins over `max-stale`. The directive applies to the `Node-Id` check of the same request too. Other directives are ignored.
 	CacheControl *CacheControl `json:"Cache-Control,omitempty"`
 }
 
@@ -1535,7 +1560,7 @@ type HeadNodeParams struct {
 	// IfNoneMatch One or more entity tags separated by commas, or `*`: node tags look like `"3"` (`W/"3"`), hardware generation tags like `"3-12"` (`W/"3-12"`). When one names the row's current `ETag` (weak comparison: `W/"3"` matches `"3"`) or the value is `*`, the answer is 304 Not Modified with no body. Otherwise the row is sent as usual. A hardware generation's tag includes its `nodes` count, so a tag read before nodes moved to or from it no longer matches.
 	IfNoneMatch *IfNoneMatch `json:"If-None-Match,omitempty"`
 
-	// CacheControl `no-cache` (among other directives, comma-separated, any case) reads the node straight from PostgreSQL instead of the replica's node cache: a strong read, as current as the database, at the price of a round trip. It applies to the `Node-Id` check of the same request too. Other directives are ignored.
+	// CacheControl How current the read must be (RFC 9111 request directives, comma-separated, any case). Without it the read is consistent: it reflects every write any replica acknowledged before the request arrived. `max-stale` or `max-stale=S` (S in seconds, at most 2; a larger S counts as 2) accepts the replica's node cache as it is, which may miss another replica's writes of the last 2 seconds but never waits for the feed. `no-cache` reads PostgreSQL: as current as the database, at the price of a round trip; it wins over `max-stale`. The directive applies to the `Node-Id` check of the same request too. Other directives are ignored.
 	CacheControl *CacheControl `json:"Cache-Control,omitempty"`
 }
 
@@ -2002,7 +2027,7 @@ type ClientInterface interface {
 
 	// ListNodesWithBody List nodes
 	//
-	// Answers 200 with a JSON array of the nodes that match every filter in the optional body, ordered by `pk` ascending. No body (or `{}`) lists every node. `state` selects nodes in any of the given states (one `NodeState` or an array of them); `free: true` selects the nodes a claim could take, those in state `free`, and `free: false` every other node. With both, both apply (ANDed, like every filter); a pair that no state passes (`free: true` with `state: busy`) is a 400 naming `state`, as is a state that is not one of `NodeState`. Filters are ANDed; `after` and `limit` page through the registry by keyset: pass the last `pk` you received as `after`. Without `limit` every matching node is returned; the array is streamed, and a failure after the first node was sent aborts the connection rather than ending the array early. 400 for a malformed body, an unknown filter or a value out of range (the bad fields are listed, at most 20), 413 for a body over 1 MiB, 415 for a non-JSON `Content-Type`, 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+	// Answers 200 with a JSON array of the nodes that match every filter in the optional body, ordered by `pk` ascending. No body (or `{}`) lists every node. `state` selects nodes in any of the given states (one `NodeState` or an array of them); `free: true` selects the nodes a claim could take, those in state `free`, and `free: false` every other node. With both, both apply (ANDed, like every filter); a pair that no state passes (`free: true` with `state: busy`) is a 400 naming `state`, as is a state that is not one of `NodeState`. Filters are ANDed; `after` and `limit` page through the registry by keyset: pass the last `pk` you received as `after`. Without `limit` every matching node is returned; the array is streamed, and a failure after the first node was sent aborts the connection rather than ending the array early. The answer is consistent (see "Read consistency" above) unless `Cache-Control` says otherwise, and its `X-Event-Id` header is the feed position it reflects: watch with `Last-Event-ID` set to it for every change after the list. Each page of a paged list has its own position. 400 for a malformed body, an unknown filter or a value out of range (the bad fields are listed, at most 20), 413 for a body over 1 MiB, 415 for a non-JSON `Content-Type`, 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 	// Roles: reader, scheduler, agent, admin (everyone).
 	//
 	// Takes any type of body and a specified content type.
@@ -2012,7 +2037,7 @@ type ClientInterface interface {
 
 	// ListNodes List nodes
 	//
-	// Answers 200 with a JSON array of the nodes that match every filter in the optional body, ordered by `pk` ascending. No body (or `{}`) lists every node. `state` selects nodes in any of the given states (one `NodeState` or an array of them); `free: true` selects the nodes a claim could take, those in state `free`, and `free: false` every other node. With both, both apply (ANDed, like every filter); a pair that no state passes (`free: true` with `state: busy`) is a 400 naming `state`, as is a state that is not one of `NodeState`. Filters are ANDed; `after` and `limit` page through the registry by keyset: pass the last `pk` you received as `after`. Without `limit` every matching node is returned; the array is streamed, and a failure after the first node was sent aborts the connection rather than ending the array early. 400 for a malformed body, an unknown filter or a value out of range (the bad fields are listed, at most 20), 413 for a body over 1 MiB, 415 for a non-JSON `Content-Type`, 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+	// Answers 200 with a JSON array of the nodes that match every filter in the optional body, ordered by `pk` ascending. No body (or `{}`) lists every node. `state` selects nodes in any of the given states (one `NodeState` or an array of them); `free: true` selects the nodes a claim could take, those in state `free`, and `free: false` every other node. With both, both apply (ANDed, like every filter); a pair that no state passes (`free: true` with `state: busy`) is a 400 naming `state`, as is a state that is not one of `NodeState`. Filters are ANDed; `after` and `limit` page through the registry by keyset: pass the last `pk` you received as `after`. Without `limit` every matching node is returned; the array is streamed, and a failure after the first node was sent aborts the connection rather than ending the array early. The answer is consistent (see "Read consistency" above) unless `Cache-Control` says otherwise, and its `X-Event-Id` header is the feed position it reflects: watch with `Last-Event-ID` set to it for every change after the list. Each page of a paged list has its own position. 400 for a malformed body, an unknown filter or a value out of range (the bad fields are listed, at most 20), 413 for a body over 1 MiB, 415 for a non-JSON `Content-Type`, 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 	// Roles: reader, scheduler, agent, admin (everyone).
 	//
 	// Takes a body of the `application/json` content type.
@@ -2122,6 +2147,7 @@ type ClientInterface interface {
 	// | `cordoned` | an admin cordoned the node (or changed its reason) | `NodeEvent` |
 	// | `uncordoned` | an admin uncordoned the node               | `NodeEvent` |
 	// | `reset`    | the client must re-list (see below)          | `WatchReset` |
+	// | `bookmark` | where the stream stands (see below); no change | `WatchBookmark` |
 	//
 	// Each event is sent as
 	//
@@ -2139,11 +2165,29 @@ type ClientInterface interface {
 	// - `data` is one line of JSON: `NodeEvent` (`kind` equals the event
 	//   name, `at` is when the change was made, `node` is the full node
 	//   after the change, or as it was for `deleted`; its `last_seen` is
-	//   as of the change), or `WatchReset`.
+	//   as of the change), `WatchReset` or `WatchBookmark`.
 	// - The stream starts with `retry: 2000` (reconnect after 2 s) and a
 	//   comment line. While nothing happens the server sends a comment
 	//   `: keep-alive` every 15 seconds; clients ignore comment lines
 	//   (those starting with `:`).
+	//
+	// Bookmarks: right after the stream opens (after the replay, when it
+	// resumes) the server sends a `bookmark` whose `id` and
+	// `last_event_id` are the position the stream goes on after, and it
+	// sends another now and then while no event matches the filters. A
+	// bookmark changes nothing; it tells the client where it stands, so
+	// that it can resume from there even when no event of its own came:
+	//
+	// ```
+	// id: 1042
+	// event: bookmark
+	// data: {"last_event_id":1042}
+	//
+	// ```
+	//
+	// A client that remembers the `id` of the last event or bookmark it
+	// received and sends it as `Last-Event-ID` when it reconnects misses
+	// nothing and receives nothing twice.
 	//
 	// Resuming: send the id of the last event received as `Last-Event-ID`
 	// (`EventSource` does this when it reconnects), or as the
@@ -2151,14 +2195,25 @@ type ClientInterface interface {
 	// the header wins when both are present. The stream first replays every
 	// event after that id (matching the filters) from the change log, then
 	// goes on live, with no gap and no duplicates. Without either, the
-	// stream starts with changes made after it opened; list the nodes first
-	// (`POST /v1/nodes/list`) for the current state. Events stay resumable
+	// stream starts with changes made after it opened (its opening
+	// bookmark says where); for the state before, list the nodes first
+	// (`POST /v1/nodes/list`) and resume after the list's `X-Event-Id`.
+	// Events stay resumable
 	// for the server's retention (`REGISTRY_WATCH_RETENTION`, 24 hours by
-	// default). When the id is older than that, or ahead of this registry's
-	// newest event (an id from another database, or from before a restore),
-	// the stream sends a `reset` event instead of replaying: its `id` and
-	// `last_event_id` are the newest event id, and the client must re-list
-	// the nodes; the stream then goes on live after that id.
+	// default). When the id is older than that, or one the registry
+	// cannot vouch for (ahead of its newest event, from another database, or from
+	// before a failover or restore that lost events), the stream sends a
+	// `reset` event instead of replaying: its `id` and `last_event_id` are
+	// the newest event id, and the client must re-list the nodes; the
+	// stream then goes on live after that id. An open stream gets a
+	// `reset` too when the registry's feed starts a new epoch (after a
+	// failover to a standby that lost events, a restore, or the event
+	// sequence set back), within a few seconds, and then ends: reconnect
+	// with the reset's id. The ids of the new epoch are larger than any id
+	// sent before, so a client keeps comparing ids as numbers. The usual pattern: list the nodes (`POST
+	// /v1/nodes/list`, whose `X-Event-Id` is its position), watch with
+	// `Last-Event-ID` set to that position, apply events as they come, and
+	// on `reset` list again and watch from the new list's position.
 	//
 	// A client that falls too far behind (more events not yet sent to it
 	// than `REGISTRY_WATCH_BUFFER_BYTES` of encoded events, 1 MiB by
@@ -2221,7 +2276,7 @@ type ClientInterface interface {
 
 	// GetNode Retrieve a node
 	//
-	// Answers 200 with the node and its `ETag`. When `If-None-Match` names the node's current `ETag` (weak comparison) or is `*`, it answers 304 Not Modified instead, with the `ETag` and no body. The node comes from the replica's node cache: this replica's own writes show at once, other replicas' within 2 seconds at most (usually milliseconds); `Cache-Control: no-cache` reads PostgreSQL instead (see "Read consistency" above). The `ETag` does not change with heartbeats, so a 304 may stand for a node whose `last_seen` has moved on. 400 when `pk` is not a pk (a positive int64 in plain decimal); 404 when no node has that pk; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+	// Answers 200 with the node and its `ETag`. When `If-None-Match` names the node's current `ETag` (weak comparison) or is `*`, it answers 304 Not Modified instead, with the `ETag` and no body. The read is consistent: it reflects every write any replica acknowledged before it arrived; `Cache-Control: max-stale` takes the replica's cache as it is (at most 2 seconds behind), `no-cache` reads PostgreSQL (see "Read consistency" above). The `ETag` does not change with heartbeats, so a 304 may stand for a node whose `last_seen` has moved on. 400 when `pk` is not a pk (a positive int64 in plain decimal); 404 when no node has that pk; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 	// Roles: reader, scheduler, agent, admin (everyone).
 	//
 	// Corresponds with GET /v1/nodes/{pk} (the `GetNode` operationId).
@@ -2818,7 +2873,7 @@ func (c *Client) CreateNode(ctx context.Context, params *CreateNodeParams, body 
 
 // ListNodesWithBody List nodes
 //
-// Answers 200 with a JSON array of the nodes that match every filter in the optional body, ordered by `pk` ascending. No body (or `{}`) lists every node. `state` selects nodes in any of the given states (one `NodeState` or an array of them); `free: true` selects the nodes a claim could take, those in state `free`, and `free: false` every other node. With both, both apply (ANDed, like every filter); a pair that no state passes (`free: true` with `state: busy`) is a 400 naming `state`, as is a state that is not one of `NodeState`. Filters are ANDed; `after` and `limit` page through the registry by keyset: pass the last `pk` you received as `after`. Without `limit` every matching node is returned; the array is streamed, and a failure after the first node was sent aborts the connection rather than ending the array early. 400 for a malformed body, an unknown filter or a value out of range (the bad fields are listed, at most 20), 413 for a body over 1 MiB, 415 for a non-JSON `Content-Type`, 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+// Answers 200 with a JSON array of the nodes that match every filter in the optional body, ordered by `pk` ascending. No body (or `{}`) lists every node. `state` selects nodes in any of the given states (one `NodeState` or an array of them); `free: true` selects the nodes a claim could take, those in state `free`, and `free: false` every other node. With both, both apply (ANDed, like every filter); a pair that no state passes (`free: true` with `state: busy`) is a 400 naming `state`, as is a state that is not one of `NodeState`. Filters are ANDed; `after` and `limit` page through the registry by keyset: pass the last `pk` you received as `after`. Without `limit` every matching node is returned; the array is streamed, and a failure after the first node was sent aborts the connection rather than ending the array early. The answer is consistent (see "Read consistency" above) unless `Cache-Control` says otherwise, and its `X-Event-Id` header is the feed position it reflects: watch with `Last-Event-ID` set to it for every change after the list. Each page of a paged list has its own position. 400 for a malformed body, an unknown filter or a value out of range (the bad fields are listed, at most 20), 413 for a body over 1 MiB, 415 for a non-JSON `Content-Type`, 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 // Roles: reader, scheduler, agent, admin (everyone).
 //
 // Takes any type of body and a specified content type.
@@ -2838,7 +2893,7 @@ func (c *Client) ListNodesWithBody(ctx context.Context, params *ListNodesParams,
 
 // ListNodes List nodes
 //
-// Answers 200 with a JSON array of the nodes that match every filter in the optional body, ordered by `pk` ascending. No body (or `{}`) lists every node. `state` selects nodes in any of the given states (one `NodeState` or an array of them); `free: true` selects the nodes a claim could take, those in state `free`, and `free: false` every other node. With both, both apply (ANDed, like every filter); a pair that no state passes (`free: true` with `state: busy`) is a 400 naming `state`, as is a state that is not one of `NodeState`. Filters are ANDed; `after` and `limit` page through the registry by keyset: pass the last `pk` you received as `after`. Without `limit` every matching node is returned; the array is streamed, and a failure after the first node was sent aborts the connection rather than ending the array early. 400 for a malformed body, an unknown filter or a value out of range (the bad fields are listed, at most 20), 413 for a body over 1 MiB, 415 for a non-JSON `Content-Type`, 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+// Answers 200 with a JSON array of the nodes that match every filter in the optional body, ordered by `pk` ascending. No body (or `{}`) lists every node. `state` selects nodes in any of the given states (one `NodeState` or an array of them); `free: true` selects the nodes a claim could take, those in state `free`, and `free: false` every other node. With both, both apply (ANDed, like every filter); a pair that no state passes (`free: true` with `state: busy`) is a 400 naming `state`, as is a state that is not one of `NodeState`. Filters are ANDed; `after` and `limit` page through the registry by keyset: pass the last `pk` you received as `after`. Without `limit` every matching node is returned; the array is streamed, and a failure after the first node was sent aborts the connection rather than ending the array early. The answer is consistent (see "Read consistency" above) unless `Cache-Control` says otherwise, and its `X-Event-Id` header is the feed position it reflects: watch with `Last-Event-ID` set to it for every change after the list. Each page of a paged list has its own position. 400 for a malformed body, an unknown filter or a value out of range (the bad fields are listed, at most 20), 413 for a body over 1 MiB, 415 for a non-JSON `Content-Type`, 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 // Roles: reader, scheduler, agent, admin (everyone).
 //
 // Takes a body of the `application/json` content type.
@@ -3038,6 +3093,7 @@ func (c *Client) UncordonNodes(ctx context.Context, params *UncordonNodesParams,
 // | `cordoned` | an admin cordoned the node (or changed its reason) | `NodeEvent` |
 // | `uncordoned` | an admin uncordoned the node               | `NodeEvent` |
 // | `reset`    | the client must re-list (see below)          | `WatchReset` |
+// | `bookmark` | where the stream stands (see below); no change | `WatchBookmark` |
 //
 // # Each event is sent as
 //
@@ -3055,11 +3111,29 @@ func (c *Client) UncordonNodes(ctx context.Context, params *UncordonNodesParams,
 //   - `data` is one line of JSON: `NodeEvent` (`kind` equals the event
 //     name, `at` is when the change was made, `node` is the full node
 //     after the change, or as it was for `deleted`; its `last_seen` is
-//     as of the change), or `WatchReset`.
+//     as of the change), `WatchReset` or `WatchBookmark`.
 //   - The stream starts with `retry: 2000` (reconnect after 2 s) and a
 //     comment line. While nothing happens the server sends a comment
 //     `: keep-alive` every 15 seconds; clients ignore comment lines
 //     (those starting with `:`).
+//
+// Bookmarks: right after the stream opens (after the replay, when it
+// resumes) the server sends a `bookmark` whose `id` and
+// `last_event_id` are the position the stream goes on after, and it
+// sends another now and then while no event matches the filters. A
+// bookmark changes nothing; it tells the client where it stands, so
+// that it can resume from there even when no event of its own came:
+//
+// ```
+// id: 1042
+// event: bookmark
+// data: {"last_event_id":1042}
+//
+// ```
+//
+// A client that remembers the `id` of the last event or bookmark it
+// received and sends it as `Last-Event-ID` when it reconnects misses
+// nothing and receives nothing twice.
 //
 // Resuming: send the id of the last event received as `Last-Event-ID`
 // (`EventSource` does this when it reconnects), or as the
@@ -3067,14 +3141,25 @@ func (c *Client) UncordonNodes(ctx context.Context, params *UncordonNodesParams,
 // the header wins when both are present. The stream first replays every
 // event after that id (matching the filters) from the change log, then
 // goes on live, with no gap and no duplicates. Without either, the
-// stream starts with changes made after it opened; list the nodes first
-// (`POST /v1/nodes/list`) for the current state. Events stay resumable
+// stream starts with changes made after it opened (its opening
+// bookmark says where); for the state before, list the nodes first
+// (`POST /v1/nodes/list`) and resume after the list's `X-Event-Id`.
+// Events stay resumable
 // for the server's retention (`REGISTRY_WATCH_RETENTION`, 24 hours by
-// default). When the id is older than that, or ahead of this registry's
-// newest event (an id from another database, or from before a restore),
-// the stream sends a `reset` event instead of replaying: its `id` and
-// `last_event_id` are the newest event id, and the client must re-list
-// the nodes; the stream then goes on live after that id.
+// default). When the id is older than that, or one the registry
+// cannot vouch for (ahead of its newest event, from another database, or from
+// before a failover or restore that lost events), the stream sends a
+// `reset` event instead of replaying: its `id` and `last_event_id` are
+// the newest event id, and the client must re-list the nodes; the
+// stream then goes on live after that id. An open stream gets a
+// `reset` too when the registry's feed starts a new epoch (after a
+// failover to a standby that lost events, a restore, or the event
+// sequence set back), within a few seconds, and then ends: reconnect
+// with the reset's id. The ids of the new epoch are larger than any id
+// sent before, so a client keeps comparing ids as numbers. The usual pattern: list the nodes (`POST
+// /v1/nodes/list`, whose `X-Event-Id` is its position), watch with
+// `Last-Event-ID` set to that position, apply events as they come, and
+// on `reset` list again and watch from the new list's position.
 //
 // A client that falls too far behind (more events not yet sent to it
 // than `REGISTRY_WATCH_BUFFER_BYTES` of encoded events, 1 MiB by
@@ -3167,7 +3252,7 @@ func (c *Client) DeleteNode(ctx context.Context, pk NodePK, params *DeleteNodePa
 
 // GetNode Retrieve a node
 //
-// Answers 200 with the node and its `ETag`. When `If-None-Match` names the node's current `ETag` (weak comparison) or is `*`, it answers 304 Not Modified instead, with the `ETag` and no body. The node comes from the replica's node cache: this replica's own writes show at once, other replicas' within 2 seconds at most (usually milliseconds); `Cache-Control: no-cache` reads PostgreSQL instead (see "Read consistency" above). The `ETag` does not change with heartbeats, so a 304 may stand for a node whose `last_seen` has moved on. 400 when `pk` is not a pk (a positive int64 in plain decimal); 404 when no node has that pk; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+// Answers 200 with the node and its `ETag`. When `If-None-Match` names the node's current `ETag` (weak comparison) or is `*`, it answers 304 Not Modified instead, with the `ETag` and no body. The read is consistent: it reflects every write any replica acknowledged before it arrived; `Cache-Control: max-stale` takes the replica's cache as it is (at most 2 seconds behind), `no-cache` reads PostgreSQL (see "Read consistency" above). The `ETag` does not change with heartbeats, so a 304 may stand for a node whose `last_seen` has moved on. 400 when `pk` is not a pk (a positive int64 in plain decimal); 404 when no node has that pk; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 // Roles: reader, scheduler, agent, admin (everyone).
 //
 // Corresponds with GET /v1/nodes/{pk} (the `GetNode` operationId).
@@ -4218,6 +4303,17 @@ func NewListNodesRequestWithBody(server string, params *ListNodesParams, content
 			}
 
 			req.Header.Set("Node-Id", headerParam0)
+		}
+
+		if params.CacheControl != nil {
+			var headerParam1 string
+
+			headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Cache-Control", *params.CacheControl, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Cache-Control", headerParam1)
 		}
 
 	}
@@ -5533,7 +5629,7 @@ type ClientWithResponsesInterface interface {
 
 	// ListNodesWithBodyWithResponse List nodes
 	//
-	// Answers 200 with a JSON array of the nodes that match every filter in the optional body, ordered by `pk` ascending. No body (or `{}`) lists every node. `state` selects nodes in any of the given states (one `NodeState` or an array of them); `free: true` selects the nodes a claim could take, those in state `free`, and `free: false` every other node. With both, both apply (ANDed, like every filter); a pair that no state passes (`free: true` with `state: busy`) is a 400 naming `state`, as is a state that is not one of `NodeState`. Filters are ANDed; `after` and `limit` page through the registry by keyset: pass the last `pk` you received as `after`. Without `limit` every matching node is returned; the array is streamed, and a failure after the first node was sent aborts the connection rather than ending the array early. 400 for a malformed body, an unknown filter or a value out of range (the bad fields are listed, at most 20), 413 for a body over 1 MiB, 415 for a non-JSON `Content-Type`, 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+	// Answers 200 with a JSON array of the nodes that match every filter in the optional body, ordered by `pk` ascending. No body (or `{}`) lists every node. `state` selects nodes in any of the given states (one `NodeState` or an array of them); `free: true` selects the nodes a claim could take, those in state `free`, and `free: false` every other node. With both, both apply (ANDed, like every filter); a pair that no state passes (`free: true` with `state: busy`) is a 400 naming `state`, as is a state that is not one of `NodeState`. Filters are ANDed; `after` and `limit` page through the registry by keyset: pass the last `pk` you received as `after`. Without `limit` every matching node is returned; the array is streamed, and a failure after the first node was sent aborts the connection rather than ending the array early. The answer is consistent (see "Read consistency" above) unless `Cache-Control` says otherwise, and its `X-Event-Id` header is the feed position it reflects: watch with `Last-Event-ID` set to it for every change after the list. Each page of a paged list has its own position. 400 for a malformed body, an unknown filter or a value out of range (the bad fields are listed, at most 20), 413 for a body over 1 MiB, 415 for a non-JSON `Content-Type`, 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 	// Roles: reader, scheduler, agent, admin (everyone).
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
@@ -5543,7 +5639,7 @@ type ClientWithResponsesInterface interface {
 
 	// ListNodesWithResponse List nodes
 	//
-	// Answers 200 with a JSON array of the nodes that match every filter in the optional body, ordered by `pk` ascending. No body (or `{}`) lists every node. `state` selects nodes in any of the given states (one `NodeState` or an array of them); `free: true` selects the nodes a claim could take, those in state `free`, and `free: false` every other node. With both, both apply (ANDed, like every filter); a pair that no state passes (`free: true` with `state: busy`) is a 400 naming `state`, as is a state that is not one of `NodeState`. Filters are ANDed; `after` and `limit` page through the registry by keyset: pass the last `pk` you received as `after`. Without `limit` every matching node is returned; the array is streamed, and a failure after the first node was sent aborts the connection rather than ending the array early. 400 for a malformed body, an unknown filter or a value out of range (the bad fields are listed, at most 20), 413 for a body over 1 MiB, 415 for a non-JSON `Content-Type`, 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+	// Answers 200 with a JSON array of the nodes that match every filter in the optional body, ordered by `pk` ascending. No body (or `{}`) lists every node. `state` selects nodes in any of the given states (one `NodeState` or an array of them); `free: true` selects the nodes a claim could take, those in state `free`, and `free: false` every other node. With both, both apply (ANDed, like every filter); a pair that no state passes (`free: true` with `state: busy`) is a 400 naming `state`, as is a state that is not one of `NodeState`. Filters are ANDed; `after` and `limit` page through the registry by keyset: pass the last `pk` you received as `after`. Without `limit` every matching node is returned; the array is streamed, and a failure after the first node was sent aborts the connection rather than ending the array early. The answer is consistent (see "Read consistency" above) unless `Cache-Control` says otherwise, and its `X-Event-Id` header is the feed position it reflects: watch with `Last-Event-ID` set to it for every change after the list. Each page of a paged list has its own position. 400 for a malformed body, an unknown filter or a value out of range (the bad fields are listed, at most 20), 413 for a body over 1 MiB, 415 for a non-JSON `Content-Type`, 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 	// Roles: reader, scheduler, agent, admin (everyone).
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
@@ -5657,6 +5753,7 @@ type ClientWithResponsesInterface interface {
 	// | `cordoned` | an admin cordoned the node (or changed its reason) | `NodeEvent` |
 	// | `uncordoned` | an admin uncordoned the node               | `NodeEvent` |
 	// | `reset`    | the client must re-list (see below)          | `WatchReset` |
+	// | `bookmark` | where the stream stands (see below); no change | `WatchBookmark` |
 	//
 	// Each event is sent as
 	//
@@ -5674,11 +5771,29 @@ type ClientWithResponsesInterface interface {
 	// - `data` is one line of JSON: `NodeEvent` (`kind` equals the event
 	//   name, `at` is when the change was made, `node` is the full node
 	//   after the change, or as it was for `deleted`; its `last_seen` is
-	//   as of the change), or `WatchReset`.
+	//   as of the change), `WatchReset` or `WatchBookmark`.
 	// - The stream starts with `retry: 2000` (reconnect after 2 s) and a
 	//   comment line. While nothing happens the server sends a comment
 	//   `: keep-alive` every 15 seconds; clients ignore comment lines
 	//   (those starting with `:`).
+	//
+	// Bookmarks: right after the stream opens (after the replay, when it
+	// resumes) the server sends a `bookmark` whose `id` and
+	// `last_event_id` are the position the stream goes on after, and it
+	// sends another now and then while no event matches the filters. A
+	// bookmark changes nothing; it tells the client where it stands, so
+	// that it can resume from there even when no event of its own came:
+	//
+	// ```
+	// id: 1042
+	// event: bookmark
+	// data: {"last_event_id":1042}
+	//
+	// ```
+	//
+	// A client that remembers the `id` of the last event or bookmark it
+	// received and sends it as `Last-Event-ID` when it reconnects misses
+	// nothing and receives nothing twice.
 	//
 	// Resuming: send the id of the last event received as `Last-Event-ID`
 	// (`EventSource` does this when it reconnects), or as the
@@ -5686,14 +5801,25 @@ type ClientWithResponsesInterface interface {
 	// the header wins when both are present. The stream first replays every
 	// event after that id (matching the filters) from the change log, then
 	// goes on live, with no gap and no duplicates. Without either, the
-	// stream starts with changes made after it opened; list the nodes first
-	// (`POST /v1/nodes/list`) for the current state. Events stay resumable
+	// stream starts with changes made after it opened (its opening
+	// bookmark says where); for the state before, list the nodes first
+	// (`POST /v1/nodes/list`) and resume after the list's `X-Event-Id`.
+	// Events stay resumable
 	// for the server's retention (`REGISTRY_WATCH_RETENTION`, 24 hours by
-	// default). When the id is older than that, or ahead of this registry's
-	// newest event (an id from another database, or from before a restore),
-	// the stream sends a `reset` event instead of replaying: its `id` and
-	// `last_event_id` are the newest event id, and the client must re-list
-	// the nodes; the stream then goes on live after that id.
+	// default). When the id is older than that, or one the registry
+	// cannot vouch for (ahead of its newest event, from another database, or from
+	// before a failover or restore that lost events), the stream sends a
+	// `reset` event instead of replaying: its `id` and `last_event_id` are
+	// the newest event id, and the client must re-list the nodes; the
+	// stream then goes on live after that id. An open stream gets a
+	// `reset` too when the registry's feed starts a new epoch (after a
+	// failover to a standby that lost events, a restore, or the event
+	// sequence set back), within a few seconds, and then ends: reconnect
+	// with the reset's id. The ids of the new epoch are larger than any id
+	// sent before, so a client keeps comparing ids as numbers. The usual pattern: list the nodes (`POST
+	// /v1/nodes/list`, whose `X-Event-Id` is its position), watch with
+	// `Last-Event-ID` set to that position, apply events as they come, and
+	// on `reset` list again and watch from the new list's position.
 	//
 	// A client that falls too far behind (more events not yet sent to it
 	// than `REGISTRY_WATCH_BUFFER_BYTES` of encoded events, 1 MiB by
@@ -5762,7 +5888,7 @@ type ClientWithResponsesInterface interface {
 
 	// GetNodeWithResponse Retrieve a node
 	//
-	// Answers 200 with the node and its `ETag`. When `If-None-Match` names the node's current `ETag` (weak comparison) or is `*`, it answers 304 Not Modified instead, with the `ETag` and no body. The node comes from the replica's node cache: this replica's own writes show at once, other replicas' within 2 seconds at most (usually milliseconds); `Cache-Control: no-cache` reads PostgreSQL instead (see "Read consistency" above). The `ETag` does not change with heartbeats, so a 304 may stand for a node whose `last_seen` has moved on. 400 when `pk` is not a pk (a positive int64 in plain decimal); 404 when no node has that pk; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+	// Answers 200 with the node and its `ETag`. When `If-None-Match` names the node's current `ETag` (weak comparison) or is `*`, it answers 304 Not Modified instead, with the `ETag` and no body. The read is consistent: it reflects every write any replica acknowledged before it arrived; `Cache-Control: max-stale` takes the replica's cache as it is (at most 2 seconds behind), `no-cache` reads PostgreSQL (see "Read consistency" above). The `ETag` does not change with heartbeats, so a 304 may stand for a node whose `last_seen` has moved on. 400 when `pk` is not a pk (a positive int64 in plain decimal); 404 when no node has that pk; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 	// Roles: reader, scheduler, agent, admin (everyone).
 	//
 	// Returns a wrapper object for the known response body format(s).
@@ -8406,6 +8532,7 @@ func (r CreateNodeResponse) ContentType() string {
 
 // ListNodesResponse200Headers the declared response headers of an HTTP 200 response for ListNodes
 type ListNodesResponse200Headers struct {
+	XEventID   int64
 	XRequestID string
 }
 
@@ -11199,7 +11326,7 @@ func (c *ClientWithResponses) CreateNodeWithResponse(ctx context.Context, params
 
 // ListNodesWithBodyWithResponse List nodes
 //
-// Answers 200 with a JSON array of the nodes that match every filter in the optional body, ordered by `pk` ascending. No body (or `{}`) lists every node. `state` selects nodes in any of the given states (one `NodeState` or an array of them); `free: true` selects the nodes a claim could take, those in state `free`, and `free: false` every other node. With both, both apply (ANDed, like every filter); a pair that no state passes (`free: true` with `state: busy`) is a 400 naming `state`, as is a state that is not one of `NodeState`. Filters are ANDed; `after` and `limit` page through the registry by keyset: pass the last `pk` you received as `after`. Without `limit` every matching node is returned; the array is streamed, and a failure after the first node was sent aborts the connection rather than ending the array early. 400 for a malformed body, an unknown filter or a value out of range (the bad fields are listed, at most 20), 413 for a body over 1 MiB, 415 for a non-JSON `Content-Type`, 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+// Answers 200 with a JSON array of the nodes that match every filter in the optional body, ordered by `pk` ascending. No body (or `{}`) lists every node. `state` selects nodes in any of the given states (one `NodeState` or an array of them); `free: true` selects the nodes a claim could take, those in state `free`, and `free: false` every other node. With both, both apply (ANDed, like every filter); a pair that no state passes (`free: true` with `state: busy`) is a 400 naming `state`, as is a state that is not one of `NodeState`. Filters are ANDed; `after` and `limit` page through the registry by keyset: pass the last `pk` you received as `after`. Without `limit` every matching node is returned; the array is streamed, and a failure after the first node was sent aborts the connection rather than ending the array early. The answer is consistent (see "Read consistency" above) unless `Cache-Control` says otherwise, and its `X-Event-Id` header is the feed position it reflects: watch with `Last-Event-ID` set to it for every change after the list. Each page of a paged list has its own position. 400 for a malformed body, an unknown filter or a value out of range (the bad fields are listed, at most 20), 413 for a body over 1 MiB, 415 for a non-JSON `Content-Type`, 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 // Roles: reader, scheduler, agent, admin (everyone).
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
@@ -11215,7 +11342,7 @@ func (c *ClientWithResponses) ListNodesWithBodyWithResponse(ctx context.Context,
 
 // ListNodesWithResponse List nodes
 //
-// Answers 200 with a JSON array of the nodes that match every filter in the optional body, ordered by `pk` ascending. No body (or `{}`) lists every node. `state` selects nodes in any of the given states (one `NodeState` or an array of them); `free: true` selects the nodes a claim could take, those in state `free`, and `free: false` every other node. With both, both apply (ANDed, like every filter); a pair that no state passes (`free: true` with `state: busy`) is a 400 naming `state`, as is a state that is not one of `NodeState`. Filters are ANDed; `after` and `limit` page through the registry by keyset: pass the last `pk` you received as `after`. Without `limit` every matching node is returned; the array is streamed, and a failure after the first node was sent aborts the connection rather than ending the array early. 400 for a malformed body, an unknown filter or a value out of range (the bad fields are listed, at most 20), 413 for a body over 1 MiB, 415 for a non-JSON `Content-Type`, 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+// Answers 200 with a JSON array of the nodes that match every filter in the optional body, ordered by `pk` ascending. No body (or `{}`) lists every node. `state` selects nodes in any of the given states (one `NodeState` or an array of them); `free: true` selects the nodes a claim could take, those in state `free`, and `free: false` every other node. With both, both apply (ANDed, like every filter); a pair that no state passes (`free: true` with `state: busy`) is a 400 naming `state`, as is a state that is not one of `NodeState`. Filters are ANDed; `after` and `limit` page through the registry by keyset: pass the last `pk` you received as `after`. Without `limit` every matching node is returned; the array is streamed, and a failure after the first node was sent aborts the connection rather than ending the array early. The answer is consistent (see "Read consistency" above) unless `Cache-Control` says otherwise, and its `X-Event-Id` header is the feed position it reflects: watch with `Last-Event-ID` set to it for every change after the list. Each page of a paged list has its own position. 400 for a malformed body, an unknown filter or a value out of range (the bad fields are listed, at most 20), 413 for a body over 1 MiB, 415 for a non-JSON `Content-Type`, 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 // Roles: reader, scheduler, agent, admin (everyone).
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
@@ -11383,6 +11510,7 @@ func (c *ClientWithResponses) UncordonNodesWithResponse(ctx context.Context, par
 // | `cordoned` | an admin cordoned the node (or changed its reason) | `NodeEvent` |
 // | `uncordoned` | an admin uncordoned the node               | `NodeEvent` |
 // | `reset`    | the client must re-list (see below)          | `WatchReset` |
+// | `bookmark` | where the stream stands (see below); no change | `WatchBookmark` |
 //
 // # Each event is sent as
 //
@@ -11400,11 +11528,29 @@ func (c *ClientWithResponses) UncordonNodesWithResponse(ctx context.Context, par
 //   - `data` is one line of JSON: `NodeEvent` (`kind` equals the event
 //     name, `at` is when the change was made, `node` is the full node
 //     after the change, or as it was for `deleted`; its `last_seen` is
-//     as of the change), or `WatchReset`.
+//     as of the change), `WatchReset` or `WatchBookmark`.
 //   - The stream starts with `retry: 2000` (reconnect after 2 s) and a
 //     comment line. While nothing happens the server sends a comment
 //     `: keep-alive` every 15 seconds; clients ignore comment lines
 //     (those starting with `:`).
+//
+// Bookmarks: right after the stream opens (after the replay, when it
+// resumes) the server sends a `bookmark` whose `id` and
+// `last_event_id` are the position the stream goes on after, and it
+// sends another now and then while no event matches the filters. A
+// bookmark changes nothing; it tells the client where it stands, so
+// that it can resume from there even when no event of its own came:
+//
+// ```
+// id: 1042
+// event: bookmark
+// data: {"last_event_id":1042}
+//
+// ```
+//
+// A client that remembers the `id` of the last event or bookmark it
+// received and sends it as `Last-Event-ID` when it reconnects misses
+// nothing and receives nothing twice.
 //
 // Resuming: send the id of the last event received as `Last-Event-ID`
 // (`EventSource` does this when it reconnects), or as the
@@ -11412,14 +11558,25 @@ func (c *ClientWithResponses) UncordonNodesWithResponse(ctx context.Context, par
 // the header wins when both are present. The stream first replays every
 // event after that id (matching the filters) from the change log, then
 // goes on live, with no gap and no duplicates. Without either, the
-// stream starts with changes made after it opened; list the nodes first
-// (`POST /v1/nodes/list`) for the current state. Events stay resumable
+// stream starts with changes made after it opened (its opening
+// bookmark says where); for the state before, list the nodes first
+// (`POST /v1/nodes/list`) and resume after the list's `X-Event-Id`.
+// Events stay resumable
 // for the server's retention (`REGISTRY_WATCH_RETENTION`, 24 hours by
-// default). When the id is older than that, or ahead of this registry's
-// newest event (an id from another database, or from before a restore),
-// the stream sends a `reset` event instead of replaying: its `id` and
-// `last_event_id` are the newest event id, and the client must re-list
-// the nodes; the stream then goes on live after that id.
+// default). When the id is older than that, or one the registry
+// cannot vouch for (ahead of its newest event, from another database, or from
+// before a failover or restore that lost events), the stream sends a
+// `reset` event instead of replaying: its `id` and `last_event_id` are
+// the newest event id, and the client must re-list the nodes; the
+// stream then goes on live after that id. An open stream gets a
+// `reset` too when the registry's feed starts a new epoch (after a
+// failover to a standby that lost events, a restore, or the event
+// sequence set back), within a few seconds, and then ends: reconnect
+// with the reset's id. The ids of the new epoch are larger than any id
+// sent before, so a client keeps comparing ids as numbers. The usual pattern: list the nodes (`POST
+// /v1/nodes/list`, whose `X-Event-Id` is its position), watch with
+// `Last-Event-ID` set to that position, apply events as they come, and
+// on `reset` list again and watch from the new list's position.
 //
 // A client that falls too far behind (more events not yet sent to it
 // than `REGISTRY_WATCH_BUFFER_BYTES` of encoded events, 1 MiB by
@@ -11506,7 +11663,7 @@ func (c *ClientWithResponses) DeleteNodeWithResponse(ctx context.Context, pk Nod
 
 // GetNodeWithResponse Retrieve a node
 //
-// Answers 200 with the node and its `ETag`. When `If-None-Match` names the node's current `ETag` (weak comparison) or is `*`, it answers 304 Not Modified instead, with the `ETag` and no body. The node comes from the replica's node cache: this replica's own writes show at once, other replicas' within 2 seconds at most (usually milliseconds); `Cache-Control: no-cache` reads PostgreSQL instead (see "Read consistency" above). The `ETag` does not change with heartbeats, so a 304 may stand for a node whose `last_seen` has moved on. 400 when `pk` is not a pk (a positive int64 in plain decimal); 404 when no node has that pk; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+// Answers 200 with the node and its `ETag`. When `If-None-Match` names the node's current `ETag` (weak comparison) or is `*`, it answers 304 Not Modified instead, with the `ETag` and no body. The read is consistent: it reflects every write any replica acknowledged before it arrived; `Cache-Control: max-stale` takes the replica's cache as it is (at most 2 seconds behind), `no-cache` reads PostgreSQL (see "Read consistency" above). The `ETag` does not change with heartbeats, so a 304 may stand for a node whose `last_seen` has moved on. 400 when `pk` is not a pk (a positive int64 in plain decimal); 404 when no node has that pk; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 // Roles: reader, scheduler, agent, admin (everyone).
 //
 // Returns a wrapper object for the known response body format(s).
@@ -14782,6 +14939,13 @@ func ParseListNodesResponse(rsp *http.Response) (*ListNodesResponse, error) {
 	switch {
 	case rsp.StatusCode == 200:
 		var headers ListNodesResponse200Headers
+		if values := rsp.Header.Values("X-Event-Id"); len(values) > 0 {
+			var value int64
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Event-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: "int64"}); err != nil {
+				return nil, err
+			}
+			headers.XEventID = value
+		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
