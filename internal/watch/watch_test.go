@@ -71,6 +71,11 @@ func (m *memStore) EventHorizon(context.Context) (int64, int64, error) {
 
 func (m *memStore) PruneEvents(context.Context, time.Time) (int64, error) { return 0, nil }
 
+func (m *memStore) FeedPosition(ctx context.Context) (int64, bool, error) {
+	_, latest, err := m.EventHorizon(ctx)
+	return latest, false, err
+}
+
 func (m *memStore) Listen(ctx context.Context, _ []string, fn func(string, string)) error {
 	fn("", "")
 	<-ctx.Done()
