@@ -44,6 +44,7 @@ func readNodeEcho(f *fields) registry.NodeEcho {
 		State:          f.string("state", false),
 		CordonReason:   f.string("cordon_reason", true),
 		LeaseExpiresAt: f.stamp("lease_expires_at"),
+		Version:        f.int64("version", false),
 	}
 }
 
