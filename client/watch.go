@@ -270,6 +270,13 @@ func (s *stream) dispatch(typ string, rawID, data []byte) error {
 		return fmt.Errorf("%w: event id %q is not an event id", errProtocol, rawID)
 	}
 	ev.ID = id
+	if typ == "bookmark" {
+		// Where the stream stands: resuming after it loses and repeats
+		// nothing. (Handing bookmarks to the caller is the client's next
+		// step, issue 22 part 5.)
+		s.last = id
+		return nil
+	}
 	switch NodeEventKind(typ) {
 	case EventReset:
 		ev.Reset = new(WatchReset)

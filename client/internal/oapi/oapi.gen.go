@@ -439,6 +439,9 @@ type EchoState = string
 // EchoUpdatedAt Read-only and best left out; accepted when it is the stored instant written at the precision sent, as `created_at`. A different value means the row changed since it was read (a write within the same second goes unnoticed at second precision: use `If-Match` to guard against concurrent writes).
 type EchoUpdatedAt = time.Time
 
+// EchoVersion Read-only and best left out; accepted when it is the node's current version, so a document read before another write is refused (400 naming `version`), as its `updated_at` would be.
+type EchoVersion = int64
+
 // FieldError defines model for FieldError.
 type FieldError struct {
 	// Field The request body member (or watch query parameter) at fault. A name the client chose that is longer than 64 bytes is cut to at most 64 bytes and ends in `…`.
@@ -633,6 +636,11 @@ type Node struct {
 	//
 	// Example: 2025-01-01T00:00:00.5Z
 	UpdatedAt time.Time `json:"updated_at"`
+
+	// Version The node's version, the number its `ETag` carries: it changes with every write except heartbeats, and a greater one is newer. A watch event whose node has a version at or below the one a client holds repeats nothing new. Read-only: a `PUT` or `PATCH` may echo it, and then it must be the node's current version (otherwise 400 naming `version`, as for `updated_at`).
+	//
+	// Example: 3
+	Version int64 `json:"version"`
 }
 
 // NodeCPUMem CPU memory in bytes. Not null.
@@ -943,6 +951,9 @@ type NodePatch struct {
 
 	// UpdatedAt Read-only and best left out; accepted when it is the stored instant written at the precision sent, as `created_at`. A different value means the row changed since it was read (a write within the same second goes unnoticed at second precision: use `If-Match` to guard against concurrent writes).
 	UpdatedAt *EchoUpdatedAt `json:"updated_at,omitempty"`
+
+	// Version Read-only and best left out; accepted when it is the node's current version, so a document read before another write is refused (400 naming `version`), as its `updated_at` would be.
+	Version *EchoVersion `json:"version,omitempty"`
 }
 
 // NodeRelease A release: nodes the job `job` gives back. `job` is required.
@@ -1066,6 +1077,9 @@ type NodeUpdate struct {
 
 	// UpdatedAt Read-only and best left out; accepted when it is the stored instant written at the precision sent, as `created_at`. A different value means the row changed since it was read (a write within the same second goes unnoticed at second precision: use `If-Match` to guard against concurrent writes).
 	UpdatedAt *EchoUpdatedAt `json:"updated_at,omitempty"`
+
+	// Version Read-only and best left out; accepted when it is the node's current version, so a document read before another write is refused (400 naming `version`), as its `updated_at` would be.
+	Version *EchoVersion `json:"version,omitempty"`
 }
 
 // NotDone A node a cordon or uncordon named but did not act on, and why.
@@ -1234,7 +1248,7 @@ type WatchReset struct {
 	Reason string `json:"reason"`
 }
 
-// CacheControl Example: no-cache
+// CacheControl Example: max-stale=1
 type CacheControl = string
 
 // Force defines model for Force.
@@ -1411,6 +1425,9 @@ type CreateNodeParams struct {
 type ListNodesParams struct {
 	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
 	NodeID *NodeID `json:"Node-Id,omitempty"`
+
+	// CacheControl How fresh the read must be (directives comma-separated, any case). Without it a read is consistent: it shows every write any replica acknowledged before the request arrived. `max-stale` or `max-stale=S` accepts a read that may miss writes acknowledged up to S seconds (at most 2; a bare `max-stale` means 2) before it arrived, answered from memory without waiting. `no-cache` reads PostgreSQL, bypassing the node cache (it wins over `max-stale`). It applies to the `Node-Id` check of the same request too. Other directives are ignored.
+	CacheControl *CacheControl `json:"Cache-Control,omitempty"`
 }
 
 // PingNodesParams defines parameters for PingNodes.
@@ -1523,7 +1540,7 @@ type GetNodeParams struct {
 	// IfNoneMatch One or more entity tags separated by commas, or `*`: node tags look like `"3"` (`W/"3"`), hardware generation tags like `"3-12"` (`W/"3-12"`). When one names the row's current `ETag` (weak comparison: `W/"3"` matches `"3"`) or the value is `*`, the answer is 304 Not Modified with no body. Otherwise the row is sent as usual. A hardware generation's tag includes its `nodes` count, so a tag read before nodes moved to or from it no longer matches.
 	IfNoneMatch *IfNoneMatch `json:"If-None-Match,omitempty"`
 
-	// CacheControl `no-cache` (among other directives, comma-separated, any case) reads the node straight from PostgreSQL instead of the replica's node cache: a strong read, as current as the database, at the price of a round trip. It applies to the `Node-Id` check of the same request too. Other directives are ignored.
+	// CacheControl How fresh the read must be (directives comma-separated, any case). Without it a read is consistent: it shows every write any replica acknowledged before the request arrived. `max-stale` or `max-stale=S` accepts a read that may miss writes acknowledged up to S seconds (at most 2; a bare `max-stale` means 2) before it arrived, answered from memory without waiting. `no-cache` reads PostgreSQL, bypassing the node cache (it wins over `max-stale`). It applies to the `Node-Id` check of the same request too. Other directives are ignored.
 	CacheControl *CacheControl `json:"Cache-Control,omitempty"`
 }
 
@@ -1535,7 +1552,7 @@ type HeadNodeParams struct {
 	// IfNoneMatch One or more entity tags separated by commas, or `*`: node tags look like `"3"` (`W/"3"`), hardware generation tags like `"3-12"` (`W/"3-12"`). When one names the row's current `ETag` (weak comparison: `W/"3"` matches `"3"`) or the value is `*`, the answer is 304 Not Modified with no body. Otherwise the row is sent as usual. A hardware generation's tag includes its `nodes` count, so a tag read before nodes moved to or from it no longer matches.
 	IfNoneMatch *IfNoneMatch `json:"If-None-Match,omitempty"`
 
-	// CacheControl `no-cache` (among other directives, comma-separated, any case) reads the node straight from PostgreSQL instead of the replica's node cache: a strong read, as current as the database, at the price of a round trip. It applies to the `Node-Id` check of the same request too. Other directives are ignored.
+	// CacheControl How fresh the read must be (directives comma-separated, any case). Without it a read is consistent: it shows every write any replica acknowledged before the request arrived. `max-stale` or `max-stale=S` accepts a read that may miss writes acknowledged up to S seconds (at most 2; a bare `max-stale` means 2) before it arrived, answered from memory without waiting. `no-cache` reads PostgreSQL, bypassing the node cache (it wins over `max-stale`). It applies to the `Node-Id` check of the same request too. Other directives are ignored.
 	CacheControl *CacheControl `json:"Cache-Control,omitempty"`
 }
 
@@ -2141,9 +2158,12 @@ type ClientInterface interface {
 	//   after the change, or as it was for `deleted`; its `last_seen` is
 	//   as of the change), or `WatchReset`.
 	// - The stream starts with `retry: 2000` (reconnect after 2 s) and a
-	//   comment line. While nothing happens the server sends a comment
-	//   `: keep-alive` every 15 seconds; clients ignore comment lines
-	//   (those starting with `:`).
+	//   comment line, then (after any backfill) a `bookmark` event:
+	//   `id: N`, `event: bookmark`, `data: {"last_event_id":N}`, N the
+	//   newest event the stream has taken (sent or filtered out); resuming
+	//   from it loses and repeats nothing. While nothing happens the
+	//   server sends a bookmark every 15 seconds. Clients ignore comment
+	//   lines (those starting with `:`) and may ignore bookmarks.
 	//
 	// Resuming: send the id of the last event received as `Last-Event-ID`
 	// (`EventSource` does this when it reconnects), or as the
@@ -2221,7 +2241,7 @@ type ClientInterface interface {
 
 	// GetNode Retrieve a node
 	//
-	// Answers 200 with the node and its `ETag`. When `If-None-Match` names the node's current `ETag` (weak comparison) or is `*`, it answers 304 Not Modified instead, with the `ETag` and no body. The node comes from the replica's node cache: this replica's own writes show at once, other replicas' within 2 seconds at most (usually milliseconds); `Cache-Control: no-cache` reads PostgreSQL instead (see "Read consistency" above). The `ETag` does not change with heartbeats, so a 304 may stand for a node whose `last_seen` has moved on. 400 when `pk` is not a pk (a positive int64 in plain decimal); 404 when no node has that pk; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+	// Answers 200 with the node and its `ETag`. When `If-None-Match` names the node's current `ETag` (weak comparison) or is `*`, it answers 304 Not Modified instead, with the `ETag` and no body. The read is consistent: it shows every write any replica acknowledged before the request arrived (`Cache-Control` relaxes or strengthens that; see "Read consistency" above). The `ETag` does not change with heartbeats, so a 304 may stand for a node whose `last_seen` has moved on. 400 when `pk` is not a pk (a positive int64 in plain decimal); 404 when no node has that pk; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 	// Roles: reader, scheduler, agent, admin (everyone).
 	//
 	// Corresponds with GET /v1/nodes/{pk} (the `GetNode` operationId).
@@ -3057,9 +3077,12 @@ func (c *Client) UncordonNodes(ctx context.Context, params *UncordonNodesParams,
 //     after the change, or as it was for `deleted`; its `last_seen` is
 //     as of the change), or `WatchReset`.
 //   - The stream starts with `retry: 2000` (reconnect after 2 s) and a
-//     comment line. While nothing happens the server sends a comment
-//     `: keep-alive` every 15 seconds; clients ignore comment lines
-//     (those starting with `:`).
+//     comment line, then (after any backfill) a `bookmark` event:
+//     `id: N`, `event: bookmark`, `data: {"last_event_id":N}`, N the
+//     newest event the stream has taken (sent or filtered out); resuming
+//     from it loses and repeats nothing. While nothing happens the
+//     server sends a bookmark every 15 seconds. Clients ignore comment
+//     lines (those starting with `:`) and may ignore bookmarks.
 //
 // Resuming: send the id of the last event received as `Last-Event-ID`
 // (`EventSource` does this when it reconnects), or as the
@@ -3167,7 +3190,7 @@ func (c *Client) DeleteNode(ctx context.Context, pk NodePK, params *DeleteNodePa
 
 // GetNode Retrieve a node
 //
-// Answers 200 with the node and its `ETag`. When `If-None-Match` names the node's current `ETag` (weak comparison) or is `*`, it answers 304 Not Modified instead, with the `ETag` and no body. The node comes from the replica's node cache: this replica's own writes show at once, other replicas' within 2 seconds at most (usually milliseconds); `Cache-Control: no-cache` reads PostgreSQL instead (see "Read consistency" above). The `ETag` does not change with heartbeats, so a 304 may stand for a node whose `last_seen` has moved on. 400 when `pk` is not a pk (a positive int64 in plain decimal); 404 when no node has that pk; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+// Answers 200 with the node and its `ETag`. When `If-None-Match` names the node's current `ETag` (weak comparison) or is `*`, it answers 304 Not Modified instead, with the `ETag` and no body. The read is consistent: it shows every write any replica acknowledged before the request arrived (`Cache-Control` relaxes or strengthens that; see "Read consistency" above). The `ETag` does not change with heartbeats, so a 304 may stand for a node whose `last_seen` has moved on. 400 when `pk` is not a pk (a positive int64 in plain decimal); 404 when no node has that pk; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 // Roles: reader, scheduler, agent, admin (everyone).
 //
 // Corresponds with GET /v1/nodes/{pk} (the `GetNode` operationId).
@@ -4218,6 +4241,17 @@ func NewListNodesRequestWithBody(server string, params *ListNodesParams, content
 			}
 
 			req.Header.Set("Node-Id", headerParam0)
+		}
+
+		if params.CacheControl != nil {
+			var headerParam1 string
+
+			headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Cache-Control", *params.CacheControl, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Cache-Control", headerParam1)
 		}
 
 	}
@@ -5676,9 +5710,12 @@ type ClientWithResponsesInterface interface {
 	//   after the change, or as it was for `deleted`; its `last_seen` is
 	//   as of the change), or `WatchReset`.
 	// - The stream starts with `retry: 2000` (reconnect after 2 s) and a
-	//   comment line. While nothing happens the server sends a comment
-	//   `: keep-alive` every 15 seconds; clients ignore comment lines
-	//   (those starting with `:`).
+	//   comment line, then (after any backfill) a `bookmark` event:
+	//   `id: N`, `event: bookmark`, `data: {"last_event_id":N}`, N the
+	//   newest event the stream has taken (sent or filtered out); resuming
+	//   from it loses and repeats nothing. While nothing happens the
+	//   server sends a bookmark every 15 seconds. Clients ignore comment
+	//   lines (those starting with `:`) and may ignore bookmarks.
 	//
 	// Resuming: send the id of the last event received as `Last-Event-ID`
 	// (`EventSource` does this when it reconnects), or as the
@@ -5762,7 +5799,7 @@ type ClientWithResponsesInterface interface {
 
 	// GetNodeWithResponse Retrieve a node
 	//
-	// Answers 200 with the node and its `ETag`. When `If-None-Match` names the node's current `ETag` (weak comparison) or is `*`, it answers 304 Not Modified instead, with the `ETag` and no body. The node comes from the replica's node cache: this replica's own writes show at once, other replicas' within 2 seconds at most (usually milliseconds); `Cache-Control: no-cache` reads PostgreSQL instead (see "Read consistency" above). The `ETag` does not change with heartbeats, so a 304 may stand for a node whose `last_seen` has moved on. 400 when `pk` is not a pk (a positive int64 in plain decimal); 404 when no node has that pk; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+	// Answers 200 with the node and its `ETag`. When `If-None-Match` names the node's current `ETag` (weak comparison) or is `*`, it answers 304 Not Modified instead, with the `ETag` and no body. The read is consistent: it shows every write any replica acknowledged before the request arrived (`Cache-Control` relaxes or strengthens that; see "Read consistency" above). The `ETag` does not change with heartbeats, so a 304 may stand for a node whose `last_seen` has moved on. 400 when `pk` is not a pk (a positive int64 in plain decimal); 404 when no node has that pk; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 	// Roles: reader, scheduler, agent, admin (everyone).
 	//
 	// Returns a wrapper object for the known response body format(s).
@@ -8406,6 +8443,7 @@ func (r CreateNodeResponse) ContentType() string {
 
 // ListNodesResponse200Headers the declared response headers of an HTTP 200 response for ListNodes
 type ListNodesResponse200Headers struct {
+	XEventID   int64
 	XRequestID string
 }
 
@@ -11402,9 +11440,12 @@ func (c *ClientWithResponses) UncordonNodesWithResponse(ctx context.Context, par
 //     after the change, or as it was for `deleted`; its `last_seen` is
 //     as of the change), or `WatchReset`.
 //   - The stream starts with `retry: 2000` (reconnect after 2 s) and a
-//     comment line. While nothing happens the server sends a comment
-//     `: keep-alive` every 15 seconds; clients ignore comment lines
-//     (those starting with `:`).
+//     comment line, then (after any backfill) a `bookmark` event:
+//     `id: N`, `event: bookmark`, `data: {"last_event_id":N}`, N the
+//     newest event the stream has taken (sent or filtered out); resuming
+//     from it loses and repeats nothing. While nothing happens the
+//     server sends a bookmark every 15 seconds. Clients ignore comment
+//     lines (those starting with `:`) and may ignore bookmarks.
 //
 // Resuming: send the id of the last event received as `Last-Event-ID`
 // (`EventSource` does this when it reconnects), or as the
@@ -11506,7 +11547,7 @@ func (c *ClientWithResponses) DeleteNodeWithResponse(ctx context.Context, pk Nod
 
 // GetNodeWithResponse Retrieve a node
 //
-// Answers 200 with the node and its `ETag`. When `If-None-Match` names the node's current `ETag` (weak comparison) or is `*`, it answers 304 Not Modified instead, with the `ETag` and no body. The node comes from the replica's node cache: this replica's own writes show at once, other replicas' within 2 seconds at most (usually milliseconds); `Cache-Control: no-cache` reads PostgreSQL instead (see "Read consistency" above). The `ETag` does not change with heartbeats, so a 304 may stand for a node whose `last_seen` has moved on. 400 when `pk` is not a pk (a positive int64 in plain decimal); 404 when no node has that pk; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+// Answers 200 with the node and its `ETag`. When `If-None-Match` names the node's current `ETag` (weak comparison) or is `*`, it answers 304 Not Modified instead, with the `ETag` and no body. The read is consistent: it shows every write any replica acknowledged before the request arrived (`Cache-Control` relaxes or strengthens that; see "Read consistency" above). The `ETag` does not change with heartbeats, so a 304 may stand for a node whose `last_seen` has moved on. 400 when `pk` is not a pk (a positive int64 in plain decimal); 404 when no node has that pk; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 // Roles: reader, scheduler, agent, admin (everyone).
 //
 // Returns a wrapper object for the known response body format(s).
@@ -14782,6 +14823,13 @@ func ParseListNodesResponse(rsp *http.Response) (*ListNodesResponse, error) {
 	switch {
 	case rsp.StatusCode == 200:
 		var headers ListNodesResponse200Headers
+		if values := rsp.Header.Values("X-Event-Id"); len(values) > 0 {
+			var value int64
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Event-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: "int64"}); err != nil {
+				return nil, err
+			}
+			headers.XEventID = value
+		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
