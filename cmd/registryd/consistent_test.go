@@ -73,7 +73,9 @@ func TestServeConsistentReadsAcrossReplicas(t *testing.T) {
 			var got string
 			if i%3 == 0 {
 				code, body := do("GET", fmt.Sprintf("%s/v1/nodes/%d", b.url, pks[k]), "")
-				var n struct{ DriverVersion string `json:"driver_version"` }
+				var n struct {
+					DriverVersion string `json:"driver_version"`
+				}
 				if code != 200 || json.Unmarshal([]byte(body), &n) != nil {
 					t.Fatalf("get on B: %d %s", code, body)
 				}
