@@ -5,18 +5,19 @@
 //
 // The consistency a reader gets (docs/api.md, "Read consistency"):
 //
-//   - A replica's own writes are visible to its own reads at once: the
-//     API hands every node a write returns to Wrote, which updates the
-//     cached copy. Versions only move forward: an older version never
-//     replaces a newer one, whichever of the feed, a fill or a write
-//     brings it.
-//   - Other replicas' writes arrive through the feed, usually within a
-//     few milliseconds. The cache serves only while the feed proves it
-//     current: a sequencing pass that started at T and whose events have
-//     all been applied proves every change committed before T is in. A
-//     read is served from memory only when such a proof is at most
-//     MaxStale old; otherwise it reads PostgreSQL. So a cached read never
-//     misses a write committed more than MaxStale before it.
+//   - Every write acknowledged before a read arrived is in what the read
+//     gets, whichever replica took it (Await): the read waits until the
+//     cache has applied the feed up to a position read after its arrival.
+//     The proof: a sequencing pass or a position look-up (watch.Hub.Prove)
+//     that started at T and whose events have all been applied proves
+//     every change committed before T is in (current). Reads that accept
+//     staleness check Proven(arrival - S) instead; GetNode itself serves
+//     from memory only while a proof is at most MaxStale old.
+//   - The cache changes only through the feed and fills from PostgreSQL
+//     (no write-through: a copy ahead of the feed would make a list's
+//     position inexact; see filledAt). Versions only move forward: an
+//     older version never replaces a newer one, whichever of the feed or
+//     a fill brings it.
 //   - After a gap (the LISTEN connection failed, events were pruned
 //     before this replica read them, the hub stopped) everything cached
 //     is dropped and reads go to PostgreSQL until the LISTEN connection
