@@ -109,6 +109,38 @@ func TestNodeCacheStrongRead(t *testing.T) {
 	if got := a.must(http.StatusOK, a.do("GET", nodePath(pk), nil, "Cache-Control", "no-cache")).object(t)["driver_version"]; got != "elsewhere" {
 		t.Fatalf("a strong read shows %v, want PostgreSQL's elsewhere", got)
 	}
+	// max-stale takes the cache's answer; with no-cache too, PostgreSQL's.
+	for h, want := range map[string]string{"max-stale=1": "550.54.15", "Max-Stale, no-cache": "elsewhere"} {
+		if got := a.must(http.StatusOK, a.do("GET", nodePath(pk), nil, "Cache-Control", h)).object(t)["driver_version"]; got != want {
+			t.Errorf("Cache-Control: %s shows %v, want %s", h, got, want)
+		}
+	}
+}
+
+// A cache that cannot prove itself current is not served from, whatever
+// the read accepts: a consistent read waits at most a second, then reads
+// PostgreSQL, and a max-stale read reads it at once.
+func TestNodeCacheBehindReadsPostgreSQL(t *testing.T) {
+	t.Parallel()
+	a, c := cachedReplica(t, pgtest.New(t), false)
+	pk := a.createNode(nil)
+	a.must(http.StatusOK, a.do("GET", nodePath(pk), nil))
+	a.exec(`UPDATE nodes SET driver_version = 'elsewhere', version = version + 1 WHERE pk = $1`, pk)
+	c.Listening(false) // a lost notification connection: no proof until it is back
+	c.Listening(true)
+	for _, h := range []string{"", "max-stale"} {
+		start := time.Now()
+		r := a.must(http.StatusOK, a.do("GET", nodePath(pk), nil, "Cache-Control", h))
+		if got := r.object(t)["driver_version"]; got != "elsewhere" {
+			t.Errorf("Cache-Control %q on a cache behind: %v, want PostgreSQL's elsewhere", h, got)
+		}
+		if took := time.Since(start); took > 3*time.Second {
+			t.Errorf("Cache-Control %q: took %v", h, took)
+		}
+	}
+	if s := c.Stats(); s.AwaitsBehind < 1 {
+		t.Errorf("%+v: the consistent read's wait is not counted as behind", s)
+	}
 }
 
 // Another replica's update and delete are served by the very next read.
