@@ -16,15 +16,8 @@ import (
 	"github.com/registryd/registryd/internal/registry"
 )
 
-// serverHasPositions says whether the server in this tree serves the
-// positions of issue 22 (`version` in nodes, X-Event-Id on lists,
-// bookmarks on the watch stream). The client and the server's side are
-// built on separate branches: whoever merges them sets
-// apitest.ServerHasPositions to true, and this follows.
-const serverHasPositions = apitest.ServerHasPositions
-
 // Reads take MaxStale and NoCache (the server accepts both directives),
-// and, once the server gives positions, a list and then a watch from its
+// and a list and then a watch from its
 // position see every change once, with writers writing all along, and
 // an informer's view ends equal to a strong list.
 func TestFollowRealServer(t *testing.T) {
@@ -51,10 +44,6 @@ func TestFollowRealServer(t *testing.T) {
 			t.Fatalf("list: %d nodes, %v", len(l), err)
 		}
 	}
-	if !serverHasPositions {
-		t.Skip("the server does not serve positions yet (apitest.ServerHasPositions)")
-	}
-
 	// Writers write before, during and after the list.
 	writes := func(round int) {
 		var wg sync.WaitGroup

@@ -179,6 +179,7 @@ func nodeCacheStats(c *nodecache.Cache) func() metrics.NodeCacheStats {
 	return func() metrics.NodeCacheStats {
 		s := c.Stats()
 		return metrics.NodeCacheStats{Hits: s.Hits, Misses: s.Misses, Bypassed: s.Bypassed, ListHits: s.ListHits,
-			ListMisses: s.ListMisses, Drops: s.Drops, Nodes: s.Size, Serving: s.Serving, Complete: s.Complete}
+			ListMisses: s.ListMisses, Drops: s.Drops, Nodes: s.Size, Serving: s.Serving, Complete: s.Complete,
+			AwaitsProved: s.AwaitsProved, AwaitsBehind: s.AwaitsBehind}
 	}
 }

@@ -261,7 +261,10 @@ func (w *wiring) startNodeCache(ctx context.Context) {
 		return
 	}
 	st := w.db.store
-	c := nodecache.New(st, nodecache.Options{Size: w.cfg.NodeCache, LivenessChannel: store.LivenessChannel, Logger: w.logger})
+	// Reads ask the hub (started next, before any request is served) to
+	// prove the cache current.
+	c := nodecache.New(st, nodecache.Options{Size: w.cfg.NodeCache, LivenessChannel: store.LivenessChannel, Logger: w.logger,
+		Prove: func(since time.Time) { w.hub.Prove(since) }})
 	w.nodes, w.follower, w.follow = c, c, []string{store.LivenessChannel}
 	w.metrics.NodeCache(nodeCacheStats(c))
 	w.stops.push(lifecycle.Go(ctx, func(ctx context.Context) {

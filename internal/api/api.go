@@ -79,8 +79,9 @@ type Config struct {
 	Auth Authenticator
 	// Heartbeats receives the nodes that act through Node-Id; optional.
 	Heartbeats Heartbeats
-	// Nodes serves GET /v1/nodes/{pk} and the Node-Id check from memory;
-	// optional (without it both read PostgreSQL).
+	// Nodes serves reads of nodes (GET, HEAD, lists, the Node-Id check)
+	// from memory once it is proven current (see NodeCache); optional
+	// (without it they read PostgreSQL).
 	Nodes NodeCache
 	// Events feeds GET /v1/nodes/watch; without it watch answers 503.
 	Events Events
@@ -170,9 +171,6 @@ func newServer(cfg Config) *Server {
 	}
 	if s.auth == nil {
 		s.auth = refuseAll{}
-	}
-	if s.nodes != nil {
-		s.store = writeThrough{Store: s.store, nodes: s.nodes}
 	}
 	if s.heartbeats == nil {
 		s.heartbeats = noHeartbeats{}

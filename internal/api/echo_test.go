@@ -58,11 +58,16 @@ func TestEchoPrecision(t *testing.T) {
 				if got[res.field] != edited[res.field] {
 					t.Errorf("%s %s with %s times: %s = %v", method, res.path, layout, res.field, got[res.field])
 				}
-				// Another write a second later: the same echo is stale now.
+				// Another write a second later: the same echo is stale now
+				// (a node's version too: the write above moved it).
 				reset("2026-01-02 03:04:06.678901+00")
 				edited[res.field] = fmt.Sprint("w", i, method)
 				r := b.must(http.StatusBadRequest, b.do(method, res.path, edited))
-				if diff := cmp.Diff([]string{"created_at", "updated_at"}, r.problemFields(t)); diff != "" {
+				want := []string{"created_at", "updated_at"}
+				if res.kind == "nodes" {
+					want = append(want, "version")
+				}
+				if diff := cmp.Diff(want, r.problemFields(t)); diff != "" {
 					t.Errorf("%s %s with a stale %s echo: fields (-want +got):\n%s", method, res.path, layout, diff)
 				}
 			}
@@ -126,4 +131,29 @@ func TestEchoLifecycleFields(t *testing.T) {
 	b.exec(`UPDATE nodes SET current_job = NULL, lease_expires_at = NULL, cordon_reason = NULL WHERE pk = $1`, pk)
 	b.must(http.StatusOK, b.do("PATCH", path, map[string]any{"state": "free", "cordon_reason": nil, "lease_expires_at": nil}))
 	b.must(http.StatusBadRequest, b.do("PATCH", path, map[string]any{"state": "lost"}))
+}
+
+// A node's version echoes like updated_at: the version read is accepted,
+// any other is a 400 naming it, and leaving it out is always fine.
+func TestEchoVersion(t *testing.T) {
+	b := setup(t)
+	pk := b.createNode(nil)
+	path := fmt.Sprintf("/v1/nodes/%d", pk)
+	r := b.must(http.StatusOK, b.do("GET", path, nil))
+	read := r.object(t)
+	if tag := fmt.Sprintf(`"%v"`, read["version"]); tag != r.header.Get("ETag") {
+		t.Fatalf("version %v, ETag %s: the document's version is not the ETag's", read["version"], r.header.Get("ETag"))
+	}
+	read["driver_version"] = "560.1"
+	got := b.must(http.StatusOK, b.do("PUT", path, read)).object(t)
+	if got["version"] == read["version"] {
+		t.Fatalf("version %v unchanged by a write", got["version"])
+	}
+	for _, v := range []any{read["version"], got["version"].(float64) + 1, "3", nil} {
+		r := b.must(http.StatusBadRequest, b.do("PATCH", path, map[string]any{"version": v, "driver_version": "x"}))
+		if fields := r.problemFields(t); !cmp.Equal(fields, []string{"version"}) {
+			t.Errorf("echo of version %v: problem names %v", v, fields)
+		}
+	}
+	b.must(http.StatusOK, b.do("PATCH", path, map[string]any{"version": got["version"], "driver_version": "y"}))
 }

@@ -3,117 +3,170 @@ package api
 import (
 	"context"
 	"net/http"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/registryd/registryd/internal/registry"
 )
 
-// NodeCache serves reads of one node by pk from memory, kept current by
-// the change feed and by this replica's own writes. *nodecache.Cache
-// implements it; see docs/api.md, "Read consistency", for what a reader gets.
+// NodeCache serves reads of nodes from memory, kept current by the change
+// feed alone (and fills from PostgreSQL). *nodecache.Cache implements it;
+// see docs/api.md, "Read consistency", for what a reader gets.
+//
+// There is no write-through: this replica's writes reach the cache through
+// the feed like any other replica's. A copy installed from a write's
+// result would show a change whose event the cache has not applied, so a
+// list from memory could no longer say exactly where in the feed it stands
+// (X-Event-Id), and a watch from there would repeat the change. A reader
+// loses nothing by it: a consistent read waits for the feed to bring every
+// write acknowledged before it arrived, this replica's included.
 type NodeCache interface {
 	// GetNode returns node pk, reading PostgreSQL when it must.
 	GetNode(ctx context.Context, pk int64) (registry.Node, error)
-	// ListNodes returns a page of nodes as Store.ListNodes does, from
-	// memory when the cache holds the whole fleet.
-	ListNodes(ctx context.Context, f registry.NodeFilter) ([]registry.Node, error)
-	// Recycle takes back a page ListNodes returned, once it is written.
+	// ListNodesAt returns a page of nodes as Store.ListNodes does, from
+	// memory when the cache holds the whole fleet, and where in the
+	// change feed the page stands.
+	ListNodesAt(ctx context.Context, f registry.NodeFilter) ([]registry.Node, registry.Position, error)
+	// Recycle takes back a page ListNodesAt returned, once it is written.
 	Recycle(page []registry.Node)
-	// Wrote and Deleted take what this replica's committed writes
-	// returned, so that its own reads see them at once.
-	Wrote(nodes ...registry.Node)
-	Deleted(n registry.Node)
+	// Await waits until the cache has applied every change committed
+	// before since; false when ctx ended first.
+	Await(ctx context.Context, since time.Time) bool
+	// Proven reports, without waiting, whether the cache has applied
+	// every change committed before since.
+	Proven(since time.Time) bool
 }
 
-// strongRead reports whether the request asks to bypass the node cache
-// (Cache-Control: no-cache, RFC 9111 §5.2.1.4): the node is read from
-// PostgreSQL, as current as the database.
-func strongRead(r *http.Request) bool {
+// Read freshness a request asks for with Cache-Control (RFC 9111 §5.2.1).
+type freshness int
+
+const (
+	// consistent (the default): the read reflects every write any
+	// replica acknowledged before it arrived.
+	consistent freshness = iota
+	// bounded (max-stale): the read may miss writes acknowledged up to
+	// the staleness asked for (at most MaxStale) before it arrived.
+	bounded
+	// strong (no-cache): the read goes to PostgreSQL.
+	strong
+)
+
+// MaxStale is the most staleness Cache-Control: max-stale buys: a bare
+// max-stale, or a larger value, means this much.
+const MaxStale = 2 * time.Second
+
+// awaitBound is how long a consistent read waits for the node cache to
+// prove itself current before it reads PostgreSQL instead.
+const awaitBound = time.Second
+
+// readFreshness is the freshness r asks for and, for bounded, how stale.
+// Directives are case-insensitive and may come in one header or several;
+// no-cache wins over max-stale, and a max-stale whose value is not a
+// number of seconds (or is 0) asks for nothing.
+func readFreshness(r *http.Request) (freshness, time.Duration) {
+	mode, stale := consistent, time.Duration(0)
 	for _, v := range r.Header.Values("Cache-Control") {
 		for part := range strings.SplitSeq(v, ",") {
-			if strings.EqualFold(strings.TrimSpace(part), "no-cache") {
-				return true
+			name, arg, hasArg := strings.Cut(strings.TrimSpace(part), "=")
+			name = strings.TrimSpace(name)
+			switch {
+			case strings.EqualFold(name, "no-cache"):
+				return strong, 0
+			case strings.EqualFold(name, "max-stale"):
+				d := MaxStale
+				if hasArg {
+					n, err := strconv.ParseUint(strings.Trim(strings.TrimSpace(arg), `"`), 10, 63)
+					if err != nil || n == 0 {
+						continue
+					}
+					if n < uint64(MaxStale/time.Second) {
+						d = time.Duration(n) * time.Second
+					}
+				}
+				mode, stale = bounded, max(stale, d)
 			}
 		}
 	}
-	return false
+	return mode, stale
 }
 
-// readNode is node pk for GET and Node-Id: from the node cache, or from
-// PostgreSQL when there is none or the client asks for a strong read.
+// cacheMayServe reports whether the node cache may answer r, which
+// arrived at (or before) arrival: it is current as r asks (waiting for
+// proof for a consistent read, up to awaitBound). False: read PostgreSQL.
+func (s *Server) cacheMayServe(r *http.Request, arrival time.Time) bool {
+	if s.nodes == nil {
+		return false
+	}
+	switch mode, stale := readFreshness(r); mode {
+	case strong:
+		return false
+	case bounded:
+		return s.nodes.Proven(arrival.Add(-stale))
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), awaitBound)
+	defer cancel()
+	return s.nodes.Await(ctx, arrival)
+}
+
+// readNode is node pk for GET, HEAD and Node-Id, as fresh as the request
+// asks (see readFreshness): from the node cache when it may answer,
+// otherwise from PostgreSQL.
 func (s *Server) readNode(r *http.Request, pk int64) (registry.Node, error) {
-	if s.nodes == nil || strongRead(r) {
+	if !s.cacheMayServe(r, time.Now()) {
 		return s.store.GetNode(r.Context(), pk)
 	}
 	return s.nodes.GetNode(r.Context(), pk)
 }
 
-// listPage is a page of nodes for a list: from the node cache, or from
-// PostgreSQL when there is none or the client asks for a strong read.
-func (s *Server) listPage(r *http.Request, f registry.NodeFilter) ([]registry.Node, error) {
-	if s.nodes == nil || strongRead(r) {
-		return s.store.ListNodes(r.Context(), f)
+// pageReader reads the pages of one list, as fresh as the request asks:
+// from the node cache when it may answer, otherwise from PostgreSQL.
+type pageReader struct {
+	s      *Server
+	r      *http.Request
+	cached bool
+	// at is where the list stands in the change feed, set by its first
+	// page when known.
+	at    registry.Position
+	known bool
+	pages int
+}
+
+// listReader decides, once per list, where its pages come from.
+func (s *Server) listReader(r *http.Request) *pageReader {
+	return &pageReader{s: s, r: r, cached: s.cacheMayServe(r, time.Now())}
+}
+
+// page reads the next page. The list's position is its first page's: from
+// memory, exactly the events that page shows (when nothing in the cache
+// is ahead of the feed); from PostgreSQL, a lower bound read before the
+// page: every event up to it is in the list, later changes may be too.
+// Later pages may show later changes, so a list of several pages is at
+// least at its position, never exactly.
+func (p *pageReader) page(f registry.NodeFilter) ([]registry.Node, error) {
+	ctx := p.r.Context()
+	p.pages++
+	first := p.pages == 1
+	if p.cached {
+		nodes, at, err := p.s.nodes.ListNodesAt(ctx, f)
+		if first {
+			p.at, p.known = at, true
+		}
+		return nodes, err
 	}
-	return s.nodes.ListNodes(r.Context(), f)
-}
-
-// writeThrough is the Store with every committed node write handed to the
-// node cache.
-type writeThrough struct {
-	Store
-	nodes NodeCache
-}
-
-func (w writeThrough) CreateNode(ctx context.Context, a registry.Actor, spec registry.NodeSpec) (registry.Node, bool, error) {
-	n, adopted, err := w.Store.CreateNode(ctx, a, spec)
-	if err == nil {
-		w.nodes.Wrote(n) // an adopted node changed owner
+	if first && p.s.events != nil {
+		latest, err := p.s.events.Latest(ctx)
+		if err != nil {
+			return nil, err
+		}
+		p.at, p.known = registry.Position{ID: latest}, true
 	}
-	return n, adopted, err
+	return p.s.store.ListNodes(ctx, f)
 }
 
-func (w writeThrough) UpdateNode(ctx context.Context, a registry.Actor, pk int64, fn func(cur registry.Node) (registry.NodeSpec, error)) (registry.Node, error) {
-	n, err := w.Store.UpdateNode(ctx, a, pk, fn)
-	if err == nil {
-		w.nodes.Wrote(n)
+// setPosition writes the list's X-Event-Id header, when known.
+func (p *pageReader) setPosition(h http.Header) {
+	if p.known {
+		h.Set("X-Event-Id", strconv.FormatInt(p.at.ID, 10))
 	}
-	return n, err
-}
-
-func (w writeThrough) DeleteNode(ctx context.Context, a registry.Actor, pk int64, force bool, check func(cur registry.Node) error) (registry.Node, error) {
-	n, err := w.Store.DeleteNode(ctx, a, pk, force, check)
-	if err == nil {
-		w.nodes.Deleted(n)
-	}
-	return n, err
-}
-
-func (w writeThrough) ClaimNodes(ctx context.Context, a registry.Actor, c registry.Claim) ([]registry.Node, error) {
-	nodes, err := w.Store.ClaimNodes(ctx, a, c)
-	w.nodes.Wrote(nodes...)
-	return nodes, err
-}
-
-func (w writeThrough) ReleaseNodes(ctx context.Context, a registry.Actor, r registry.Release) ([]registry.Node, []registry.NotReleased, error) {
-	nodes, not, err := w.Store.ReleaseNodes(ctx, a, r)
-	w.nodes.Wrote(nodes...)
-	return nodes, not, err
-}
-
-func (w writeThrough) RenewLeases(ctx context.Context, a registry.Actor, r registry.Renewal) ([]registry.Node, error) {
-	nodes, err := w.Store.RenewLeases(ctx, a, r)
-	w.nodes.Wrote(nodes...)
-	return nodes, err
-}
-
-func (w writeThrough) CordonNodes(ctx context.Context, a registry.Actor, c registry.Cordon) ([]registry.Node, []registry.NotDone, error) {
-	nodes, not, err := w.Store.CordonNodes(ctx, a, c)
-	w.nodes.Wrote(nodes...)
-	return nodes, not, err
-}
-
-func (w writeThrough) UncordonNodes(ctx context.Context, a registry.Actor, u registry.Uncordon) ([]registry.Node, []registry.NotDone, error) {
-	nodes, not, err := w.Store.UncordonNodes(ctx, a, u)
-	w.nodes.Wrote(nodes...)
-	return nodes, not, err
 }

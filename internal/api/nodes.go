@@ -44,6 +44,7 @@ func readNodeEcho(f *fields) registry.NodeEcho {
 		State:          f.string("state", false),
 		CordonReason:   f.string("cordon_reason", true),
 		LeaseExpiresAt: f.stamp("lease_expires_at"),
+		Version:        f.int64("version", false),
 	}
 }
 
@@ -293,13 +294,14 @@ func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	remaining := filter.Limit // 0: all
+	pages := s.listReader(r)
 	next := func() ([]registry.Node, error) {
 		page := filter
 		page.Limit = s.listBatch
 		if remaining > 0 {
 			page.Limit = min(page.Limit, remaining)
 		}
-		nodes, err := s.listPage(r, page)
+		nodes, err := pages.page(page)
 		if err != nil {
 			return nil, err
 		}
@@ -317,6 +319,7 @@ func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	pages.setPosition(w.Header())
 	if len(nodes) < s.listBatch || remaining == 0 && filter.Limit > 0 {
 		return s.writeListPage(w, r, nodes)
 	}

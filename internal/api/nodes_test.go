@@ -40,7 +40,7 @@ func TestCreateNode(t *testing.T) {
 		"pk": float64(pk), "ip": "2001:db8::7", "index": float64(3), "cpu_mem": float64(2199023255552),
 		"driver_version": "550.54.15", "hardware_generation": float64(hw), "gpu_mem": float64(85899345920),
 		"last_seen": nil, "current_job": nil, "owner": nil, "source": "api", "schedulable": true, "external_id": nil, "provider_state": nil,
-		"lease_expires_at": nil, "state": "free", "cordon_reason": nil,
+		"lease_expires_at": nil, "state": "free", "cordon_reason": nil, "version": float64(1),
 	}
 	delete(n, "created_at")
 	delete(n, "updated_at")

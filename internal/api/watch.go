@@ -216,7 +216,7 @@ func (s *Server) watchNodes(w http.ResponseWriter, r *http.Request) error {
 		filter: filter, token: token, sub: sub, last: sub.Last(), end: watchEndWrite}
 	s.observer.WatchOpened()
 	defer func() { s.observer.WatchClosed(st.end) }()
-	if !st.open(resume) || !st.backfill(resume) {
+	if !st.open(resume) || !st.backfill(resume) || st.bookmark() != nil {
 		return nil
 	}
 	st.live()
@@ -242,6 +242,10 @@ type watchStream struct {
 	last int64
 	// floor: live events at or below it were covered by the backfill.
 	floor int64
+	// taken is the id of the newest event the stream has taken, sent or
+	// filtered out: a client resuming after it misses nothing and gets
+	// nothing twice. Bookmarks carry it.
+	taken int64
 	end   string // why the stream ended, one of the watchEnd reasons
 }
 
@@ -266,6 +270,12 @@ func (st *watchStream) send(chunk string) error {
 func (st *watchStream) reset(reason string) error {
 	data, _ := json.Marshal(map[string]any{"reason": reason, "last_event_id": st.last})
 	return st.send(fmt.Sprintf("id: %d\nevent: reset\ndata: %s\n\n", st.last, data))
+}
+
+// bookmark tells the client where the stream stands (taken), as an event
+// of its own: SSE clients keep its id as the one to resume after.
+func (st *watchStream) bookmark() error {
+	return st.send(fmt.Sprintf("id: %d\nevent: bookmark\ndata: {\"last_event_id\":%d}\n\n", st.taken, st.taken))
 }
 
 // open starts the response: the stream's headers, then a comment naming
@@ -299,6 +309,9 @@ func (st *watchStream) backfill(resume int64) bool {
 		}
 		st.floor = max(st.floor, latest)
 	}
+	// Whatever happens below, the stream has taken every event up to floor:
+	// sent from the log, or (not resuming, or reset) not owed.
+	st.taken = st.floor
 	switch {
 	case resume < 0:
 		return true
@@ -346,7 +359,7 @@ func (st *watchStream) sendLog(resume int64) error {
 }
 
 // live sends the hub's matching events after floor as they come, and a
-// keep-alive comment every watchKeepAlive, until the client goes, the
+// bookmark (which keeps the connection alive too) every watchKeepAlive, until the client goes, the
 // token is no longer valid (checked every watchRecheck), the subscription
 // falls behind (or the hub stops) or a write fails.
 func (st *watchStream) live() {
@@ -383,7 +396,7 @@ func (st *watchStream) live() {
 			st.end = watchEndBehind
 			return
 		case <-keepAlive.C:
-			if st.send(": keep-alive\n\n") != nil {
+			if st.bookmark() != nil {
 				return
 			}
 		case <-st.sub.Wake():
@@ -400,7 +413,11 @@ func (st *watchStream) sendPending() error {
 	st.deadline()
 	sent := 0
 	err := st.sub.Next(func(e registry.NodeEvent, frame []byte) error {
-		if e.ID <= st.floor || !st.filter.match(e.Node) {
+		if e.ID <= st.floor {
+			return nil
+		}
+		st.taken = e.ID // sent below, or filtered out: taken either way
+		if !st.filter.match(e.Node) {
 			return nil
 		}
 		if err := st.write(frame); err != nil {

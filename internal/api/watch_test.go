@@ -39,12 +39,13 @@ func (e sseEvent) nodePK() int64 {
 	return 0
 }
 
-// stream is an open watch.
+// stream is an open watch. Bookmarks come apart from the other events.
 type stream struct {
-	t      *testing.T
-	events chan sseEvent
-	status int
-	close  func()
+	t         *testing.T
+	events    chan sseEvent
+	bookmarks chan sseEvent // the newest few; older ones are dropped
+	status    int
+	close     func()
 }
 
 // watchStream opens GET /v1/nodes/watch on base with the query and headers.
@@ -61,7 +62,7 @@ func watchStream(t *testing.T, base, query, token string, headers ...string) *st
 		cancel()
 		t.Fatal(err)
 	}
-	s := &stream{t: t, events: make(chan sseEvent, 100), status: resp.StatusCode}
+	s := &stream{t: t, events: make(chan sseEvent, 100), bookmarks: make(chan sseEvent, 100), status: resp.StatusCode}
 	s.close = func() { cancel(); resp.Body.Close() }
 	t.Cleanup(s.close)
 	if resp.StatusCode != http.StatusOK {
@@ -77,6 +78,12 @@ func watchStream(t *testing.T, base, query, token string, headers ...string) *st
 		for sc.Scan() {
 			line := sc.Text()
 			switch {
+			case line == "" && e.Type == "bookmark":
+				select {
+				case s.bookmarks <- e:
+				default:
+				}
+				e = sseEvent{}
 			case line == "":
 				if e.Type != "" {
 					s.events <- e
@@ -252,24 +259,68 @@ func TestWatchAcrossReplicas(t *testing.T) {
 	}
 }
 
-func TestWatchKeepAlive(t *testing.T) {
+// bookmark waits for the next bookmark.
+func (s *stream) bookmark() sseEvent {
+	s.t.Helper()
+	select {
+	case e := <-s.bookmarks:
+		if e.Data["last_event_id"] != float64(e.ID) {
+			s.t.Fatalf("bookmark %+v: its id and last_event_id differ", e)
+		}
+		return e
+	case <-time.After(10 * time.Second):
+		s.t.Fatal("no bookmark within 10s")
+	}
+	return sseEvent{}
+}
+
+// A stream sends a bookmark as it opens, in the exact form clients parse,
+// and one instead of each keep-alive: the id of the newest event it has
+// taken, filtered out or not, so resuming after it repeats nothing.
+func TestWatchBookmarks(t *testing.T) {
 	b := setup(t)
+	b.createNode(map[string]any{"ip": "10.0.0.1"})
+	if e := watchStream(t, b.url, "", b.token, "Last-Event-ID", "0").next(); e.ID != 1 {
+		t.Fatalf("event %+v, want 1", e)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "GET", b.url+"/v1/nodes/watch", nil)
 	req.Header.Set("Authorization", "Bearer "+b.token)
+	req.Header.Set("Last-Event-ID", "0")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
+	var got []string
 	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		if sc.Text() == ": keep-alive" {
-			return
+	for sc.Scan() && len(got) < 10 {
+		got = append(got, sc.Text())
+		if sc.Text() == "event: bookmark" {
+			sc.Scan()
+			got = append(got, sc.Text())
+			break
 		}
 	}
-	t.Error("no keep-alive comment on an idle stream")
+	// The backfilled event 1, then a bookmark at 1.
+	if n := len(got); n < 3 || got[n-3] != "id: 1" || got[n-2] != "event: bookmark" || got[n-1] != `data: {"last_event_id":1}` {
+		t.Fatalf("stream began %q, want a bookmark at 1 after the backfill", got)
+	}
+
+	// Filtered out or not, an event moves the bookmark on.
+	s := watchStream(t, b.url, "?ip=10.9.9.9", b.token)
+	if e := s.bookmark(); e.ID != 1 {
+		t.Fatalf("opening bookmark %+v, want 1", e)
+	}
+	b.createNode(map[string]any{"ip": "10.0.0.2"})
+	deadline := time.Now().Add(5 * time.Second)
+	for e := s.bookmark(); e.ID != 2; e = s.bookmark() {
+		if e.ID != 1 || time.Now().After(deadline) {
+			t.Fatalf("bookmark %+v, want 1 then 2 within 5 s", e)
+		}
+	}
+	s.quiet(300 * time.Millisecond)
 }
 
 // laggingHub is a hub whose own position trails the log, as a replica's

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -49,32 +48,12 @@ func Spec(t testing.TB) (*openapi3.T, routers.Router) {
 		// Route on path alone: the spec's server URL names the default
 		// listen address, while tests listen on random ports.
 		doc.Servers = nil
-		if !ServerHasPositions {
-			relaxPositions(doc)
-		}
 		router, loadErr = gorillamux.NewRouter(doc)
 	})
 	if loadErr != nil {
 		t.Fatalf("apitest: openapi.yaml: %v", loadErr)
 	}
 	return doc, router
-}
-
-// ServerHasPositions says whether the server serves the positions
-// openapi.yaml promises (issue 22): `version` in every node document and
-// `X-Event-Id` on every list. The contract and the server are built on
-// separate branches; until they are merged this is false and Spec drops
-// those two requirements, so that everything else is still held to the
-// spec. Whoever merges the server's side sets it to true, and from then
-// on every node and every list answer must carry them.
-const ServerHasPositions = false
-
-// relaxPositions removes from doc what ServerHasPositions covers.
-func relaxPositions(doc *openapi3.T) {
-	node := doc.Components.Schemas["Node"].Value
-	delete(node.Properties, "version")
-	node.Required = slices.DeleteFunc(node.Required, func(s string) bool { return s == "version" })
-	doc.Components.Headers["XEventId"].Value.Required = false
 }
 
 // Client returns an HTTP client whose every response is validated against

@@ -190,6 +190,9 @@ type NodeCacheStats struct {
 	Drops                  int64
 	Nodes                  int
 	Serving, Complete      bool
+	// Consistent reads' waits for the cache to be proven current: in time,
+	// or not (the read went to PostgreSQL).
+	AwaitsProved, AwaitsBehind int64
 }
 
 // NodeCache reports the node cache's figures, read by stats at each scrape.
@@ -204,12 +207,13 @@ var (
 	cacheNodes    = desc("node_cache_nodes", "Nodes in the node cache now.")
 	cacheServing  = desc("node_cache_serving", "1 while the change feed is proven current and the cache answers reads.")
 	cacheComplete = desc("node_cache_complete", "1 while the cache holds the whole fleet and answers list pages.")
+	cacheAwaits   = desc("node_cache_awaits_total", "Consistent reads' waits for the node cache to apply every write acknowledged before they arrived, by result: proved (answered from memory) or behind (not in time; answered from PostgreSQL).", "result")
 )
 
 type nodeCacheCollector struct{ stats func() NodeCacheStats }
 
 func (c *nodeCacheCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{cacheReads, cacheLists, cacheDrops, cacheNodes, cacheServing, cacheComplete} {
+	for _, d := range []*prometheus.Desc{cacheReads, cacheLists, cacheDrops, cacheNodes, cacheServing, cacheComplete, cacheAwaits} {
 		ch <- d
 	}
 }
@@ -234,4 +238,6 @@ func (c *nodeCacheCollector) Collect(ch chan<- prometheus.Metric) {
 	metric(cacheNodes, prometheus.GaugeValue, float64(s.Nodes))
 	metric(cacheServing, prometheus.GaugeValue, flag(s.Serving))
 	metric(cacheComplete, prometheus.GaugeValue, flag(s.Complete))
+	metric(cacheAwaits, prometheus.CounterValue, float64(s.AwaitsProved), "proved")
+	metric(cacheAwaits, prometheus.CounterValue, float64(s.AwaitsBehind), "behind")
 }

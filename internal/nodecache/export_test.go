@@ -28,3 +28,22 @@ func (l *afterReadLoader) GetNode(ctx context.Context, pk int64) (registry.Node,
 	}
 	return n, err
 }
+
+// Wrote applies nodes as changes, as an event would, without an event id:
+// what the API's write-through did before consistent reads removed it
+// (the cache now changes only through the feed and fills from
+// PostgreSQL). Tests still use it to change the cache at a chosen moment.
+func (c *Cache) Wrote(nodes ...registry.Node) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, n := range nodes {
+		c.changeLocked(n, false)
+	}
+}
+
+// Deleted applies the deletion of n as Wrote applies changes.
+func (c *Cache) Deleted(n registry.Node) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.changeLocked(n, true)
+}

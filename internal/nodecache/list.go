@@ -113,18 +113,32 @@ type beat struct{ seen, at time.Time }
 // fleet and can evaluate f, otherwise from PostgreSQL. A list from memory
 // gives the consistency of a cached GetNode (docs/api.md, "Read consistency").
 func (c *Cache) ListNodes(ctx context.Context, f registry.NodeFilter) ([]registry.Node, error) {
+	nodes, _, err := c.ListNodesAt(ctx, f)
+	return nodes, err
+}
+
+// ListNodesAt is ListNodes with the page's position. A page from memory is
+// exact when every copy read from PostgreSQL has since been overtaken by
+// a proof (filledAt): it shows the events up to delivered, no more. A
+// page from PostgreSQL is at least at the events applied before it was
+// read, and may show later changes.
+func (c *Cache) ListNodesAt(ctx context.Context, f registry.NodeFilter) ([]registry.Node, registry.Position, error) {
 	if err := f.Normalize(); err != nil {
-		return nil, err
+		return nil, registry.Position{}, err
 	}
-	if nodes, ok := c.listCached(f); ok {
+	nodes, at, ok := c.listCached(f)
+	if ok {
 		c.listHits.Add(1)
-		return nodes, nil
+		return nodes, at, nil
 	}
 	c.listMisses.Add(1)
+	at = registry.Position{ID: c.Delivered()}
 	if l, ok := c.load.(PageLender); ok {
-		return l.ListPage(ctx, f)
+		nodes, err := l.ListPage(ctx, f)
+		return nodes, at, err
 	}
-	return c.load.ListNodes(ctx, f)
+	nodes, err := c.load.ListNodes(ctx, f)
+	return nodes, at, err
 }
 
 // PageLender is a Loader that lends the pages it reads (as the store
@@ -174,17 +188,18 @@ func (c *Cache) Recycle(page []registry.Node) {
 	}
 }
 
-// listCached is a page of f from memory; false when the cache cannot
-// answer it.
-func (c *Cache) listCached(f registry.NodeFilter) ([]registry.Node, bool) {
+// listCached is a page of f from memory and its position; false when the
+// cache cannot answer it.
+func (c *Cache) listCached(f registry.NodeFilter) ([]registry.Node, registry.Position, bool) {
 	if !cachedFilter(f) {
-		return nil, false
+		return nil, registry.Position{}, false
 	}
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	if !c.complete || !c.servingLocked(time.Now()) {
-		return nil, false
+		return nil, registry.Position{}, false
 	}
+	at := registry.Position{ID: c.delivered, Exact: c.current.After(c.filledAt)}
 	var out []registry.Node
 	select {
 	case out = <-pages:
@@ -195,7 +210,7 @@ func (c *Cache) listCached(f registry.NodeFilter) ([]registry.Node, bool) {
 		if n, ok := c.nodes[*f.PK]; ok && *f.PK > f.After && matches(f, n) {
 			out = append(out, *n)
 		}
-		return out, true
+		return out, at, true
 	}
 	set := c.index.all
 	if onlyFree(f) {
@@ -212,7 +227,7 @@ func (c *Cache) listCached(f registry.NodeFilter) ([]registry.Node, bool) {
 		}
 		return len(out) < f.Limit
 	})
-	return out, whole
+	return out, at, whole
 }
 
 // onlyFree reports whether f selects free nodes only.

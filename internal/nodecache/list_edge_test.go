@@ -61,11 +61,11 @@ func TestListHeartbeatBeforeCreateEvent(t *testing.T) {
 		}
 		pk := n.PK
 		apitest.Eventually(t, 5*time.Second, "listed", func() bool {
-			p, ok := a.cache.listCached(registry.NodeFilter{PK: &pk, Limit: 1})
+			p, _, ok := a.cache.listCached(registry.NodeFilter{PK: &pk, Limit: 1})
 			return ok && len(p) == 1
 		})
 		time.Sleep(300 * time.Millisecond)
-		p, _ := a.cache.listCached(registry.NodeFilter{PK: &pk, Limit: 1})
+		p, _, _ := a.cache.listCached(registry.NodeFilter{PK: &pk, Limit: 1})
 		db, _ := a.store.GetNode(ctx, pk)
 		if p[0].LastSeen == nil || !p[0].LastSeen.Equal(*db.LastSeen) {
 			bad++
@@ -99,7 +99,7 @@ func TestListLateWriteAfterDropAndDelete(t *testing.T) {
 	preload(t, a)
 	a.cache.Wrote(old)
 	pk := x.PK
-	got, ok := a.cache.listCached(registry.NodeFilter{PK: &pk, Limit: 1})
+	got, _, ok := a.cache.listCached(registry.NodeFilter{PK: &pk, Limit: 1})
 	if !ok || len(got) != 0 {
 		t.Errorf("from memory %v: complete cache lists %v, want deleted node %d absent", ok, pksOf(got), pk)
 	}
@@ -134,7 +134,7 @@ func TestListDeleteDuringPage(t *testing.T) {
 	startPreload(t, a, during)
 	apitest.Eventually(t, 5*time.Second, "complete", func() bool { return a.cache.Stats().Complete })
 	pk := n1.PK
-	if got, ok := a.cache.listCached(registry.NodeFilter{PK: &pk, Limit: 1}); !ok || len(got) != 0 {
+	if got, _, ok := a.cache.listCached(registry.NodeFilter{PK: &pk, Limit: 1}); !ok || len(got) != 0 {
 		t.Fatalf("from memory %v: listed %v, want deleted node %d absent from a complete cache", ok, pksOf(got), pk)
 	}
 }

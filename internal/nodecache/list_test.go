@@ -349,7 +349,7 @@ func TestListPreloadRace(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			g, ok := a.cache.listCached(registry.NodeFilter{After: after, Limit: 1000})
+			g, _, ok := a.cache.listCached(registry.NodeFilter{After: after, Limit: 1000})
 			if !ok {
 				return false
 			}

@@ -5,18 +5,19 @@
 //
 // The consistency a reader gets (docs/api.md, "Read consistency"):
 //
-//   - A replica's own writes are visible to its own reads at once: the
-//     API hands every node a write returns to Wrote, which updates the
-//     cached copy. Versions only move forward: an older version never
-//     replaces a newer one, whichever of the feed, a fill or a write
-//     brings it.
-//   - Other replicas' writes arrive through the feed, usually within a
-//     few milliseconds. The cache serves only while the feed proves it
-//     current: a sequencing pass that started at T and whose events have
-//     all been applied proves every change committed before T is in. A
-//     read is served from memory only when such a proof is at most
-//     MaxStale old; otherwise it reads PostgreSQL. So a cached read never
-//     misses a write committed more than MaxStale before it.
+//   - Every write acknowledged before a read arrived is in what the read
+//     gets, whichever replica took it (Await): the read waits until the
+//     cache has applied the feed up to a position read after its arrival.
+//     The proof: a sequencing pass or a position look-up (watch.Hub.Prove)
+//     that started at T and whose events have all been applied proves
+//     every change committed before T is in (current). Reads that accept
+//     staleness check Proven(arrival - S) instead; GetNode itself serves
+//     from memory only while a proof is at most MaxStale old.
+//   - The cache changes only through the feed and fills from PostgreSQL
+//     (no write-through: a copy ahead of the feed would make a list's
+//     position inexact; see filledAt). Versions only move forward: an
+//     older version never replaces a newer one, whichever of the feed or
+//     a fill brings it.
 //   - After a gap (the LISTEN connection failed, events were pruned
 //     before this replica read them, the hub stopped) everything cached
 //     is dropped and reads go to PostgreSQL until the LISTEN connection
@@ -64,6 +65,10 @@ type Options struct {
 	// LivenessChannel is the channel heartbeat flushes notify.
 	LivenessChannel string
 	Logger          *slog.Logger
+	// Prove asks the feed for proof that the cache is current as of a
+	// read's arrival (watch.Hub.Prove); Await calls it. Without it Await
+	// waits for the sequencer's own passes.
+	Prove func(since time.Time)
 }
 
 // Defaults of Options.
@@ -81,6 +86,9 @@ type Stats struct {
 	Serving                bool
 	// Complete: the cache holds the whole fleet, so it answers lists.
 	Complete bool
+	// AwaitsProved and AwaitsBehind count Await's answers: proven current
+	// in time, or not (the read goes to PostgreSQL).
+	AwaitsProved, AwaitsBehind int64
 }
 
 // Cache is one replica's cache of nodes.
@@ -91,8 +99,11 @@ type Cache struct {
 	liveness string
 	logger   *slog.Logger
 
+	prove func(since time.Time)
+
 	hits, misses, bypassed, drops atomic.Int64
 	listHits, listMisses          atomic.Int64
+	awaitsProved, awaitsBehind    atomic.Int64
 
 	mu    sync.RWMutex
 	nodes map[int64]*registry.Node // each packed (see pack)
@@ -115,12 +126,19 @@ type Cache struct {
 	touched map[int64]time.Time
 	epoch   uint64 // bumped by every drop; fills of an older epoch install nothing
 
-	started   bool      // the hub told where its feed starts
-	delivered int64     // the newest event applied
-	listening bool      // the LISTEN connection is up
-	since     time.Time // the last drop; proofs must be newer
-	current   time.Time // every change committed before it is applied; zero: none since the drop
-	proofs    []proof   // sequencing passes not yet confirmed by delivered events
+	started   bool          // the hub told where its feed starts
+	delivered int64         // the newest event applied
+	listening bool          // the LISTEN connection is up
+	since     time.Time     // the last drop; proofs must be newer
+	current   time.Time     // every change committed before it is applied; zero: none since the drop
+	proofs    []proof       // sequencing passes not yet confirmed by delivered events
+	advanced  chan struct{} // closed (and replaced) whenever current moves: Await's wake-up
+	// filledAt is when the newest read from PostgreSQL that the cache
+	// installed (a fill, a preload page) ended. Such a copy may be ahead
+	// of the feed: it can show a change whose event is not applied yet.
+	// Once current is after filledAt every such change is applied, so the
+	// cache shows exactly the events up to delivered (see ListNodesAt).
+	filledAt time.Time
 }
 
 type proof struct {
@@ -149,8 +167,71 @@ func New(load Loader, opts Options) *Cache {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	return &Cache{load: load, size: opts.Size, maxStale: opts.MaxStale, liveness: opts.LivenessChannel,
-		logger: opts.Logger, nodes: map[int64]*registry.Node{}, index: newIndex(), fills: map[int64]*fill{},
-		tombs: map[int64]time.Time{}, beats: map[int64]beat{}}
+		logger: opts.Logger, prove: opts.Prove, nodes: map[int64]*registry.Node{}, index: newIndex(), fills: map[int64]*fill{},
+		tombs: map[int64]time.Time{}, beats: map[int64]beat{}, advanced: make(chan struct{})}
+}
+
+// Await waits until the cache is proven current as of since (a read's
+// arrival): it has applied every change committed before since, so every
+// write acknowledged before the read arrived. It asks for the proof
+// (Options.Prove) and reports whether it came before ctx ended; false
+// means the read must go to PostgreSQL.
+//
+// This is the consistent read of kube-apiserver's watch cache (KEP-2340):
+// the proof is a position of the feed read after since, and the cache
+// having applied the feed up to it.
+func (c *Cache) Await(ctx context.Context, since time.Time) bool {
+	c.mu.RLock()
+	ok, wake := c.provenLocked(since), c.advanced
+	c.mu.RUnlock()
+	if !ok && c.prove != nil {
+		c.prove(since)
+	}
+	for !ok {
+		select {
+		case <-ctx.Done():
+			c.awaitsBehind.Add(1)
+			return false
+		case <-wake:
+		}
+		c.mu.RLock()
+		ok, wake = c.provenLocked(since), c.advanced
+		c.mu.RUnlock()
+	}
+	c.awaitsProved.Add(1)
+	return true
+}
+
+// Proven reports, without waiting, whether the cache is proven current as
+// of since: what a read that accepts staleness (max-stale) checks.
+func (c *Cache) Proven(since time.Time) bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.provenLocked(since)
+}
+
+// provenLocked: every change committed before since is applied; c.mu held.
+func (c *Cache) provenLocked(since time.Time) bool {
+	return c.listening && !c.current.IsZero() && !c.current.Before(since)
+}
+
+// advanceLocked moves current to at if later, waking Await; c.mu held
+// for writing.
+func (c *Cache) advanceLocked(at time.Time) {
+	if !at.After(c.current) {
+		return
+	}
+	c.current = at
+	close(c.advanced)
+	c.advanced = make(chan struct{})
+}
+
+// Delivered returns the newest event id applied: every event up to it is
+// in what the cache serves, and in anything read from PostgreSQL after.
+func (c *Cache) Delivered() int64 {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.delivered
 }
 
 // servingLocked reports whether the feed is proven current enough to
@@ -214,6 +295,7 @@ func (c *Cache) readThrough(ctx context.Context, pk int64) (registry.Node, error
 	}
 	best = withLastSeen(best, f.lastSeen)
 	c.installLocked(best)
+	c.filledAt = later(c.filledAt, time.Now())
 	return best, nil
 }
 
@@ -312,26 +394,6 @@ func withLastSeen(n registry.Node, t time.Time) registry.Node {
 	return n
 }
 
-// Wrote applies nodes this replica's writes returned (committed), so that
-// its own reads see them at once. Nodes not cached are left to the next
-// read unless the cache is tracking the whole fleet (see Cache.tracking);
-// then they are installed unless deleted meanwhile, so that a node this
-// replica created is in its next list.
-func (c *Cache) Wrote(nodes ...registry.Node) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, n := range nodes {
-		c.changeLocked(n, false)
-	}
-}
-
-// Deleted applies a node this replica deleted (as it was).
-func (c *Cache) Deleted(n registry.Node) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.changeLocked(n, true)
-}
-
 // changeLocked applies one change: to the fills in flight and to the
 // cached copy, versions only moving forward; c.mu held.
 func (c *Cache) changeLocked(n registry.Node, deleted bool) {
@@ -377,12 +439,19 @@ func (c *Cache) Apply(events []registry.NodeEvent) {
 		c.changeLocked(e.Node, e.Kind == "deleted")
 		c.delivered = max(c.delivered, e.ID)
 	}
-	// Passes whose events are now all applied prove the cache current.
-	i := 0
-	for ; i < len(c.proofs) && c.proofs[i].latest <= c.delivered; i++ {
-		c.current = later(c.current, c.proofs[i].at)
+	// Passes and look-ups whose events are now all applied prove the
+	// cache current. (A look-up may start after a pass and see less: its
+	// snapshot came before the pass committed. So any may confirm first.)
+	keep := c.proofs[:0]
+	for _, p := range c.proofs {
+		if p.latest <= c.delivered {
+			c.advanceLocked(p.at)
+		} else {
+			keep = append(keep, p)
+		}
 	}
-	c.proofs = c.proofs[:copy(c.proofs, c.proofs[i:])]
+	clear(c.proofs[len(keep):])
+	c.proofs = keep
 }
 
 // maxProofs bounds the passes waiting for their events.
@@ -396,7 +465,7 @@ func (c *Cache) Sequenced(at time.Time, latest int64) {
 		return // a pass that started before the drop proves nothing after it
 	}
 	if latest <= c.delivered {
-		c.current = later(c.current, at)
+		c.advanceLocked(at)
 		return
 	}
 	if len(c.proofs) == maxProofs {
@@ -479,7 +548,8 @@ func (c *Cache) Stats() Stats {
 	defer c.mu.RUnlock()
 	return Stats{Hits: c.hits.Load(), Misses: c.misses.Load(), Bypassed: c.bypassed.Load(),
 		ListHits: c.listHits.Load(), ListMisses: c.listMisses.Load(), Drops: c.drops.Load(),
-		Size: len(c.nodes), Serving: c.servingLocked(time.Now()), Complete: c.complete}
+		Size: len(c.nodes), Serving: c.servingLocked(time.Now()), Complete: c.complete,
+		AwaitsProved: c.awaitsProved.Load(), AwaitsBehind: c.awaitsBehind.Load()}
 }
 
 // Lister reads a page of nodes in pk order, after a pk. *store.Store's
@@ -617,6 +687,7 @@ func (c *Cache) preloadOnce(ctx context.Context, list Lister) bool {
 			c.installLocked(n)
 			installed++
 		}
+		c.filledAt = later(c.filledAt, time.Now())
 		if len(page) < preloadBatch || full {
 			// The whole fleet read: complete unless a node was left out
 			// or evicted.

@@ -109,3 +109,11 @@ type NodeEvent struct {
 	At   time.Time // when the change was made
 	Node Node      // the node after the change; for deleted, as it was
 }
+
+// Position is where in the change feed a read stands: every event with an
+// id up to ID is in it; with Exact, no change after ID is either, so a
+// watch from ID repeats nothing the read showed.
+type Position struct {
+	ID    int64
+	Exact bool
+}

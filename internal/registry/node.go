@@ -21,8 +21,7 @@ const (
 // host. Field meanings follow the Nodes API.
 //
 // Its JSON encoding is the node's one document: API responses, the watch
-// stream, the audit log and the change log all carry it (the logs add
-// "version"), so a new field is one edit here (and one column in the
+// stream, the audit log and the change log all carry it, so a new field is one edit here (and one column in the
 // store, one property in openapi.yaml; a test holds the three together).
 // Times are in UTC as the store hands nodes out (see UTC).
 type Node struct {
@@ -62,9 +61,10 @@ type Node struct {
 	ProviderState *string   `json:"provider_state"`
 	CreatedAt     time.Time `json:"created_at"` // server-managed
 	UpdatedAt     time.Time `json:"updated_at"` // server-managed
-	// Version changes on every write except heartbeats; it backs ETags.
-	// Clients see it only in the ETag, so the document leaves it out.
-	Version int64 `json:"-"`
+	// Version changes on every write except heartbeats; it backs ETags
+	// (the number an ETag carries) and is the document's last member.
+	// Server-managed: a write may echo it, and it must then be current.
+	Version int64 `json:"version"`
 }
 
 // UTC returns the node with every time in UTC, as documents show them.
@@ -246,6 +246,9 @@ type NodeEcho struct {
 	State          Optional[string]
 	CordonReason   Optional[string]
 	LeaseExpiresAt Optional[Stamp]
+	// Version echoed must be the node's current version: a document read
+	// before another write is stale, as its updated_at would be.
+	Version Optional[int64]
 }
 
 // Stamp is a timestamp a client sent back, with the precision it was
@@ -337,6 +340,9 @@ func (e NodeEcho) Check(cur Node) error {
 		if !same {
 			fe.Add("lease_expires_at", "is read-only; claims and renewals set it")
 		}
+	}
+	if e.Version.Set && e.Version.Value != cur.Version {
+		fe.Add("version", "is read-only; the node is at version %d now: it changed since you read it, or the value was edited", cur.Version)
 	}
 	return fe.Err()
 }

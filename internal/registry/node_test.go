@@ -138,7 +138,7 @@ func TestNodeDocument(t *testing.T) {
 		`"hardware_generation":1,"gpu_mem":85899345920,"last_seen":"2026-11-29T16:04:08.228713Z","current_job":7,` +
 		`"lease_expires_at":"2026-11-29T17:04:08.228713Z","owner":"agent-gpu-1","source":"scp","schedulable":true,` +
 		`"state":"draining","cordon_reason":"fan","external_id":"host-1","provider_state":"RUNNING",` +
-		`"created_at":"2026-11-29T16:04:08.228713Z","updated_at":"2026-11-29T16:04:08.228713Z"}`
+		`"created_at":"2026-11-29T16:04:08.228713Z","updated_at":"2026-11-29T16:04:08.228713Z","version":3}`
 	if string(b) != want {
 		t.Errorf("document\n got %s\nwant %s", b, want)
 	}
@@ -146,7 +146,7 @@ func TestNodeDocument(t *testing.T) {
 	if want := `{"pk":0,"ip":"","index":0,"cpu_mem":0,"driver_version":"","hardware_generation":null,"gpu_mem":null,` +
 		`"last_seen":null,"current_job":null,"lease_expires_at":null,"owner":null,"source":"","schedulable":false,` +
 		`"state":"","cordon_reason":null,"external_id":null,` +
-		`"provider_state":null,"created_at":"0001-01-01T00:00:00Z","updated_at":"0001-01-01T00:00:00Z"}`; string(b) != want {
+		`"provider_state":null,"created_at":"0001-01-01T00:00:00Z","updated_at":"0001-01-01T00:00:00Z","version":0}`; string(b) != want {
 		t.Errorf("empty document\n got %s\nwant %s", b, want)
 	}
 }

@@ -9,9 +9,8 @@ import (
 // AppendJSON appends the node's document to b: the same bytes
 // json.Marshal writes for a Node (a test holds the two together), without
 // the reflection, for the hot paths (retrieve, lists of thousands of
-// nodes). It is deliberately not MarshalJSON: types that embed Node (the
-// change log's document adds "version") would inherit it and lose their
-// own fields.
+// nodes). It is deliberately not MarshalJSON: types that embed Node would
+// inherit it and lose their own fields.
 func (n Node) AppendJSON(b []byte) []byte {
 	b = append(b, `{"pk":`...)
 	b = strconv.AppendInt(b, n.PK, 10)
@@ -51,6 +50,8 @@ func (n Node) AppendJSON(b []byte) []byte {
 	b = appendJSONTime(b, &n.CreatedAt)
 	b = append(b, `,"updated_at":`...)
 	b = appendJSONTime(b, &n.UpdatedAt)
+	b = append(b, `,"version":`...)
+	b = strconv.AppendInt(b, n.Version, 10)
 	return append(b, '}')
 }
 

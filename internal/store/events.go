@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -31,40 +30,33 @@ const maxPayload = 7900
 const sequencerLockID = 0x7265676973747200
 
 // nodeDoc is a whole node as the change log and the audit log keep it:
-// the node's one document (registry.Node's JSON, what clients see) and its
-// version.
+// the node's one document (registry.Node's JSON, "version" included, what
+// clients see).
 type nodeDoc struct {
 	registry.Node
-	Version int64 `json:"version"`
 }
 
-// MarshalJSON writes the node's document with "version" last, as
-// encoding/json would for the struct, without its reflection: every write
-// encodes a document or two per node (change log, audit log).
+// MarshalJSON writes the node's document as encoding/json would, without
+// its reflection: every write encodes a document or two per node (change
+// log, audit log).
 func (d nodeDoc) MarshalJSON() ([]byte, error) {
 	return d.appendJSON(make([]byte, 0, 640)), nil
 }
 
-// appendJSON appends the document as MarshalJSON writes it (and so as
-// json.Marshal does) to b.
+// appendJSON appends the document as MarshalJSON writes it to b.
 func (d nodeDoc) appendJSON(b []byte) []byte {
-	b = d.AppendJSON(b)
-	b = append(b[:len(b)-1], `,"version":`...)
-	b = strconv.AppendInt(b, d.Version, 10)
-	return append(b, '}')
+	return d.AppendJSON(b)
 }
 
 func (d nodeDoc) node() registry.Node {
-	n := d.Node
-	n.Version = d.Version
-	return n.UTC()
+	return d.Node.UTC()
 }
 
 // docOfNode is n's document; its state is derived again, so a node edited
 // in memory (as audit's "before" of a claim is) shows the state it had.
 func docOfNode(n registry.Node) nodeDoc {
 	n.State = n.DeriveState()
-	return nodeDoc{Node: n.UTC(), Version: n.Version}
+	return nodeDoc{Node: n.UTC()}
 }
 
 // recordChanges appends change rows for nodes in the current transaction

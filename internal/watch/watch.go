@@ -35,6 +35,7 @@ type Store interface {
 	NodeEventsAfter(ctx context.Context, after int64, limit int) ([]registry.NodeEvent, error)
 	EventHorizon(ctx context.Context) (registry.Feed, error)
 	PruneEvents(ctx context.Context, before time.Time) (int64, error)
+	FeedPosition(ctx context.Context) (latest int64, pending bool, err error)
 	Listen(ctx context.Context, channels []string, fn func(channel, payload string)) error
 }
 
@@ -151,6 +152,8 @@ type Hub struct {
 	ready       chan struct{} // closed once last is known
 	kick        chan struct{} // new changes were committed somewhere
 	events      chan struct{} // new events were stamped somewhere
+
+	prover prover // look-ups of the feed's position (Prove)
 }
 
 // New returns a Hub; call Run. It panics without Options.Encode.
@@ -201,11 +204,13 @@ func signal(ch chan struct{}) {
 // Run listens, sequences, fans out and prunes until ctx ends. Database
 // failures are retried with backoff; subscribers keep their streams.
 func (h *Hub) Run(ctx context.Context) {
+	h.setProving(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { h.listen(ctx) })
 	wg.Go(func() { h.sequence(ctx) })
 	wg.Go(func() { h.fanOut(ctx) })
 	wg.Wait()
+	h.setProving(nil)
 	h.opts.Follower.Gap("the watch hub stopped")
 	h.mu.Lock()
 	h.stopped = true

@@ -94,6 +94,11 @@ func (m *memStore) EventHorizon(context.Context) (registry.Feed, error) {
 
 func (m *memStore) PruneEvents(context.Context, time.Time) (int64, error) { return 0, nil }
 
+func (m *memStore) FeedPosition(ctx context.Context) (int64, bool, error) {
+	f, err := m.EventHorizon(ctx)
+	return f.Latest, false, err
+}
+
 func (m *memStore) Listen(ctx context.Context, _ []string, fn func(string, string)) error {
 	fn("", "")
 	<-ctx.Done()

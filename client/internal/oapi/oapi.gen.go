@@ -2167,9 +2167,9 @@ type ClientInterface interface {
 	//   after the change, or as it was for `deleted`; its `last_seen` is
 	//   as of the change), `WatchReset` or `WatchBookmark`.
 	// - The stream starts with `retry: 2000` (reconnect after 2 s) and a
-	//   comment line. While nothing happens the server sends a comment
-	//   `: keep-alive` every 15 seconds; clients ignore comment lines
-	//   (those starting with `:`).
+	//   comment line. While nothing happens the server sends a bookmark
+	//   (below) every 15 seconds, which also keeps the connection alive;
+	//   clients ignore comment lines (those starting with `:`).
 	//
 	// Bookmarks: right after the stream opens (after the replay, when it
 	// resumes) the server sends a `bookmark` whose `id` and
@@ -3113,9 +3113,9 @@ func (c *Client) UncordonNodes(ctx context.Context, params *UncordonNodesParams,
 //     after the change, or as it was for `deleted`; its `last_seen` is
 //     as of the change), `WatchReset` or `WatchBookmark`.
 //   - The stream starts with `retry: 2000` (reconnect after 2 s) and a
-//     comment line. While nothing happens the server sends a comment
-//     `: keep-alive` every 15 seconds; clients ignore comment lines
-//     (those starting with `:`).
+//     comment line. While nothing happens the server sends a bookmark
+//     (below) every 15 seconds, which also keeps the connection alive;
+//     clients ignore comment lines (those starting with `:`).
 //
 // Bookmarks: right after the stream opens (after the replay, when it
 // resumes) the server sends a `bookmark` whose `id` and
@@ -5773,9 +5773,9 @@ type ClientWithResponsesInterface interface {
 	//   after the change, or as it was for `deleted`; its `last_seen` is
 	//   as of the change), `WatchReset` or `WatchBookmark`.
 	// - The stream starts with `retry: 2000` (reconnect after 2 s) and a
-	//   comment line. While nothing happens the server sends a comment
-	//   `: keep-alive` every 15 seconds; clients ignore comment lines
-	//   (those starting with `:`).
+	//   comment line. While nothing happens the server sends a bookmark
+	//   (below) every 15 seconds, which also keeps the connection alive;
+	//   clients ignore comment lines (those starting with `:`).
 	//
 	// Bookmarks: right after the stream opens (after the replay, when it
 	// resumes) the server sends a `bookmark` whose `id` and
@@ -11530,9 +11530,9 @@ func (c *ClientWithResponses) UncordonNodesWithResponse(ctx context.Context, par
 //     after the change, or as it was for `deleted`; its `last_seen` is
 //     as of the change), `WatchReset` or `WatchBookmark`.
 //   - The stream starts with `retry: 2000` (reconnect after 2 s) and a
-//     comment line. While nothing happens the server sends a comment
-//     `: keep-alive` every 15 seconds; clients ignore comment lines
-//     (those starting with `:`).
+//     comment line. While nothing happens the server sends a bookmark
+//     (below) every 15 seconds, which also keeps the connection alive;
+//     clients ignore comment lines (those starting with `:`).
 //
 // Bookmarks: right after the stream opens (after the replay, when it
 // resumes) the server sends a `bookmark` whose `id` and

@@ -1,0 +1,79 @@
+package watch
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// positionStore is a memStore whose FeedPosition takes a while and is
+// counted.
+type positionStore struct {
+	memStore
+	lookups atomic.Int64
+}
+
+func (p *positionStore) FeedPosition(ctx context.Context) (int64, bool, error) {
+	p.lookups.Add(1)
+	time.Sleep(50 * time.Millisecond)
+	return p.memStore.FeedPosition(ctx)
+}
+
+// proofs records the newest proof a follower got.
+type proofs struct {
+	noFollower
+	mu sync.Mutex
+	at time.Time
+}
+
+func (p *proofs) Sequenced(at time.Time, _ int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if at.After(p.at) {
+		p.at = at
+	}
+}
+
+func (p *proofs) proven(since time.Time) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return !p.at.Before(since)
+}
+
+// Reads arriving together share look-ups: 200 readers, each needing a
+// proof from a look-up that started after it arrived, are all proven by a
+// handful of look-ups, not one each.
+func TestProveSharesLookups(t *testing.T) {
+	t.Parallel()
+	st := &positionStore{}
+	follower := &proofs{}
+	h := New(st, Options{Encode: (&encoder{}).encode, Poll: time.Hour, Follower: follower})
+	run(t, h)
+	<-h.ready
+	base := st.lookups.Load()
+	var wg sync.WaitGroup
+	var late atomic.Int64
+	for range 200 {
+		wg.Go(func() {
+			since := time.Now()
+			h.Prove(since)
+			deadline := time.Now().Add(5 * time.Second)
+			for !follower.proven(since) {
+				if time.Now().After(deadline) {
+					late.Add(1)
+					return
+				}
+				time.Sleep(time.Millisecond)
+			}
+		})
+	}
+	wg.Wait()
+	if n := late.Load(); n > 0 {
+		t.Fatalf("%d readers not proven within 5 s", n)
+	}
+	if n := st.lookups.Load() - base; n < 1 || n > 3 {
+		t.Fatalf("%d look-ups for 200 readers arriving together, want 1 to 3", n)
+	}
+}
