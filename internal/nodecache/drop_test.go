@@ -1,9 +1,11 @@
 package nodecache
 
 import (
+	"context"
 	"testing"
 	"time"
 
+	"github.com/registryd/registryd/internal/apitest"
 	"github.com/registryd/registryd/internal/pgtest"
 	"github.com/registryd/registryd/internal/registry"
 	"github.com/registryd/registryd/internal/store"
@@ -57,11 +59,75 @@ func TestPassBeforeDropProvesNothing(t *testing.T) {
 			if s := c.Stats(); s.Hits != before.Hits || s.Bypassed != before.Bypassed+2 || s.Size != 0 {
 				t.Fatalf("%+v (before the reads %+v): reads after the drop must go to PostgreSQL and fill nothing", s, before)
 			}
-			// A pass begun after the drop does prove the feed current.
-			c.Sequenced(time.Now(), 0)
+			// A pass begun after the drop does prove the feed current
+			// (at the position the cache reached: a feed behind it proves
+			// nothing).
+			c.mu.RLock()
+			at := c.delivered
+			c.mu.RUnlock()
+			c.Sequenced(time.Now(), at)
 			if s := c.Stats(); !s.Serving {
 				t.Fatalf("%+v: not serving on a pass begun after the drop", s)
 			}
 		})
+	}
+}
+
+// A deletion is remembered across a drop, so that a late write cannot
+// bring the node back; but not across a new epoch of the feed, whose
+// database may have lost the deletion or issued the pk again: the node
+// the feed then brings is cached, or a complete cache would list a fleet
+// without it.
+func TestNewEpochForgetsDeletions(t *testing.T) {
+	t.Parallel()
+	st := pgtest.Open(t, pgtest.New(t), store.Options{})
+	n := createNode(t, st, "10.0.0.1")
+	none := func(context.Context, int64, int) ([]registry.Node, error) { return nil, nil }
+	for _, tc := range []struct {
+		reason string
+		want   int
+	}{
+		{"events were pruned before this replica read them", 0},
+		{registry.NewEpochReason + ": a failover", 1},
+	} {
+		t.Run(tc.reason, func(t *testing.T) {
+			t.Parallel()
+			c := New(st, Options{Size: 10, MaxStale: time.Hour})
+			c.Start(0)
+			c.Listening(true)
+			c.Sequenced(time.Now(), 0)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			go c.Preload(ctx, none)
+			apitest.Eventually(t, 5*time.Second, "the cache is complete", func() bool { return c.Stats().Complete })
+			c.Deleted(n)
+			c.Gap(tc.reason)
+			c.Sequenced(time.Now(), 0)
+			apitest.Eventually(t, 5*time.Second, "the cache is complete again", func() bool { return c.Stats().Complete })
+			c.Wrote(n)
+			if s := c.Stats(); s.Size != tc.want {
+				t.Fatalf("%+v: want %d node(s) cached after the change", s, tc.want)
+			}
+		})
+	}
+}
+
+// A look-up that finds the feed behind what the cache applied (ids of a
+// database that lost them, before its new epoch is seen) proves nothing.
+func TestFeedBehindProvesNothing(t *testing.T) {
+	t.Parallel()
+	st := pgtest.Open(t, pgtest.New(t), store.Options{})
+	n := createNode(t, st, "10.0.0.1")
+	c := New(st, Options{Size: 10, MaxStale: time.Hour})
+	c.Start(0)
+	c.Listening(true)
+	c.Apply([]registry.NodeEvent{{ID: 5, Kind: "updated", Node: n}})
+	c.Sequenced(time.Now(), 3)
+	if s := c.Stats(); s.Serving {
+		t.Fatalf("%+v: serving on a feed behind the cache", s)
+	}
+	c.Sequenced(time.Now(), 5)
+	if s := c.Stats(); !s.Serving {
+		t.Fatalf("%+v: not serving on a feed at the cache's position", s)
 	}
 }

@@ -464,8 +464,14 @@ func (c *Cache) Sequenced(at time.Time, latest int64) {
 	if !c.started || !c.listening || !at.After(c.since) {
 		return // a pass that started before the drop proves nothing after it
 	}
-	if latest <= c.delivered {
+	if latest == c.delivered {
 		c.advanceLocked(at)
+		return
+	}
+	if latest < c.delivered {
+		// The feed stands behind what was applied: ids of a database that
+		// lost them, its new epoch not yet seen. Proves nothing; the
+		// sequencer's pass begins the epoch and the hub's reset drops.
 		return
 	}
 	if len(c.proofs) == maxProofs {
@@ -487,10 +493,16 @@ func (c *Cache) Listening(up bool) {
 }
 
 // Gap implements watch.Follower.
+// After a new epoch the deletions it remembers may be lost with the
+// rest: a pk deleted then may name a node again (the deletion undone, or
+// the pk issued anew), so the tombs go too.
 func (c *Cache) Gap(reason string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.dropLocked(reason)
+	if strings.HasPrefix(reason, registry.NewEpochReason) {
+		clear(c.tombs)
+	}
 }
 
 // dropLocked forgets every node and proof: until a pass that starts after

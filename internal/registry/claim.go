@@ -102,6 +102,11 @@ type Feed struct {
 	NewEpoch string
 }
 
+// NewEpochReason begins the reason a watcher's reset or a follower's gap
+// gives when the change feed began a new epoch: what was applied before
+// may be lost, so nothing learned from it (deletions included) holds.
+const NewEpochReason = "the change feed began a new epoch"
+
 // NodeEvent is one change of a node as watchers see it.
 type NodeEvent struct {
 	ID   int64     // increases with every event, across replicas

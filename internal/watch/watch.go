@@ -363,7 +363,7 @@ func (h *Hub) resetToNewEpoch() {
 	}
 	epoch, why := h.newEpoch, h.newEpochWhy
 	h.mu.Unlock()
-	reason := "the change feed began a new epoch: " + why
+	reason := registry.NewEpochReason + ": " + why
 	h.opts.Logger.Warn("watch: the change feed began a new epoch; every watcher and cache starts over", "reason", why, "epoch_start", epoch)
 	h.opts.Follower.Gap(reason)
 	h.pages.clear()
