@@ -125,13 +125,7 @@ func TestServeFeedEpochAfterLossyFailover(t *testing.T) {
 	a, b := urls[0], urls[1]
 	kept := createNode(t, a, admin, "10.22.4.1", 0)
 	writesShow(t, a, b, admin, kept, 1000, 3)
-	ctx := context.Background()
-	caughtUp := func() bool {
-		var ok bool
-		err := queryOne(ctx, primary.URL(), `SELECT coalesce(bool_and(replay_lsn >= pg_current_wal_lsn()), false) FROM pg_stat_replication`, &ok)
-		return err == nil && ok
-	}
-	apitest.Eventually(t, 30*time.Second, "the standby replays everything", caughtUp)
+	awaitReplayed(t, primary.URL())
 	standby.Stop("fast")
 
 	// Writes the standby never gets: seen by watchers and caches.
@@ -166,6 +160,17 @@ func TestServeFeedEpochAfterLossyFailover(t *testing.T) {
 	if ev, _ := r.await(t, 10*time.Second, "reset", 0); ev.id <= e.id {
 		t.Errorf("a resume from the lost id %d: reset to %d", e.id, ev.id)
 	}
+}
+
+// awaitReplayed waits until every standby of the primary at url has
+// replayed all the primary wrote.
+func awaitReplayed(t *testing.T, url string) {
+	t.Helper()
+	apitest.Eventually(t, 30*time.Second, "the standby replays everything", func() bool {
+		var ok bool
+		err := queryOne(context.Background(), url, `SELECT coalesce(bool_and(replay_lsn >= pg_current_wal_lsn()), false) FROM pg_stat_replication`, &ok)
+		return err == nil && ok
+	})
 }
 
 // queryOne reads one value over a connection of its own.
