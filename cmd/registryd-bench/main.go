@@ -77,6 +77,7 @@ errors.
 		jsonOnly  = fs.Bool("json", false, "print only the JSON lines")
 		registryd = fs.String("registryd", "", "the registryd binary to start (default: built from this module with go build)")
 		url       = fs.String("url", "", "a running registryd to target instead of starting one")
+		replica   = fs.String("replica-url", "", "with -url: a second replica on the same database, for the replica workload")
 		pgbench   = fs.String("pgbench", "", "the pgbench binary (default: next to the PostgreSQL server binaries, or on PATH)")
 		workDir   = fs.String("workdir", "", "keep the server's data, its log and the pgbench scripts here (default: a temporary folder, removed)")
 		client    = fs.String("client", "", "what drives heartbeat, retrieve and free page: wrk, go (the harness's own client), or empty for wrk when installed")
@@ -94,7 +95,7 @@ errors.
 	}
 	cfg := bench.Config{
 		Nodes: *nodes, Agents: *agents, Duration: *duration, Clients: *clients,
-		JSONOnly: *jsonOnly, URL: *url, Pgbench: *pgbench, WorkDir: *workDir,
+		JSONOnly: *jsonOnly, URL: *url, ReplicaURL: *replica, Pgbench: *pgbench, WorkDir: *workDir,
 		RequirePgbench: getenv("CI") != "", ServerEnv: serverEnv, Client: *client,
 		Stdout: stdout, Stderr: stderr,
 	}
