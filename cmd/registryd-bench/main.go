@@ -79,6 +79,7 @@ errors.
 		seedMode  = fs.String("seed", bench.SeedSQL, "how the fleet gets in: sql (one transaction, then the server restarts on it) or api (created through the running server's API, measured as it is afterwards)")
 		registryd = fs.String("registryd", "", "the registryd binary to start (default: built from this module with go build)")
 		url       = fs.String("url", "", "a running registryd to target instead of starting one")
+		replica   = fs.String("replica-url", "", "with -url: a second replica on the same database, for the replica workload")
 		pgbench   = fs.String("pgbench", "", "the pgbench binary (default: next to the PostgreSQL server binaries, or on PATH)")
 		workDir   = fs.String("workdir", "", "keep the server's data, its log and the pgbench scripts here (default: a temporary folder, removed)")
 		client    = fs.String("client", "", "what drives heartbeat, retrieve and free page: wrk, go (the harness's own client), or empty for wrk when installed")
@@ -96,7 +97,7 @@ errors.
 	}
 	cfg := bench.Config{
 		Nodes: *nodes, Agents: *agents, Duration: *duration, Clients: *clients,
-		JSONOnly: *jsonOnly, Seed: *seedMode, URL: *url, Pgbench: *pgbench, WorkDir: *workDir,
+		JSONOnly: *jsonOnly, Seed: *seedMode, URL: *url, ReplicaURL: *replica, Pgbench: *pgbench, WorkDir: *workDir,
 		RequirePgbench: getenv("CI") != "", ServerEnv: serverEnv, Client: *client,
 		Stdout: stdout, Stderr: stderr,
 	}

@@ -49,6 +49,10 @@ type Config struct {
 	URL, DatabaseURL string
 	Secret           []byte
 	Token            string
+	// ReplicaURL is a second running replica on the same database, for
+	// the replica workload against a running registryd (a started one
+	// gets a second serve of the harness's own).
+	ReplicaURL string
 
 	// Pgbench is the pgbench binary; "" finds it (FindPgbench). When none
 	// is found and RequirePgbench is false, the pgbench side is left out
@@ -100,6 +104,9 @@ type Result struct {
 	// Claim is the claim requests alone of claim and gang, whose ops
 	// are a claim and its release.
 	Claim *ClaimStats `json:"claim_only,omitempty"`
+	// Replica is the replica workload's writes, stale reads and its
+	// max-stale phase.
+	Replica *ReplicaStats `json:"replica,omitempty"`
 }
 
 // ClaimStats times the claim requests of a claim workload apart from
@@ -144,7 +151,9 @@ func (c *Config) defaults() error {
 	if len(c.Workloads) == 0 {
 		c.Workloads = AllWorkloads
 		if c.URL != "" { // a server the harness did not start, it cannot restart
-			c.Workloads = slices.DeleteFunc(slices.Clone(AllWorkloads), func(w string) bool { return w == Startup })
+			c.Workloads = slices.DeleteFunc(slices.Clone(AllWorkloads), func(w string) bool {
+				return w == Startup || w == Replica && c.ReplicaURL == ""
+			})
 		}
 	}
 	for _, w := range c.Workloads {
@@ -175,6 +184,9 @@ func (c *Config) defaults() error {
 		return errors.New("bench: a running registryd (URL) needs its token secret (REGISTRY_JWT_SECRET) or an admin token (REGISTRY_TOKEN)")
 	case c.URL == "" && c.Registryd == "":
 		return errors.New("bench: no registryd binary to start, and no URL of a running one")
+	}
+	if c.URL != "" && c.ReplicaURL == "" && slices.Contains(c.Workloads, Replica) {
+		return errors.New("bench: the replica workload against a running registryd needs a second replica on its database (ReplicaURL)")
 	}
 	if c.URL != "" && slices.Contains(c.Workloads, Startup) {
 		return errors.New("bench: the startup workload restarts the server, so it needs one the harness starts (no URL)")
@@ -362,6 +374,28 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			}
 			t.url, dbURL = srv.url, srv.dbURL
 			logf("%s: serving again on %s (pid %d)", name, srv.url, srv.pid())
+		} else if name == Replica {
+			b := cfg.ReplicaURL
+			var rs *server
+			if srv != nil {
+				logf("%s: starting replica B on the same database", name)
+				var err error
+				if rs, err = startReplica(ctx, srv, work, cfg.ServerEnv); err != nil {
+					return nil, err
+				}
+				b = rs.url
+			}
+			res.Client = "go"
+			logf("%s: %d writers on A (%s), %d readers on B (%s), %s consistent then %s max-stale", name, replicaWriters, t.url, w.clients, b, cfg.Duration, cfg.Duration)
+			l = runReplica(ctx, t, b, w.clients, cfg.Duration, &res)
+			if rs != nil {
+				if err := rs.stop(); err != nil {
+					logf("%v", err)
+				}
+			}
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
 		} else {
 			script, byWrk := t.wrkScript(name)
 			if byWrk && wrk != "" {

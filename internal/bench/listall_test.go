@@ -112,16 +112,23 @@ func TestListAllWorkloadReportsBrokenLists(t *testing.T) {
 }
 
 // Against a server the harness did not start, the default workloads leave
-// startup out (it could not restart that server); asking for it is an
-// error.
+// startup out (it could not restart that server), and replica unless a
+// second replica is named; asking for startup is an error.
 func TestStartupNeedsAServerOfItsOwn(t *testing.T) {
 	t.Parallel()
 	cfg := Config{URL: "http://127.0.0.1:1", DatabaseURL: "postgres:///x", Token: "t"}
 	if err := cfg.defaults(); err != nil {
 		t.Fatal(err)
 	}
-	if len(cfg.Workloads) != len(AllWorkloads)-1 || slices.Contains(cfg.Workloads, Startup) {
+	if len(cfg.Workloads) != len(AllWorkloads)-2 || slices.Contains(cfg.Workloads, Startup) || slices.Contains(cfg.Workloads, Replica) {
 		t.Errorf("default workloads with a URL: %v", cfg.Workloads)
+	}
+	cfg = Config{URL: "http://127.0.0.1:1", ReplicaURL: "http://127.0.0.1:2", DatabaseURL: "postgres:///x", Token: "t"}
+	if err := cfg.defaults(); err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Workloads) != len(AllWorkloads)-1 || slices.Contains(cfg.Workloads, Startup) || !slices.Contains(cfg.Workloads, Replica) {
+		t.Errorf("default workloads with a URL and a replica URL: %v", cfg.Workloads)
 	}
 	cfg = Config{URL: "http://127.0.0.1:1", DatabaseURL: "postgres:///x", Token: "t", Workloads: []string{Startup}}
 	if err := cfg.defaults(); err == nil || !strings.Contains(err.Error(), "restarts the server") {

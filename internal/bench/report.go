@@ -90,6 +90,10 @@ func Markdown(rep *Report) string {
 			fmt.Fprintf(&b, "- %s: the claim requests alone: %s/s, p50 %.2f ms, p99 %.2f ms (%d claims)\n",
 				r.Workload, thousands(c.Rate), c.P50MS, c.P99MS, c.Claims)
 		}
+		if rp := r.Replica; rp != nil {
+			fmt.Fprintf(&b, "- %s: %s writes/s on A (%d writes); on B consistent reads p50 %.2f ms, p99 %.2f ms, %d stale; with max-stale %s/s, p50 %.2f ms, p99 %.2f ms, %d stale: a consistent read adds %.2f ms at p50, %.2f ms at p99\n",
+				r.Workload, thousands(rp.WriteRate), rp.Writes, r.P50MS, r.P99MS, rp.StaleConsistent, thousands(rp.MaxStaleRate), rp.MaxStaleP50MS, rp.MaxStaleP99MS, rp.MaxStaleStale, rp.AddedP50MS, rp.AddedP99MS)
+		}
 		if s := r.Start; s != nil && len(s.ReadyMS) > 0 {
 			_, stopMedian := minMedian(s.StopMS)
 			fmt.Fprintf(&b, "- %s with %s nodes: banner after %.0f ms min / %.0f ms median, /readyz 200 after %.0f ms min / %.0f ms median (%d starts); stop (SIGTERM to exit) %.0f ms median\n",

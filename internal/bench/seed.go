@@ -37,6 +37,7 @@ type fleet struct {
 	minPK, maxPK int64
 	agents       []agent
 	scheduler    string // a scheduler token
+	admin        string // an admin token (the replica workload's writers)
 	// adminActsAsAgents: heartbeats are sent with an admin token acting
 	// as the node (no secret to mint agent tokens with).
 	adminActsAsAgents bool
@@ -147,7 +148,7 @@ func (f *fleet) tokens(secret []byte, adminToken string) error {
 		if adminToken == "" {
 			return fmt.Errorf("bench: neither a token secret nor an admin token")
 		}
-		f.scheduler, f.adminActsAsAgents = adminToken, true
+		f.scheduler, f.admin, f.adminActsAsAgents = adminToken, adminToken, true
 		for i := range f.agents {
 			f.agents[i].token = adminToken
 		}
@@ -161,6 +162,9 @@ func (f *fleet) tokens(secret []byte, adminToken string) error {
 		return fmt.Errorf("bench: token: %w", err)
 	}
 	f.scheduler = tok
+	if f.admin, err = signer.Sign("bench-admin", registry.RoleAdmin, ttl, now); err != nil {
+		return fmt.Errorf("bench: token: %w", err)
+	}
 	for i, a := range f.agents {
 		m, err := signer.Mint(auth.TokenSpec{Sub: a.sub, Role: registry.RoleAgent, TTL: ttl, IPs: []string{a.ip}}, now)
 		if err != nil {

@@ -27,6 +27,9 @@ type server struct {
 	url     string // http://127.0.0.1:PORT
 	dbURL   string // the embedded PostgreSQL, over its unix socket
 	dataDir string
+	// replica: a second serve on another server's database (dbURL set
+	// from the start), with no embedded PostgreSQL of its own.
+	replica bool
 	stderr  string // the server's log file
 	exited  chan struct{}
 	waitErr error
@@ -76,6 +79,23 @@ func startServer(ctx context.Context, bin, dir string, secret []byte, timeout ti
 		// workload runs.
 		"REGISTRY_NODE_TTL=24h",
 	)
+	s.env = append(s.env, extraEnv...)
+	if _, err := s.start(ctx, os.O_TRUNC); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// startReplica runs bin serve on primary's database (a second replica,
+// as a deployment runs several), logging to replica.log in dir.
+func startReplica(ctx context.Context, primary *server, dir string, extraEnv []string) (*server, error) {
+	s := &server{bin: primary.bin, dbURL: primary.dbURL, replica: true, stderr: filepath.Join(dir, "replica.log"), timeout: primary.timeout}
+	for _, kv := range primary.env {
+		if !strings.HasPrefix(kv, "REGISTRY_DATA_DIR=") && !strings.HasPrefix(kv, "REGISTRY_DATABASE_URL=") {
+			s.env = append(s.env, kv)
+		}
+	}
+	s.env = append(s.env, "REGISTRY_DATABASE_URL="+primary.dbURL)
 	s.env = append(s.env, extraEnv...)
 	if _, err := s.start(ctx, os.O_TRUNC); err != nil {
 		return nil, err
@@ -140,7 +160,9 @@ func (s *server) start(ctx context.Context, logFlag int) (startTimes, error) {
 		s.stop()
 		return st, ctx.Err()
 	}
-	s.dbURL = s.findDatabaseURL(logStart)
+	if !s.replica {
+		s.dbURL = s.findDatabaseURL(logStart)
+	}
 	if s.dbURL == "" {
 		s.stop()
 		return st, fmt.Errorf("bench: registryd serve runs, but its log names no embedded PostgreSQL URL; last log lines:\n%s", s.logTail(20))

@@ -22,13 +22,14 @@ const (
 	Claim     = "claim"
 	Gang      = "gang"
 	ListAll   = "listall"
+	Replica   = "replica"
 	Startup   = "startup"
 )
 
 // AllWorkloads is every workload, in run order. startup comes last: it
 // restarts the server (the workloads after it, if any, run on the
 // restarted one).
-var AllWorkloads = []string{Heartbeat, Retrieve, FreePage, Claim, Gang, ListAll, Startup}
+var AllWorkloads = []string{Heartbeat, Retrieve, FreePage, Claim, Gang, ListAll, Replica, Startup}
 
 // gangClients is the number of concurrent schedulers of the gang workload,
 // whatever -clients says: the target is stated for 16.
@@ -121,6 +122,10 @@ func (t *target) workload(name string, clients int) (workload, error) {
 	case ListAll:
 		return workload{name: name, path: "list all: POST /v1/nodes/list {} (every node, streamed)", clients: listAllClients,
 			op: t.listAllOp(int64(f.nodes), &t.listBytes)}, nil
+	case Replica:
+		// No op: Run drives the two replicas itself (runReplica).
+		return workload{name: name, path: fmt.Sprintf("replica: GET /v1/nodes/{pk} on B while %d writers PATCH those nodes on A", replicaWriters),
+			clients: clients, script: "retrieve.sql"}, nil
 	case Startup:
 		// No op: Run restarts the server itself (restarts).
 		return workload{name: name, path: fmt.Sprintf("startup: SIGTERM, serve again on the same data, until /readyz 200 (%d starts)", startupRuns),
