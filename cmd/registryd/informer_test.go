@@ -3,6 +3,9 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
+	"maps"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,15 +19,19 @@ import (
 
 // The Go client's Informer, following replica b while every write goes
 // to replica a, keeps a view equal to a strong list (Cache-Control:
-// no-cache) of a: before a lossy failover, after it (the writes the new
-// primary lost leave the view: the reset makes it list again) and with
-// writes after it. Before epochs and positions the view kept the lost
+// no-cache) of a: across a restart of b (with writes while b is down),
+// before a lossy failover, after it (the writes the new primary lost
+// leave the view: the reset makes it list again) and with writes after
+// it. Before epochs and positions the view kept the lost
 // node and missed later changes (ids handed out again).
 func TestServeInformerThroughLossyFailover(t *testing.T) {
 	t.Parallel()
 	primary, standby := pgtest.NewPair(t, false)
-	urls, admin := replicas(t, pgtest.MultiHostURL(primary, standby), 2)
-	a, b := urls[0], urls[1]
+	env := map[string]string{"REGISTRY_DATABASE_URL": pgtest.MultiHostURL(primary, standby), "REGISTRY_JWT_SECRET": testSecret,
+		"REGISTRY_LISTEN": "127.0.0.1:0", "REGISTRY_NODE_CACHE": "1000"}
+	pb := startProcess(t, env, "serve")
+	a, b := startProcess(t, env, "serve").serving(t), pb.serving(t)
+	admin := adminToken(t, env)
 	ctx := context.Background()
 	newClient := func(base string) *client.Client {
 		c, err := client.New(base, client.WithToken(admin),
@@ -83,7 +90,27 @@ func TestServeInformerThroughLossyFailover(t *testing.T) {
 	for v := range int64(5) {
 		setCPUMem(t, a, admin, kept, 1000+v)
 	}
-	converges("before the failover", 10*time.Second)
+	converges("before b restarts", 10*time.Second)
+
+	// b stops; writes go on; b comes back on the same address, and the
+	// informer resumes from its position.
+	if err := pb.stop(t); err != nil {
+		t.Fatalf("stopping b: %v", err)
+	}
+	for v := range int64(3) {
+		setCPUMem(t, a, admin, kept, 1100+v)
+	}
+	gone := createNode(t, a, admin, "10.22.5.4", 0)
+	if code, body := call(t, "DELETE", fmt.Sprintf("%s/v1/nodes/%d", a, gone), "", admin); code != 204 {
+		t.Fatalf("delete: %d %s", code, body)
+	}
+	createNode(t, a, admin, "10.22.5.5", 0)
+	restarted := maps.Clone(env)
+	restarted["REGISTRY_LISTEN"] = strings.TrimPrefix(b, "http://")
+	if got := startProcess(t, restarted, "serve").serving(t); got != b {
+		t.Fatalf("b restarted at %s, not %s", got, b)
+	}
+	converges("after b restarts", 20*time.Second)
 	awaitReplayed(t, primary.URL())
 	standby.Stop("fast")
 
