@@ -78,7 +78,12 @@ func (h *Hub) lookup(ctx context.Context, at time.Time) {
 	default:
 		// Every change committed before at has an id of at most latest.
 		h.opts.Follower.Sequenced(at, latest)
-		signal(h.events)
+		h.mu.RLock()
+		behind := latest > h.last
+		h.mu.RUnlock()
+		if behind { // fanOut reads up to latest; otherwise nothing is new
+			signal(h.events)
+		}
 	}
 }
 

@@ -77,3 +77,45 @@ func TestProveSharesLookups(t *testing.T) {
 		t.Fatalf("%d look-ups for 200 readers arriving together, want 1 to 3", n)
 	}
 }
+
+// A look-up that finds nothing new (the feed's position at or below what
+// the hub read) sends no read of the change log: on an idle feed every
+// burst of consistent reads costs one query, not two. One that finds the
+// feed ahead does wake the reader of the log.
+func TestProveReadsTheLogOnlyWhenBehind(t *testing.T) {
+	t.Parallel()
+	st := &positionStore{}
+	follower := &proofs{}
+	h := New(st, Options{Encode: (&encoder{}).encode, Poll: time.Hour, Follower: follower})
+	run(t, h)
+	<-h.ready
+	prove := func() {
+		t.Helper()
+		since := time.Now()
+		h.Prove(since)
+		deadline := time.Now().Add(5 * time.Second)
+		for !follower.proven(since) {
+			if time.Now().After(deadline) {
+				t.Fatal("not proven within 5 s")
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	prove()
+	time.Sleep(20 * time.Millisecond) // a log read the proof woke would be done
+	base := st.queries.Load()
+	for range 5 {
+		prove()
+	}
+	time.Sleep(20 * time.Millisecond)
+	if n := st.queries.Load() - base; n != 0 {
+		t.Fatalf("%d reads of the change log for 5 look-ups on an idle feed, want 0", n)
+	}
+	st.add(1) // an event the hub has not read
+	prove()
+	for deadline := time.Now().Add(5 * time.Second); st.queries.Load() == base; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the look-up that found the feed ahead did not wake the log reader within 5 s")
+		}
+	}
+}
