@@ -2,6 +2,8 @@ package api
 
 import (
 	"context"
+	"errors"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -77,6 +79,9 @@ func readFreshness(r *http.Request) (freshness, time.Duration) {
 				d := MaxStale
 				if hasArg {
 					n, err := strconv.ParseUint(strings.Trim(strings.TrimSpace(arg), `"`), 10, 63)
+					if errors.Is(err, strconv.ErrRange) {
+						n, err = math.MaxInt64, nil // digits beyond int64: more than the cap
+					}
 					if err != nil || n == 0 {
 						continue
 					}
