@@ -154,7 +154,8 @@ func IfMatch(etag string) CallOption { return func(c *call) { c.ifMatch = &etag 
 func IfNoneMatch(etag string) CallOption { return func(c *call) { c.ifNoneMatch = &etag } }
 
 // MaxStale sends Cache-Control: max-stale on a read (GetNode, HeadNode,
-// ListNodes, ListNodesWithPosition; other calls ignore it): the replica
+// ListNodes, ListNodesWithPosition, and Ping and HeadPing for the
+// AsNode check; other calls ignore it): the replica
 // answers from its node cache as it is, without waiting for it to catch
 // up, so another replica's writes of the last 2 seconds may be missing.
 // Without it (or NoCache) every read is consistent: it reflects every
@@ -162,7 +163,8 @@ func IfNoneMatch(etag string) CallOption { return func(c *call) { c.ifNoneMatch 
 func MaxStale() CallOption { return cacheControl("max-stale") }
 
 // NoCache sends Cache-Control: no-cache on a read (GetNode, HeadNode,
-// ListNodes, ListNodesWithPosition; other calls ignore it): the replica
+// ListNodes, ListNodesWithPosition, Ping, HeadPing; other calls ignore
+// it): the replica
 // reads PostgreSQL instead of its node cache.
 func NoCache() CallOption { return cacheControl("no-cache") }
 

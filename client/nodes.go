@@ -17,7 +17,7 @@ import (
 func (c *Client) Ping(ctx context.Context, opts ...CallOption) (Ping, error) {
 	cl := newCall(opts)
 	var out Ping
-	resp, err := c.raw.PingNodes(cl.ctx(ctx), &oapi.PingNodesParams{NodeID: cl.nodeID}, cl.editors()...)
+	resp, err := c.raw.PingNodes(cl.ctx(ctx), &oapi.PingNodesParams{NodeID: cl.nodeID, CacheControl: cl.cacheControl}, cl.editors()...)
 	_, err = cl.finish(resp, err, &out, http.StatusOK)
 	return out, err
 }
@@ -26,7 +26,7 @@ func (c *Client) Ping(ctx context.Context, opts ...CallOption) (Ping, error) {
 // it is a heartbeat too.
 func (c *Client) HeadPing(ctx context.Context, opts ...CallOption) error {
 	cl := newCall(opts)
-	resp, err := c.raw.HeadPingNodes(cl.ctx(ctx), &oapi.HeadPingNodesParams{NodeID: cl.nodeID}, cl.editors()...)
+	resp, err := c.raw.HeadPingNodes(cl.ctx(ctx), &oapi.HeadPingNodesParams{NodeID: cl.nodeID, CacheControl: cl.cacheControl}, cl.editors()...)
 	_, err = cl.finish(resp, err, nil, http.StatusOK)
 	return err
 }

@@ -1,8 +1,13 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
 
@@ -37,5 +42,40 @@ func TestAgentAPIErrors(t *testing.T) {
 	plain := errors.New("connection refused")
 	if domainError(plain) != plain || domainError(nil) != nil {
 		t.Error("a transport error or nil was changed")
+	}
+}
+
+// The agent's heartbeat acts as the node and takes the Node-Id check from
+// the cache as it is (max-stale); its other requests stay consistent.
+func TestAgentAPIPingMaxStale(t *testing.T) {
+	t.Parallel()
+	seen := make(chan http.Header, 2)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen <- r.Header.Clone()
+		w.Header().Set("Content-Type", "application/json")
+		if r.URL.Path == "/v1/nodes/ping" {
+			fmt.Fprint(w, `{"ok":true}`)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer srv.Close()
+	u, _ := url.Parse(srv.URL)
+	api, err := newAgentAPI(agentConfig{Server: u, Token: "token"}, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := api.Ping(context.Background(), 42); err != nil {
+		t.Fatal(err)
+	}
+	h := <-seen
+	if h.Get("Node-Id") != "42" || !strings.EqualFold(h.Get("Cache-Control"), "max-stale") {
+		t.Errorf("ping sent Node-Id %q, Cache-Control %q; want 42 and max-stale", h.Get("Node-Id"), h.Get("Cache-Control"))
+	}
+	if err := api.DeleteNodeAs(context.Background(), 42); err != nil {
+		t.Fatal(err)
+	}
+	if h := <-seen; h.Get("Cache-Control") != "" {
+		t.Errorf("a delete sent Cache-Control %q", h.Get("Cache-Control"))
 	}
 }

@@ -73,16 +73,18 @@ func (t *target) workload(name string, clients int) (workload, error) {
 	f := t.fleet
 	switch name {
 	case Heartbeat:
-		path := "heartbeat: GET /v1/nodes/ping + Node-Id (agent, own node)"
+		// As registryd's agent sends it: the Node-Id check takes the
+		// node cache as it is (Cache-Control: max-stale).
+		path := "heartbeat: GET /v1/nodes/ping + Node-Id, max-stale (agent, own node)"
 		if f.adminActsAsAgents {
-			path = "heartbeat: GET /v1/nodes/ping + Node-Id (admin acting as the node)"
+			path = "heartbeat: GET /v1/nodes/ping + Node-Id, max-stale (admin acting as the node)"
 		}
 		return workload{name: name, path: path, clients: clients,
 			script: "heartbeat.sql",
 			op: func(ctx context.Context, c *http.Client, rng *rand.Rand) error {
 				a := f.agents[rng.IntN(len(f.agents))]
 				pk := a.nodes[rng.IntN(len(a.nodes))]
-				_, err := call(ctx, c, "GET", t.url+"/v1/nodes/ping", a.token, nil, "Node-Id", strconv.FormatInt(pk, 10))
+				_, err := call(ctx, c, "GET", t.url+"/v1/nodes/ping", a.token, nil, "Node-Id", strconv.FormatInt(pk, 10), "Cache-Control", "max-stale")
 				return err
 			}}, nil
 	case Retrieve:

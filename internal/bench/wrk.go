@@ -57,7 +57,7 @@ func (t *target) wrkScript(name string) (string, bool) {
 request = function()
   local a = agents[math.random(#agents)]
   local pk = a[2][math.random(#a[2])]
-  return wrk.format("GET", "/v1/nodes/ping", {["Authorization"] = a[1], ["Node-Id"] = tostring(pk)})
+  return wrk.format("GET", "/v1/nodes/ping", {["Authorization"] = a[1], ["Node-Id"] = tostring(pk), ["Cache-Control"] = "max-stale"})
 end
 `)
 	case Retrieve:

@@ -1442,12 +1442,18 @@ type ListNodesParams struct {
 type PingNodesParams struct {
 	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
 	NodeID *NodeID `json:"Node-Id,omitempty"`
+
+	// CacheControl How current the read must be (RFC 9111 request directives, comma-separated, any case). Without it the read is consistent: it reflects every write any replica acknowledged before the request arrived. `max-stale` or `max-stale=S` (S in seconds, at most 2; a larger S counts as 2) accepts the replica's node cache as it is, which may miss another replica's writes of the last 2 seconds but never waits for the feed. `no-cache` reads PostgreSQL: as current as the database, at the price of a round trip; it wins over `max-stale`. The directive applies to the `Node-Id` check of the same request too. Other directives are ignored.
+	CacheControl *CacheControl `json:"Cache-Control,omitempty"`
 }
 
 // HeadPingNodesParams defines parameters for HeadPingNodes.
 type HeadPingNodesParams struct {
 	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
 	NodeID *NodeID `json:"Node-Id,omitempty"`
+
+	// CacheControl How current the read must be (RFC 9111 request directives, comma-separated, any case). Without it the read is consistent: it reflects every write any replica acknowledged before the request arrived. `max-stale` or `max-stale=S` (S in seconds, at most 2; a larger S counts as 2) accepts the replica's node cache as it is, which may miss another replica's writes of the last 2 seconds but never waits for the feed. `no-cache` reads PostgreSQL: as current as the database, at the price of a round trip; it wins over `max-stale`. The directive applies to the `Node-Id` check of the same request too. Other directives are ignored.
+	CacheControl *CacheControl `json:"Cache-Control,omitempty"`
 }
 
 // ReleaseNodesParams defines parameters for ReleaseNodes.
@@ -2047,7 +2053,7 @@ type ClientInterface interface {
 
 	// PingNodes Ping
 	//
-	// A no-op to re-establish a connection after long-running tasks, and the natural heartbeat: with an allowed `Node-Id` it records the node's `last_seen`. Answers 200 with `{"status": "ok"}` and the server's current time (UTC). Without `Node-Id` it does not touch the database; with one, the node is looked up first, so 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+	// A no-op to re-establish a connection after long-running tasks, and the natural heartbeat: with an allowed `Node-Id` it records the node's `last_seen`. Answers 200 with `{"status": "ok"}` and the server's current time (UTC). Without `Node-Id` it does not touch the database; with one, the node is looked up first, so 503 when the database is unavailable. The look-up is a consistent read unless `Cache-Control` says otherwise: registryd's agent sends `max-stale` on its heartbeats, accepting that a node deleted or handed over in the last 2 seconds is answered 200 once more. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 	// Roles: reader, scheduler, agent, admin (everyone).
 	//
 	// Corresponds with GET /v1/nodes/ping (the `PingNodes` operationId).
@@ -2913,7 +2919,7 @@ func (c *Client) ListNodes(ctx context.Context, params *ListNodesParams, body Li
 
 // PingNodes Ping
 //
-// A no-op to re-establish a connection after long-running tasks, and the natural heartbeat: with an allowed `Node-Id` it records the node's `last_seen`. Answers 200 with `{"status": "ok"}` and the server's current time (UTC). Without `Node-Id` it does not touch the database; with one, the node is looked up first, so 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+// A no-op to re-establish a connection after long-running tasks, and the natural heartbeat: with an allowed `Node-Id` it records the node's `last_seen`. Answers 200 with `{"status": "ok"}` and the server's current time (UTC). Without `Node-Id` it does not touch the database; with one, the node is looked up first, so 503 when the database is unavailable. The look-up is a consistent read unless `Cache-Control` says otherwise: registryd's agent sends `max-stale` on its heartbeats, accepting that a node deleted or handed over in the last 2 seconds is answered 200 once more. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 // Roles: reader, scheduler, agent, admin (everyone).
 //
 // Corresponds with GET /v1/nodes/ping (the `PingNodes` operationId).
@@ -4358,6 +4364,17 @@ func NewPingNodesRequest(server string, params *PingNodesParams) (*http.Request,
 			req.Header.Set("Node-Id", headerParam0)
 		}
 
+		if params.CacheControl != nil {
+			var headerParam1 string
+
+			headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Cache-Control", *params.CacheControl, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Cache-Control", headerParam1)
+		}
+
 	}
 
 	return req, nil
@@ -4398,6 +4415,17 @@ func NewHeadPingNodesRequest(server string, params *HeadPingNodesParams) (*http.
 			}
 
 			req.Header.Set("Node-Id", headerParam0)
+		}
+
+		if params.CacheControl != nil {
+			var headerParam1 string
+
+			headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Cache-Control", *params.CacheControl, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Cache-Control", headerParam1)
 		}
 
 	}
@@ -5649,7 +5677,7 @@ type ClientWithResponsesInterface interface {
 
 	// PingNodesWithResponse Ping
 	//
-	// A no-op to re-establish a connection after long-running tasks, and the natural heartbeat: with an allowed `Node-Id` it records the node's `last_seen`. Answers 200 with `{"status": "ok"}` and the server's current time (UTC). Without `Node-Id` it does not touch the database; with one, the node is looked up first, so 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+	// A no-op to re-establish a connection after long-running tasks, and the natural heartbeat: with an allowed `Node-Id` it records the node's `last_seen`. Answers 200 with `{"status": "ok"}` and the server's current time (UTC). Without `Node-Id` it does not touch the database; with one, the node is looked up first, so 503 when the database is unavailable. The look-up is a consistent read unless `Cache-Control` says otherwise: registryd's agent sends `max-stale` on its heartbeats, accepting that a node deleted or handed over in the last 2 seconds is answered 200 once more. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 	// Roles: reader, scheduler, agent, admin (everyone).
 	//
 	// Returns a wrapper object for the known response body format(s).
@@ -11358,7 +11386,7 @@ func (c *ClientWithResponses) ListNodesWithResponse(ctx context.Context, params 
 
 // PingNodesWithResponse Ping
 //
-// A no-op to re-establish a connection after long-running tasks, and the natural heartbeat: with an allowed `Node-Id` it records the node's `last_seen`. Answers 200 with `{"status": "ok"}` and the server's current time (UTC). Without `Node-Id` it does not touch the database; with one, the node is looked up first, so 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+// A no-op to re-establish a connection after long-running tasks, and the natural heartbeat: with an allowed `Node-Id` it records the node's `last_seen`. Answers 200 with `{"status": "ok"}` and the server's current time (UTC). Without `Node-Id` it does not touch the database; with one, the node is looked up first, so 503 when the database is unavailable. The look-up is a consistent read unless `Cache-Control` says otherwise: registryd's agent sends `max-stale` on its heartbeats, accepting that a node deleted or handed over in the last 2 seconds is answered 200 once more. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 // Roles: reader, scheduler, agent, admin (everyone).
 //
 // Returns a wrapper object for the known response body format(s).
