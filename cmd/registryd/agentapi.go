@@ -156,7 +156,9 @@ func (a agentAPI) DeleteNodeAs(ctx context.Context, pk int64) error {
 // (Cache-Control: max-stale, at most 2 s behind) instead of waiting for a
 // consistent read: a heartbeat of a node deleted or handed over in the
 // last 2 s may be answered 200, and the next pass's is refused and set
-// right. That is the whole cost, while every heartbeat saves the wait.
+// right; the server checks a refusal by a consistent read, so a node just
+// adopted is never refused. That is the whole cost, while every heartbeat
+// saves the wait.
 func (a agentAPI) Ping(ctx context.Context, pk int64) error {
 	_, err := a.c.Ping(ctx, client.AsNode(pk), client.MaxStale())
 	return domainError(err)

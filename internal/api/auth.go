@@ -193,6 +193,13 @@ func (s *Server) nodeID(next http.Handler) http.Handler {
 			return
 		}
 		n, err := s.readNode(r, pk)
+		if mode, _ := readFreshness(r); mode == bounded &&
+			(errors.Is(err, registry.ErrNotFound) || err == nil && !p.MayActAs(n)) {
+			// max-stale buys a quick yes, never a stale no: a node created
+			// or adopted a moment ago may not be in the cache yet. A
+			// refusal is checked again by a consistent read.
+			n, err = s.readNodeConsistent(r, pk)
+		}
 		switch {
 		case errors.Is(err, registry.ErrNotFound) && p.Role == registry.RoleAdmin:
 			s.writeError(w, r, registry.NotFoundf("node %d, named by Node-Id, does not exist", pk))

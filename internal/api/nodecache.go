@@ -109,9 +109,24 @@ func (s *Server) cacheMayServe(r *http.Request, arrival time.Time) bool {
 	case bounded:
 		return s.nodes.Proven(arrival.Add(-stale))
 	}
+	return s.awaitCache(r, arrival)
+}
+
+// awaitCache waits, up to awaitBound, for the node cache to prove itself
+// current as of arrival: a consistent read may then be served from it.
+func (s *Server) awaitCache(r *http.Request, arrival time.Time) bool {
 	ctx, cancel := context.WithTimeout(r.Context(), awaitBound)
 	defer cancel()
 	return s.nodes.Await(ctx, arrival)
+}
+
+// readNodeConsistent is node pk by a consistent read, whatever the
+// request's Cache-Control asks.
+func (s *Server) readNodeConsistent(r *http.Request, pk int64) (registry.Node, error) {
+	if s.nodes != nil && s.awaitCache(r, time.Now()) {
+		return s.nodes.GetNode(r.Context(), pk)
+	}
+	return s.store.GetNode(r.Context(), pk)
 }
 
 // readNode is node pk for GET, HEAD and Node-Id, as fresh as the request

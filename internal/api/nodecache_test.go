@@ -2,6 +2,7 @@ package api_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -269,5 +270,75 @@ func TestNodeCacheLists(t *testing.T) {
 	a.must(http.StatusOK, a.do("POST", "/v1/nodes/list", map[string]any{"free": true, "limit": 10}, "Cache-Control", "no-cache")).json(t, &nodes)
 	if len(nodes) != 0 {
 		t.Fatalf("a strong list shows %d free nodes, want PostgreSQL's none", len(nodes))
+	}
+}
+
+// staleCache holds copies older than PostgreSQL's rows: current enough for
+// max-stale, never proven for a consistent read.
+type staleCache struct{ nodes map[int64]registry.Node }
+
+func (c *staleCache) GetNode(_ context.Context, pk int64) (registry.Node, error) {
+	if n, ok := c.nodes[pk]; ok {
+		return n, nil
+	}
+	return registry.Node{}, registry.ErrNotFound
+}
+
+func (c *staleCache) ListNodesAt(context.Context, registry.NodeFilter) ([]registry.Node, registry.Position, error) {
+	return nil, registry.Position{}, errors.New("staleCache: no lists")
+}
+func (c *staleCache) Recycle([]registry.Node)               {}
+func (c *staleCache) Await(context.Context, time.Time) bool { return false }
+func (c *staleCache) Proven(time.Time) bool                 { return true }
+
+// A Node-Id check with max-stale takes a yes from the cache as it is, but
+// never a no: a refusal is checked again by a consistent read. A node
+// handed to the agent (or created) a moment ago, whose older copy the
+// cache holds or lacks, is its to act as; one handed away a moment ago
+// may still be, with max-stale only.
+func TestNodeIDMaxStaleRefusalIsChecked(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.New(t)
+	st := pgtest.Open(t, dbURL, store.Options{})
+	verifier, err := auth.NewVerifier(auth.Config{Secret: testSecret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	mk := func(owner, ip string) registry.Node {
+		n, _, err := st.CreateNode(ctx, registry.Actor{Principal: registry.Principal{Sub: owner, Role: registry.RoleAgent}},
+			registry.NodeSpec{IP: ip, DriverVersion: "550"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	other := "agent-b"
+	mine, handedAway, fresh := mk("agent-a", "10.9.0.1"), mk("agent-b", "10.9.0.2"), mk("agent-a", "10.9.0.3")
+	staleMine, staleAway := mine, handedAway
+	staleMine.Owner = &other     // the cache has it as agent-b's still
+	staleAway.Owner = mine.Owner // and this one as agent-a's
+	cache := &staleCache{nodes: map[int64]registry.Node{mine.PK: staleMine, handedAway.PK: staleAway}}
+	ts := httptest.NewServer(api.New(api.Config{Store: st, OpenAPI: registryd.OpenAPI, Ready: st.Ping,
+		Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Auth:   verifier, Heartbeats: heartbeat.New(st, heartbeat.Options{}), Nodes: cache}))
+	t.Cleanup(ts.Close)
+	b := &bundle{t: t, url: ts.URL, client: apitest.Client(t), store: st, dbURL: dbURL,
+		token: tokenFor(t, "agent-a", registry.RoleAgent)}
+	for _, tc := range []struct {
+		name         string
+		pk           int64
+		cacheControl string
+		want         int
+	}{
+		{"its own, stale in the cache as another's, max-stale", mine.PK, "max-stale", http.StatusOK},
+		{"its own, not in the cache, max-stale", fresh.PK, "max-stale", http.StatusOK},
+		{"its own, consistent", mine.PK, "", http.StatusOK},
+		{"handed away, stale in the cache as its own, max-stale", handedAway.PK, "max-stale", http.StatusOK},
+		{"handed away, consistent", handedAway.PK, "", http.StatusForbidden},
+	} {
+		if r := b.do("GET", "/v1/nodes/ping", nil, "Node-Id", strconv.FormatInt(tc.pk, 10), "Cache-Control", tc.cacheControl); r.status != tc.want {
+			t.Errorf("%s: %d, want %d", tc.name, r.status, tc.want)
+		}
 	}
 }
