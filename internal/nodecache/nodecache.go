@@ -429,6 +429,7 @@ func (c *Cache) Start(last int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.started, c.delivered = true, last
+	c.confirmLocked()
 }
 
 // Apply implements watch.Follower.
@@ -439,9 +440,15 @@ func (c *Cache) Apply(events []registry.NodeEvent) {
 		c.changeLocked(e.Node, e.Kind == "deleted")
 		c.delivered = max(c.delivered, e.ID)
 	}
-	// Passes and look-ups whose events are now all applied prove the
-	// cache current. (A look-up may start after a pass and see less: its
-	// snapshot came before the pass committed. So any may confirm first.)
+	c.confirmLocked()
+}
+
+// confirmLocked advances on every proof whose events are all applied;
+// c.mu held for writing. (A look-up may start after a pass and see less:
+// its snapshot came before the pass committed. So any may confirm
+// first.) A proof that came between a drop and the Start after it (at a
+// new epoch's start, which no event brings) is confirmed by that Start.
+func (c *Cache) confirmLocked() {
 	keep := c.proofs[:0]
 	for _, p := range c.proofs {
 		if p.latest <= c.delivered {
@@ -464,14 +471,12 @@ func (c *Cache) Sequenced(at time.Time, latest int64) {
 	if !c.started || !c.listening || !at.After(c.since) {
 		return // a pass that started before the drop proves nothing after it
 	}
-	if latest == c.delivered {
+	if latest <= c.delivered {
+		// Behind what was applied is no sign of a lost feed: the look-up
+		// that read latest vouched for every id the hub had read before
+		// it (watch.Store.FeedPosition's seen), and the feed applied more
+		// since.
 		c.advanceLocked(at)
-		return
-	}
-	if latest < c.delivered {
-		// The feed stands behind what was applied: ids of a database that
-		// lost them, its new epoch not yet seen. Proves nothing; the
-		// sequencer's pass begins the epoch and the hub's reset drops.
 		return
 	}
 	if len(c.proofs) == maxProofs {

@@ -23,7 +23,7 @@ func BenchmarkFeedPosition(b *testing.B) {
 		b.Fatal(err)
 	}
 	for b.Loop() {
-		if _, pending, err := st.FeedPosition(ctx); err != nil || pending {
+		if _, pending, err := st.FeedPosition(ctx, 0); err != nil || pending {
 			b.Fatal(pending, err)
 		}
 	}

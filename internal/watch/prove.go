@@ -59,7 +59,12 @@ func (h *Hub) lookupLocked() {
 // lookup reads the feed's position (after at) and hands the proof on.
 func (h *Hub) lookup(ctx context.Context, at time.Time) {
 	ctx, cancel := context.WithTimeout(ctx, lookupTimeout)
-	latest, pending, err := h.store.FeedPosition(ctx)
+	// Every id up to seen was read from the database before the look-up:
+	// one that no longer has it is not the one they came from.
+	h.mu.RLock()
+	seen := h.last
+	h.mu.RUnlock()
+	latest, pending, err := h.store.FeedPosition(ctx, seen)
 	cancel()
 	p := &h.prover
 	p.mu.Lock()

@@ -15,10 +15,10 @@ type positionStore struct {
 	lookups atomic.Int64
 }
 
-func (p *positionStore) FeedPosition(ctx context.Context) (int64, bool, error) {
+func (p *positionStore) FeedPosition(ctx context.Context, seen int64) (int64, bool, error) {
 	p.lookups.Add(1)
 	time.Sleep(50 * time.Millisecond)
-	return p.memStore.FeedPosition(ctx)
+	return p.memStore.FeedPosition(ctx, seen)
 }
 
 // proofs records the newest proof a follower got.

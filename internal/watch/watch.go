@@ -35,7 +35,9 @@ type Store interface {
 	NodeEventsAfter(ctx context.Context, after int64, limit int) ([]registry.NodeEvent, error)
 	EventHorizon(ctx context.Context) (registry.Feed, error)
 	PruneEvents(ctx context.Context, before time.Time) (int64, error)
-	FeedPosition(ctx context.Context) (latest int64, pending bool, err error)
+	// FeedPosition is the feed's position for a consistent read's proof;
+	// seen as for SequenceEvents (a database behind it answers pending).
+	FeedPosition(ctx context.Context, seen int64) (latest int64, pending bool, err error)
 	Listen(ctx context.Context, channels []string, fn func(channel, payload string)) error
 }
 

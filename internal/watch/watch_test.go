@@ -94,7 +94,7 @@ func (m *memStore) EventHorizon(context.Context) (registry.Feed, error) {
 
 func (m *memStore) PruneEvents(context.Context, time.Time) (int64, error) { return 0, nil }
 
-func (m *memStore) FeedPosition(ctx context.Context) (int64, bool, error) {
+func (m *memStore) FeedPosition(ctx context.Context, _ int64) (int64, bool, error) {
 	f, err := m.EventHorizon(ctx)
 	return f.Latest, false, err
 }
