@@ -155,10 +155,11 @@ func (in *Informer) apply(ev Event) error {
 			in.notify(InformerUpdate{Event: &ev, EventID: ev.ID})
 		}
 	case ev.Bookmark != nil:
+		// A position, not progress: a reset right after a stream's
+		// opening bookmark still backs off before the next list.
 		in.mu.Lock()
 		in.pos = ev.ID
 		in.mu.Unlock()
-		in.progress = true
 	}
 	return nil
 }

@@ -29,6 +29,7 @@ func TestReadFreshness(t *testing.T) {
 		{[]string{`max-stale="1"`}, bounded, time.Second},
 		{[]string{"max-stale=3600"}, bounded, MaxStale},
 		{[]string{"max-stale=99999999999999999999"}, bounded, MaxStale},
+		{[]string{"max-stale=99999999999999999999x"}, consistent, 0},
 		{[]string{"max-stale=0"}, consistent, 0},
 		{[]string{"max-stale=-1"}, consistent, 0},
 		{[]string{"max-stale=1s"}, consistent, 0},

@@ -78,8 +78,9 @@ func readFreshness(r *http.Request) (freshness, time.Duration) {
 			case strings.EqualFold(name, "max-stale"):
 				d := MaxStale
 				if hasArg {
-					n, err := strconv.ParseUint(strings.Trim(strings.TrimSpace(arg), `"`), 10, 63)
-					if errors.Is(err, strconv.ErrRange) {
+					digits := strings.Trim(strings.TrimSpace(arg), `"`)
+					n, err := strconv.ParseUint(digits, 10, 63)
+					if errors.Is(err, strconv.ErrRange) && strings.Trim(digits, "0123456789") == "" {
 						n, err = math.MaxInt64, nil // digits beyond int64: more than the cap
 					}
 					if err != nil || n == 0 {
