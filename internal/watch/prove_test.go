@@ -42,6 +42,19 @@ func (p *proofs) proven(since time.Time) bool {
 	return !p.at.Before(since)
 }
 
+// await asks h for proof as of now and reports whether the follower got
+// it within 5 s.
+func (p *proofs) await(h *Hub) bool {
+	since := time.Now()
+	h.Prove(since)
+	for deadline := time.Now().Add(5 * time.Second); !p.proven(since); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+	return true
+}
+
 // Reads arriving together share look-ups: 200 readers, each needing a
 // proof from a look-up that started after it arrived, are all proven by a
 // handful of look-ups, not one each.
@@ -57,15 +70,8 @@ func TestProveSharesLookups(t *testing.T) {
 	var late atomic.Int64
 	for range 200 {
 		wg.Go(func() {
-			since := time.Now()
-			h.Prove(since)
-			deadline := time.Now().Add(5 * time.Second)
-			for !follower.proven(since) {
-				if time.Now().After(deadline) {
-					late.Add(1)
-					return
-				}
-				time.Sleep(time.Millisecond)
+			if !follower.await(h) {
+				late.Add(1)
 			}
 		})
 	}
@@ -91,14 +97,8 @@ func TestProveReadsTheLogOnlyWhenBehind(t *testing.T) {
 	<-h.ready
 	prove := func() {
 		t.Helper()
-		since := time.Now()
-		h.Prove(since)
-		deadline := time.Now().Add(5 * time.Second)
-		for !follower.proven(since) {
-			if time.Now().After(deadline) {
-				t.Fatal("not proven within 5 s")
-			}
-			time.Sleep(time.Millisecond)
+		if !follower.await(h) {
+			t.Fatal("not proven within 5 s")
 		}
 	}
 	prove()
