@@ -55,16 +55,24 @@ func (p *proofs) await(h *Hub) bool {
 	return true
 }
 
-// Reads arriving together share look-ups: 200 readers, each needing a
-// proof from a look-up that started after it arrived, are all proven by a
-// handful of look-ups, not one each.
-func TestProveSharesLookups(t *testing.T) {
-	t.Parallel()
+// startProver runs a hub on a positionStore whose follower records
+// proofs, with the sequencer's poll out of the way (an hour).
+func startProver(t *testing.T) (*positionStore, *proofs, *Hub) {
+	t.Helper()
 	st := &positionStore{}
 	follower := &proofs{}
 	h := New(st, Options{Encode: (&encoder{}).encode, Poll: time.Hour, Follower: follower})
 	run(t, h)
 	<-h.ready
+	return st, follower, h
+}
+
+// Reads arriving together share look-ups: 200 readers, each needing a
+// proof from a look-up that started after it arrived, are all proven by a
+// handful of look-ups, not one each.
+func TestProveSharesLookups(t *testing.T) {
+	t.Parallel()
+	st, follower, h := startProver(t)
 	base := st.lookups.Load()
 	var wg sync.WaitGroup
 	var late atomic.Int64
@@ -90,11 +98,7 @@ func TestProveSharesLookups(t *testing.T) {
 // feed ahead does wake the reader of the log.
 func TestProveReadsTheLogOnlyWhenBehind(t *testing.T) {
 	t.Parallel()
-	st := &positionStore{}
-	follower := &proofs{}
-	h := New(st, Options{Encode: (&encoder{}).encode, Poll: time.Hour, Follower: follower})
-	run(t, h)
-	<-h.ready
+	st, follower, h := startProver(t)
 	prove := func() {
 		t.Helper()
 		if !follower.await(h) {
