@@ -33,6 +33,10 @@ type Error struct {
 	FieldsOmitted int
 	// ExistingPK is the row a 409 collided with (0: none named).
 	ExistingPK int64
+	// Code is why, for programs (one of the Code constants, or another a
+	// newer server added; empty when the answer was not a problem
+	// document). Branch on it, never on Detail.
+	Code string
 	// RequestID is the server's id of the request (quote it when
 	// reporting a 5xx); ClientRequestID the caller's own X-Request-Id as
 	// the server echoed it.
@@ -95,6 +99,42 @@ var (
 	ErrUnavailable        error = statusError(http.StatusServiceUnavailable)
 )
 
+// Codes of error answers (Error.Code). The server may add codes: treat an
+// unknown one by its status.
+const (
+	// CodeJobOwnedByOther (403): the job holds nodes another principal
+	// claimed; claim under a job id of your own.
+	CodeJobOwnedByOther = "job_owned_by_other"
+	// CodeInsufficientCapacity (409): fewer free nodes match the claim
+	// than it asked for; nothing was taken.
+	CodeInsufficientCapacity = "insufficient_capacity"
+	// CodeNoSingleHost (409): no one host has the free matching nodes of
+	// a same_host claim.
+	CodeNoSingleHost = "no_single_host"
+	// CodeLeaseExpired (404): the job's leases ran out; it holds nothing.
+	CodeLeaseExpired = "lease_expired"
+	// CodeJobHoldsNothing (404): a renewal of a job that holds nothing.
+	CodeJobHoldsNothing = "job_holds_nothing"
+	// CodeTooManyMatched (409): a cordon's filters match more nodes than
+	// one cordon takes.
+	CodeTooManyMatched = "too_many_matched"
+
+	CodeInvalidRequest       = "invalid_request"        // 400
+	CodeUnauthorized         = "unauthorized"           // 401
+	CodeForbidden            = "forbidden"              // 403: the role lacks the permission
+	CodeNotFound             = "not_found"              // 404
+	CodeMethodNotAllowed     = "method_not_allowed"     // 405
+	CodeConflict             = "conflict"               // 409
+	CodeGone                 = "gone"                   // 410
+	CodePreconditionFailed   = "precondition_failed"    // 412
+	CodeBodyTooLarge         = "body_too_large"         // 413
+	CodeUnsupportedMediaType = "unsupported_media_type" // 415
+	CodeTooManyRequests      = "too_many_requests"      // 429
+	CodeInternalError        = "internal_error"         // 500
+	CodeBusy                 = "busy"                   // 503: waited too long on a lock
+	CodeUnavailable          = "unavailable"            // 503
+)
+
 // problem is the wire form of a problem document.
 type problem struct {
 	Type          string       `json:"type"`
@@ -106,6 +146,7 @@ type problem struct {
 	Errors        []FieldError `json:"errors"`
 	ErrorsOmitted int          `json:"errors_omitted"`
 	ExistingPK    int64        `json:"existing_pk"`
+	Code          string       `json:"code"`
 }
 
 // problemOf reads an error answer into an *Error. The status is the
@@ -126,7 +167,7 @@ func problemOf(resp *http.Response) *Error {
 		if p.RequestID != "" {
 			e.RequestID = p.RequestID
 		}
-		e.Fields, e.FieldsOmitted, e.ExistingPK = p.Errors, p.ErrorsOmitted, p.ExistingPK
+		e.Fields, e.FieldsOmitted, e.ExistingPK, e.Code = p.Errors, p.ErrorsOmitted, p.ExistingPK, p.Code
 		return e
 	}
 	// Not a problem document: keep a line of it for people.

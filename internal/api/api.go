@@ -34,7 +34,7 @@ type Store interface {
 	ListNodes(ctx context.Context, f registry.NodeFilter) ([]registry.Node, error)
 	ClaimNodes(ctx context.Context, a registry.Actor, c registry.Claim) ([]registry.Node, error)
 	ReleaseNodes(ctx context.Context, a registry.Actor, r registry.Release) ([]registry.Node, []registry.NotReleased, error)
-	RenewLeases(ctx context.Context, a registry.Actor, r registry.Renewal) ([]registry.Node, error)
+	RenewLeases(ctx context.Context, a registry.Actor, r registry.Renewal) (nodes []registry.Node, expired []int64, err error)
 	CordonNodes(ctx context.Context, a registry.Actor, c registry.Cordon) ([]registry.Node, []registry.NotDone, error)
 	UncordonNodes(ctx context.Context, a registry.Actor, u registry.Uncordon) ([]registry.Node, []registry.NotDone, error)
 

@@ -14,6 +14,26 @@ type claimJSON struct {
 	Nodes []registry.Node `json:"nodes"`
 }
 
+// renewJSON is a renewal's answer: the nodes the job holds, and the pks
+// of those whose lease of it ran out.
+type renewJSON struct {
+	claimJSON
+	Expired []int64
+}
+
+// MarshalJSON writes {"job":…,"nodes":[…],"expired":[…]}.
+func (r renewJSON) MarshalJSON() ([]byte, error) {
+	b, _ := r.claimJSON.MarshalJSON()
+	b = append(b[:len(b)-1], `,"expired":[`...)
+	for i, pk := range r.Expired {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, pk, 10)
+	}
+	return append(b, "]}"...), nil
+}
+
 type notReleasedJSON struct {
 	PK     int64  `json:"pk"`
 	Reason string `json:"reason"`

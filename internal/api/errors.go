@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/registryd/registryd/internal/registry"
@@ -24,6 +25,9 @@ type problem struct {
 	// maxListedErrors, which are not listed.
 	ErrorsOmitted int   `json:"errors_omitted,omitempty"`
 	ExistingPK    int64 `json:"existing_pk,omitempty"`
+	// Code is the machine-readable reason (registry.Code…), on every
+	// problem.
+	Code string `json:"code"`
 }
 
 // A problem lists at most maxListedErrors field errors, and a field name
@@ -131,7 +135,28 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 			"method", r.Method, "path", r.URL.Path, "err", err)
 	}
 	p.Title = http.StatusText(p.Status)
+	if p.Code = registry.CodeOf(err); p.Code == "" || p.Status == http.StatusInternalServerError {
+		p.Code = statusCodes[p.Status]
+	}
+	if p.Code == "" { // a status of no code of ours: its text, as a code
+		p.Code = strings.ReplaceAll(strings.ToLower(p.Title), " ", "_")
+	}
 	writeProblem(w, p)
+}
+
+// statusCodes is the code of a problem whose error has none of its own:
+// HTTP's own failures (a body too large, a wrong media type) and internal
+// errors.
+var statusCodes = map[int]string{
+	http.StatusBadRequest:            registry.CodeInvalid,
+	http.StatusUnauthorized:          registry.CodeUnauthorized,
+	http.StatusForbidden:             registry.CodeForbidden,
+	http.StatusNotFound:              registry.CodeNotFound,
+	http.StatusMethodNotAllowed:      "method_not_allowed",
+	http.StatusRequestEntityTooLarge: "body_too_large",
+	http.StatusUnsupportedMediaType:  "unsupported_media_type",
+	http.StatusServiceUnavailable:    registry.CodeUnavailable,
+	http.StatusInternalServerError:   "internal_error",
 }
 
 // publicMessage is the client-safe text of a registry error: its message

@@ -160,9 +160,12 @@ func (s *Server) renewLeases(w http.ResponseWriter, r *http.Request) error {
 	if err := f.err(); err != nil {
 		return err
 	}
-	nodes, err := s.store.RenewLeases(r.Context(), actor(r), rn)
+	nodes, expired, err := s.store.RenewLeases(r.Context(), actor(r), rn)
 	if err != nil {
 		return err
 	}
-	return writeJSON(w, http.StatusOK, claimJSON{Job: rn.Job, Nodes: nodesJSON(nodes)})
+	if expired == nil {
+		expired = []int64{}
+	}
+	return writeJSON(w, http.StatusOK, renewJSON{claimJSON: claimJSON{Job: rn.Job, Nodes: nodesJSON(nodes)}, Expired: expired})
 }

@@ -43,8 +43,9 @@ type uncordonResult struct {
 }
 
 type renewResult struct {
-	Job   int64
-	Nodes []lcNode
+	Job     int64
+	Nodes   []lcNode
+	Expired []int64
 }
 
 func lcPKs(nodes []lcNode) []int64 {
@@ -524,18 +525,29 @@ func TestRenew(t *testing.T) {
 	// not the job's any more.
 	b.exec(`UPDATE nodes SET lease_expires_at = now() - interval '1 second' WHERE pk = ANY($1)`, []int64{pks[0], pks[3]})
 	b.must(http.StatusOK, b.do("POST", "/v1/nodes/renew", map[string]any{"job": 3, "lease_seconds": 60})).json(t, &r)
-	if !slices.Equal(lcPKs(r.Nodes), pks[1:3]) {
-		t.Errorf("renew after a lease ran out: %v", lcPKs(r.Nodes))
+	if !slices.Equal(lcPKs(r.Nodes), pks[1:3]) || !slices.Equal(r.Expired, pks[:1]) {
+		t.Errorf("renew after a lease ran out: nodes %v, expired %v; want %v, %v", lcPKs(r.Nodes), r.Expired, pks[1:3], pks[:1])
 	}
 	if n, _ := b.store.GetNode(context.Background(), pks[0]); n.LeaseExpiresAt == nil || n.LeaseExpiresAt.After(time.Now()) {
 		t.Errorf("an expired lease was renewed: %v", n.LeaseExpiresAt)
 	}
-	// 404: nothing held, or only a lease that ran out.
-	for _, job := range []int{4, 99} {
+	// 404: only a lease that ran out (lease_expired), or nothing held.
+	for job, code := range map[int]string{4: registry.CodeLeaseExpired, 99: registry.CodeJobHoldsNothing} {
 		resp := b.must(http.StatusNotFound, b.do("POST", "/v1/nodes/renew", map[string]any{"job": job, "lease_seconds": 60}))
-		if !strings.Contains(string(resp.body), fmt.Sprintf("job %d holds no nodes", job)) {
-			t.Errorf("404 for job %d: %s", job, resp.body)
+		var p struct{ Code, Detail string }
+		resp.json(t, &p)
+		if p.Code != code || !strings.Contains(p.Detail, fmt.Sprintf("job %d holds no nodes", job)) {
+			t.Errorf("404 for job %d: %s; want code %s", job, resp.body, code)
 		}
+	}
+	// Swept by the registry, the node is still reported to the job as
+	// expired, until it is claimed again.
+	if _, err := b.store.SweepLifecycle(context.Background(), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	b.must(http.StatusOK, b.do("POST", "/v1/nodes/renew", map[string]any{"job": 3, "lease_seconds": 60})).json(t, &r)
+	if !slices.Equal(lcPKs(r.Nodes), pks[1:3]) || !slices.Equal(r.Expired, pks[:1]) {
+		t.Errorf("renew after the sweep: nodes %v, expired %v; want %v, %v", lcPKs(r.Nodes), r.Expired, pks[1:3], pks[:1])
 	}
 }
 

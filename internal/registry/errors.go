@@ -61,6 +61,9 @@ type Error struct {
 	Fields  []FieldError // validation failures, if any
 	// ExistingPK names the row a conflict collided with, when there is one.
 	ExistingPK int64
+	// Code is the machine-readable reason (one of the Code constants);
+	// empty: the kind's own (CodeOf).
+	Code string
 }
 
 func (e *Error) Error() string {
@@ -81,6 +84,67 @@ func (e *Error) Unwrap() error { return e.Kind }
 // message.
 func Errorf(kind error, format string, args ...any) error {
 	return &Error{Kind: kind, Message: fmt.Sprintf(format, args...)}
+}
+
+// Codes are the machine-readable reasons of error answers (a problem
+// document's "code"): a program branches on them, never on the message.
+// The ones of a kind are what an error of that kind without a more exact
+// code carries (CodeOf).
+const (
+	CodeInvalid      = "invalid_request"     // 400: a field or the body is wrong
+	CodeUnauthorized = "unauthorized"        // 401
+	CodeForbidden    = "forbidden"           // 403: the role lacks the permission
+	CodeNotFound     = "not_found"           // 404
+	CodeConflict     = "conflict"            // 409
+	CodePrecondition = "precondition_failed" // 412: If-Match does not hold
+	CodeGone         = "gone"                // 410
+	CodeTooMany      = "too_many_requests"   // 429
+	CodeBusy         = "busy"                // 503: waited too long on a lock
+	CodeUnavailable  = "unavailable"         // 503: the database cannot be reached
+
+	// CodeJobOwnedByOther (403): the job holds nodes claimed by another
+	// principal; claim under a job id of your own.
+	CodeJobOwnedByOther = "job_owned_by_other"
+	// CodeInsufficientCapacity (409): fewer free nodes match a claim than
+	// it asked for.
+	CodeInsufficientCapacity = "insufficient_capacity"
+	// CodeNoSingleHost (409): no one host has the free matching nodes a
+	// same_host claim asked for (more may be free across hosts).
+	CodeNoSingleHost = "no_single_host"
+	// CodeJobHoldsNothing (404): a renewal of a job that holds no nodes.
+	CodeJobHoldsNothing = "job_holds_nothing"
+	// CodeLeaseExpired (404): a renewal of a job whose every lease has
+	// run out; the nodes are no longer the job's.
+	CodeLeaseExpired = "lease_expired"
+	// CodeTooManyMatched (409): a cordon's filters match more nodes than
+	// one cordon takes.
+	CodeTooManyMatched = "too_many_matched"
+)
+
+// CodeOf is the code of err as a client is told it: its own, or its
+// kind's; empty for an error of no registry kind.
+func CodeOf(err error) string {
+	if re, ok := errors.AsType[*Error](err); ok && re.Code != "" {
+		return re.Code
+	}
+	for _, k := range []struct {
+		kind error
+		code string
+	}{
+		{ErrInvalid, CodeInvalid}, {ErrNotFound, CodeNotFound}, {ErrConflict, CodeConflict},
+		{ErrForbidden, CodeForbidden}, {ErrPrecondition, CodePrecondition}, {ErrGone, CodeGone},
+		{ErrTooMany, CodeTooMany}, {ErrBusy, CodeBusy}, {ErrUnavailable, CodeUnavailable},
+	} {
+		if errors.Is(err, k.kind) {
+			return k.code
+		}
+	}
+	return ""
+}
+
+// Coded returns an error of kind with code and a formatted message.
+func Coded(kind error, code, format string, args ...any) error {
+	return &Error{Kind: kind, Code: code, Message: fmt.Sprintf(format, args...)}
 }
 
 // NotFoundf returns an ErrNotFound error with a formatted message.

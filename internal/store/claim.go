@@ -30,7 +30,7 @@ func (s *Store) ClaimNodes(ctx context.Context, actor registry.Actor, c registry
 	free := true
 	c.Filter.Free = &free
 	defer s.claims.start(c.Job).end(c.Job)
-	cl := &claiming{c: c}
+	cl := &claiming{c: c, owner: actor.Sub}
 	var op txOp = cl
 	if c.SameHost {
 		op = &gangClaim{claiming: cl, tried: []string{}}
@@ -45,16 +45,67 @@ func (s *Store) ClaimNodes(ctx context.Context, actor registry.Actor, c registry
 // statement, which takes all of them or none.
 type claiming struct {
 	c     registry.Claim
+	owner string          // the claimer's principal, who must own c.Job
+	owned bool            // whether owner owns c.Job (see queueOwn)
 	nodes []registry.Node // what it took
 }
 
-func (cl *claiming) queue(b *pgx.Batch) { queueClaim(b, cl.c, nil, &cl.nodes) }
+func (cl *claiming) queue(b *pgx.Batch) {
+	queueOwn(b, cl.c.Job, cl.owner, &cl.owned)
+	queueClaim(b, cl.c, cl.owner, nil, &cl.nodes)
+}
+
+// refused is the answer to a claim of a job another principal owns: in
+// a group, errRunAlone (it changed nothing), alone the 403.
+func (cl *claiming) refused(alone bool) error {
+	if !alone {
+		return errRunAlone
+	}
+	return jobOwnedByOther(cl.c.Job)
+}
+
+// jobOwnedByOther is the 403 of a claim, renewal or release of a job
+// that holds nodes another principal claimed.
+func jobOwnedByOther(job int64) error {
+	return registry.Coded(registry.ErrForbidden, registry.CodeJobOwnedByOther,
+		"job %d holds nodes another principal claimed: choose a job id of your own", job)
+}
+
+// lockJobSQL creates job $1's row (owned by $2, NULL: no one) or locks
+// it as it is. A row another transaction is inserting is waited for (a
+// SELECT … FOR UPDATE would not see it), so the transactions of one job
+// that begin with it are ordered, even the first.
+const lockJobSQL = `INSERT INTO jobs AS j (job, owner) VALUES ($1, $2)
+	ON CONFLICT (job) DO UPDATE SET owner = j.owner WHERE false`
+
+// queueOwn queues the statements that give a claim's job to owner when
+// it may have it, before the claim's own: the job's row is created, or
+// locked as it is (a claim, renewal or release of the job elsewhere waits
+// for this transaction, and this one for them), then, read after the
+// lock, taken over when it has no owner or holds no nodes. owned is set
+// to whether owner owns it then; queueClaim's statement claims nothing
+// for a job owner does not own.
+func queueOwn(b *pgx.Batch, job int64, owner string, owned *bool) {
+	b.Queue(lockJobSQL, job, owner)
+	b.Queue(`
+		WITH took AS (
+			UPDATE jobs SET owner = $2, claimed_at = now()
+			WHERE job = $1 AND owner IS DISTINCT FROM $2
+				AND (owner IS NULL OR NOT EXISTS (SELECT 1 FROM nodes WHERE current_job = $1))
+			RETURNING job
+		)
+		SELECT EXISTS (SELECT 1 FROM took) OR EXISTS (SELECT 1 FROM jobs WHERE job = $1 AND owner = $2)`,
+		job, owner).QueryRow(func(row pgx.Row) error { return row.Scan(owned) })
+}
 
 // settle keeps what the claim took. Too few: beside others it runs again
 // alone; alone, a second look says how many there are. That look runs in
 // the same transaction, so it finds the rows the claim locked again (SKIP
 // LOCKED skips only other transactions' locks).
 func (cl *claiming) settle(ctx context.Context, tx *pipeTx, b *pgx.Batch, actor registry.Actor, alone bool) (*pgx.Batch, bool, error) {
+	if !cl.owned {
+		return nil, false, cl.refused(alone)
+	}
 	if len(cl.nodes) == cl.c.Count {
 		cl.record(b, actor)
 		return b, true, nil
@@ -82,7 +133,7 @@ func (cl *claiming) record(b *pgx.Batch, actor registry.Actor) {
 }
 
 func (cl *claiming) shares() bool { return true }
-func (cl *claiming) reset()       { cl.nodes = nil }
+func (cl *claiming) reset()       { cl.nodes, cl.owned = nil, false }
 func (cl *claiming) kind() string { return "claim" }
 
 // shortClaim is the conflict of a claim of requested nodes whose pick
@@ -92,22 +143,23 @@ func (cl *claiming) kind() string { return "claim" }
 // "only 4 … 4 requested".
 func shortClaim(found, requested int) error {
 	if found < requested {
-		return registry.Conflictf("only %d free node(s) match and are not being claimed right now; %d requested", found, requested)
+		return registry.Coded(registry.ErrConflict, registry.CodeInsufficientCapacity, "only %d free node(s) match and are not being claimed right now; %d requested", found, requested)
 	}
-	return registry.Conflictf("fewer than %d free node(s) matched that no other claim was taking at that moment; try again", requested)
+	return registry.Coded(registry.ErrConflict, registry.CodeInsufficientCapacity, "fewer than %d free node(s) matched that no other claim was taking at that moment; try again", requested)
 }
 
 // queueClaim queues the statement that picks c.Count free nodes matching
-// c.Filter (on, when not nil, narrows the match: to one host, or to one
+// c.Filter, when owner owns c.Job (see queueOwn), (on, when not nil, narrows the match: to one host, or to one
 // class of a host, and may return CTEs its conditions read) and gives
 // them to c.Job; they are appended to out. It
 // locks up to c.Count rows that no one else is locking, lowest pk first,
 // and updates them only when it locked c.Count: with fewer, it updates and
 // returns nothing, and the rows it locked stay locked until the
 // transaction (or its savepoint) is rolled back.
-func queueClaim(b *pgx.Batch, c registry.Claim, on func(*query) string, out *[]registry.Node) {
+func queueClaim(b *pgx.Batch, c registry.Claim, owner string, on func(*query) string, out *[]registry.Node) {
 	var q query
 	q.where(c.Filter)
+	q.add("EXISTS (SELECT 1 FROM jobs WHERE job = " + q.arg(c.Job) + " AND owner = " + q.arg(owner) + ")")
 	with := ""
 	if on != nil {
 		if w := on(&q); w != "" {

@@ -117,7 +117,7 @@ func (s *Store) lockMatching(ctx context.Context, f registry.NodeFilter) ([]regi
 		return nil, err
 	}
 	if len(cur) > registry.MaxCordon {
-		return nil, registry.Conflictf("the filters match more than %d nodes, the most one cordon takes; nothing was cordoned: narrow them, or cordon by pks in batches", registry.MaxCordon)
+		return nil, registry.Coded(registry.ErrConflict, registry.CodeTooManyMatched, "the filters match more than %d nodes, the most one cordon takes; nothing was cordoned: narrow them, or cordon by pks in batches", registry.MaxCordon)
 	}
 	return cur, nil
 }

@@ -31,14 +31,20 @@ type gangClaim struct {
 	tried []string // hosts tried by lookup
 }
 
-func (g *gangClaim) queue(b *pgx.Batch) { g.queueTry(b, onFirstCandidate(g.c.Filter, g.c.Count)) }
+func (g *gangClaim) queue(b *pgx.Batch) {
+	queueOwn(b, g.c.Job, g.owner, &g.owned)
+	g.queueTry(b, onFirstCandidate(g.c.Filter, g.c.Count))
+}
 
 func (g *gangClaim) shares() bool { return false }
 
-func (g *gangClaim) reset() { g.nodes, g.tried = nil, []string{} }
+func (g *gangClaim) reset() { g.nodes, g.owned, g.tried = nil, false, []string{} }
 
 // settle tries more hosts until one has the nodes, and records them.
-func (g *gangClaim) settle(ctx context.Context, tx *pipeTx, b *pgx.Batch, actor registry.Actor, _ bool) (*pgx.Batch, bool, error) {
+func (g *gangClaim) settle(ctx context.Context, tx *pipeTx, b *pgx.Batch, actor registry.Actor, alone bool) (*pgx.Batch, bool, error) {
+	if !g.owned {
+		return nil, false, g.refused(alone)
+	}
 	b, err := g.tryMore(ctx, tx, b)
 	if err != nil {
 		return nil, false, err
@@ -51,7 +57,7 @@ func (g *gangClaim) settle(ctx context.Context, tx *pipeTx, b *pgx.Batch, actor 
 // narrows the filter to.
 func (g *gangClaim) queueTry(b *pgx.Batch, on func(*query) string) {
 	b.Queue("savepoint host_try")
-	queueClaim(b, g.c, on, &g.nodes)
+	queueClaim(b, g.c, g.owner, on, &g.nodes)
 }
 
 // kept reports whether the last try took c.Count nodes (its savepoint is
@@ -124,7 +130,7 @@ func (g *gangClaim) tryMore(ctx context.Context, tx *pipeTx, b *pgx.Batch) (*pgx
 			}
 		}
 	}
-	return nil, registry.Conflictf("no single host has %d free matching node(s) that are not being claimed right now", g.c.Count)
+	return nil, registry.Coded(registry.ErrConflict, registry.CodeNoSingleHost, "no single host has %d free matching node(s) that are not being claimed right now", g.c.Count)
 }
 
 // queueMixedHosts queues the lookup of hosts not tried yet whose classes

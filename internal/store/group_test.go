@@ -145,7 +145,7 @@ func TestGroupedClaimsAndReleases(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	st, log := observedFleet(t, 2) // 16 nodes
-	pre, err := st.ClaimNodes(ctx, sys, registry.Claim{Job: 7, Count: 2})
+	pre, err := st.ClaimNodes(ctx, scheduler(7), registry.Claim{Job: 7, Count: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -419,7 +419,7 @@ func TestGroupLockWaitRunsEachAlone(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	st, log := observedFleet(t, 1)
-	held, err := st.ClaimNodes(ctx, sys, registry.Claim{Job: 7, Count: 1})
+	held, err := st.ClaimNodes(ctx, scheduler(7), registry.Claim{Job: 7, Count: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -508,11 +508,12 @@ func TestGroupGivesWayInDeadlock(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	st, log := observedFleet(t, 1)
-	one, err := st.ClaimNodes(ctx, sys, registry.Claim{Job: 71, Count: 1})
+	// Each job is its releaser's: scheduler(i) releases the i-th below.
+	one, err := st.ClaimNodes(ctx, scheduler(1), registry.Claim{Job: 71, Count: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	two, err := st.ClaimNodes(ctx, sys, registry.Claim{Job: 72, Count: 1})
+	two, err := st.ClaimNodes(ctx, scheduler(0), registry.Claim{Job: 72, Count: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,15 +28,27 @@ func leaseSeconds(d *time.Duration) *int64 {
 // every node the job still holds, ordered by pk. Nodes it holds without a
 // lease are answered unchanged; a lease that has run out is not renewed
 // and its node not answered (the job no longer holds it, whether or not
-// the sweeper has released it yet). Holding nothing: ErrNotFound. Each
+// the sweeper has released it yet): its pk is in expired, with the pks
+// of the nodes the sweeper took back from the job when their lease ran
+// out. Holding nothing: ErrNotFound, coded lease_expired when leases of
+// the job ran out, job_holds_nothing otherwise. A job holding nodes
+// another principal claimed: ErrForbidden (job_owned_by_other). Each
 // renewed node gets a new version, a node.renew audit entry and an
-// updated event, in one transaction.
-func (s *Store) RenewLeases(ctx context.Context, actor registry.Actor, r registry.Renewal) ([]registry.Node, error) {
+// updated event, in one transaction, which first locks the job's row (see
+// queueOwn).
+func (s *Store) RenewLeases(ctx context.Context, actor registry.Actor, r registry.Renewal) (nodes []registry.Node, expired []int64, err error) {
 	if err := r.Normalize(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var out []registry.Node
-	err := s.WithTx(ctx, func(tx *Store) error {
+	err = s.WithTx(ctx, func(tx *Store) error {
+		if _, err := tx.db.Exec(ctx, lockJobSQL, r.Job, nil); err != nil {
+			return err
+		}
+		var owner *string
+		if err := tx.db.QueryRow(ctx, `SELECT owner FROM jobs WHERE job = $1`, r.Job).Scan(&owner); err != nil {
+			return err
+		}
 		// Locked in pk order, as release locks them, so the two cannot
 		// deadlock.
 		type held struct {
@@ -57,11 +69,20 @@ func (s *Store) RenewLeases(ctx context.Context, actor registry.Actor, r registr
 		if err != nil {
 			return err
 		}
+		if owner != nil && *owner != actor.Sub && len(all) > 0 {
+			return jobOwnedByOther(r.Job)
+		}
+		swept, err := collectRows(ctx, tx.db, pgx.RowTo[int64], `SELECT pk FROM nodes WHERE expired_job = $1`, r.Job)
+		if err != nil {
+			return err
+		}
+		expired = swept
 		var renew []int64
 		before := map[int64]registry.Node{}
 		for _, h := range all {
 			switch {
 			case h.expired:
+				expired = append(expired, h.node.PK)
 			case h.node.LeaseExpiresAt == nil:
 				out = append(out, h.node)
 			default:
@@ -69,8 +90,13 @@ func (s *Store) RenewLeases(ctx context.Context, actor registry.Actor, r registr
 				before[h.node.PK] = h.node
 			}
 		}
+		slices.Sort(expired)
 		if len(renew) == 0 && len(out) == 0 {
-			return registry.NotFoundf("job %d holds no nodes (a lease that ran out is not renewed)", r.Job)
+			if len(expired) > 0 {
+				return registry.Coded(registry.ErrNotFound, registry.CodeLeaseExpired,
+					"job %d holds no nodes: its leases ran out (nodes %v); claim again", r.Job, expired)
+			}
+			return registry.Coded(registry.ErrNotFound, registry.CodeJobHoldsNothing, "job %d holds no nodes", r.Job)
 		}
 		if len(renew) == 0 {
 			return nil
@@ -95,9 +121,9 @@ func (s *Store) RenewLeases(ctx context.Context, actor registry.Actor, r registr
 	})
 	if err != nil {
 		if _, ok := errors.AsType[*registry.Error](err); ok {
-			return nil, err
+			return nil, nil, err
 		}
-		return nil, fmt.Errorf("store: renew: %w", translate(err))
+		return nil, nil, fmt.Errorf("store: renew: %w", translate(err))
 	}
-	return out, nil
+	return out, expired, nil
 }

@@ -14,7 +14,10 @@ import (
 // ReleaseNodes takes nodes back from r.Job: the listed ones, or all it
 // holds. Listed nodes the job does not hold are reported, not failed.
 // It first waits for the claims of r.Job under way on this replica (see
-// jobClaims), so that it releases what they took.
+// jobClaims), then locks the job's row, which waits for the claims of the
+// job under way on any replica (see queueOwn), so that it releases what
+// they took. A job holding nodes another principal claimed is refused
+// (403 job_owned_by_other) unless actor is an admin.
 //
 // Alone, it is two round trips (see pipeTx): BEGIN, the lock of the nodes
 // and their update; then their change-log and audit rows with COMMIT. It
@@ -26,7 +29,7 @@ func (s *Store) ReleaseNodes(ctx context.Context, actor registry.Actor, r regist
 	if err := s.claims.wait(ctx, r.Job); err != nil {
 		return nil, nil, fmt.Errorf("store: release: %w", translate(err))
 	}
-	rl := &releasing{r: r}
+	rl := &releasing{r: r, by: actor.Sub, admin: actor.Role == registry.RoleAdmin}
 	if err := s.run(&groupOp{txOp: rl, ctx: ctx, actor: actor}); err != nil {
 		return nil, nil, err
 	}
@@ -39,6 +42,10 @@ func (s *Store) ReleaseNodes(ctx context.Context, actor registry.Actor, r regist
 // by r.Job), and the two are checked to agree.
 type releasing struct {
 	r           registry.Release
+	by          string // the releasing principal
+	admin       bool   // whether it may release any job
+	holds       bool   // whether the job holds nodes after the update
+	refused     bool   // whether another principal owns the job (the updates took nothing)
 	released    []registry.Node
 	notReleased []registry.NotReleased
 	// Listed nodes (r.Nodes set): the pks asked for, sorted, and what the
@@ -48,12 +55,19 @@ type releasing struct {
 }
 
 func (rl *releasing) shares() bool { return true }
-func (rl *releasing) reset()       { *rl = releasing{r: rl.r} }
+func (rl *releasing) reset()       { *rl = releasing{r: rl.r, by: rl.by, admin: rl.admin} }
 func (rl *releasing) kind() string { return "release" }
 
 // settle decides the release's outcome and queues the records of what it
 // released on b.
-func (rl *releasing) settle(_ context.Context, _ *pipeTx, b *pgx.Batch, actor registry.Actor, _ bool) (*pgx.Batch, bool, error) {
+func (rl *releasing) settle(_ context.Context, _ *pipeTx, b *pgx.Batch, actor registry.Actor, alone bool) (*pgx.Batch, bool, error) {
+	if rl.refused && rl.holds {
+		// Its update changed nothing.
+		if !alone {
+			return nil, false, errRunAlone
+		}
+		return nil, false, jobOwnedByOther(rl.r.Job)
+	}
 	if err := rl.decide(); err != nil {
 		return nil, false, err
 	}
@@ -66,16 +80,32 @@ func (rl *releasing) settle(_ context.Context, _ *pipeTx, b *pgx.Batch, actor re
 
 // queue queues the statements that lock the nodes to release and take
 // them back from the job.
+//
+// The job's row is locked first, and the updates take nothing from a job
+// another principal owns unless rl.admin; a last statement says whether
+// the job still holds nodes (then, refused, the release is a 403).
 func (rl *releasing) queue(b *pgx.Batch) {
 	r := rl.r
+	b.Queue(lockJobSQL, r.Job, nil)
+	// The permission, re-stated in each update (evaluated after the lock).
+	mayRelease := ` AND ($2::bool OR NOT EXISTS (SELECT 1 FROM jobs WHERE job = $1 AND owner <> $3::text))`
+	defer func() {
+		b.Queue(`SELECT EXISTS (SELECT 1 FROM nodes WHERE current_job = $1), $2::bool OR NOT EXISTS (SELECT 1 FROM jobs WHERE job = $1 AND owner <> $3::text)`,
+			r.Job, rl.admin, rl.by).QueryRow(func(row pgx.Row) error {
+			var may bool
+			err := row.Scan(&rl.holds, &may)
+			rl.refused = !may
+			return err
+		})
+	}()
 	if r.Nodes == nil {
 		b.Queue(`
 			WITH held AS MATERIALIZED (
 				SELECT pk FROM nodes WHERE current_job = $1 ORDER BY pk FOR UPDATE
 			)
 			UPDATE nodes SET current_job = NULL, lease_expires_at = NULL, updated_at = now(), version = version + 1
-			WHERE pk = ANY(ARRAY(SELECT pk FROM held)) AND current_job = $1
-			RETURNING `+nodeColumns, r.Job).Query(func(rows pgx.Rows) error {
+			WHERE pk = ANY(ARRAY(SELECT pk FROM held)) AND current_job = $1`+mayRelease+`
+			RETURNING `+nodeColumns, r.Job, rl.admin, rl.by).Query(func(rows pgx.Rows) error {
 			var err error
 			rl.released, err = pgx.AppendRows(rl.released, rows, scanNode)
 			return err
@@ -104,8 +134,8 @@ func (rl *releasing) queue(b *pgx.Batch) {
 	})
 	b.Queue(`
 		UPDATE nodes SET current_job = NULL, lease_expires_at = NULL, updated_at = now(), version = version + 1
-		WHERE pk = ANY($1) AND current_job = $2
-		RETURNING `+nodeColumns, rl.want, r.Job).Query(func(rows pgx.Rows) error {
+		WHERE pk = ANY($4) AND current_job = $1`+mayRelease+`
+		RETURNING `+nodeColumns, r.Job, rl.admin, rl.by, rl.want).Query(func(rows pgx.Rows) error {
 		var err error
 		rl.released, err = pgx.AppendRows(rl.released, rows, scanNode)
 		return err
