@@ -2,6 +2,8 @@ package client
 
 import (
 	"context"
+	cryptorand "crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/registryd/registryd/client/internal/oapi"
@@ -134,6 +137,7 @@ type call struct {
 	ifNoneMatch  *string
 	cacheControl *string
 	requestID    string
+	idemKey      string
 	into         *Response
 	attempts     int
 	header       http.Header // the answer's headers, once finish read it
@@ -175,6 +179,24 @@ func cacheControl(v string) CallOption { return func(c *call) { c.cacheControl =
 // ^[A-Za-z0-9._:-]{1,64}$).
 func RequestID(id string) CallOption { return func(c *call) { c.requestID = id } }
 
+// IdempotencyKey sends Idempotency-Key: key on a claim, release, renewal,
+// cordon or uncordon (other calls ignore it). The server runs the first
+// call with a key once and answers its retries, from any replica, with
+// the first answer, so the call is safe to retry: the client retries it
+// (as it does reads) after a 503, a 429 or a lost connection. Use a new
+// key for each new operation (NewIdempotencyKey) and the same one for
+// its retries, including your own after a timeout; the same key with
+// another body is an *Error of status 422 and code
+// CodeIdempotencyKeyReused.
+func IdempotencyKey(key string) CallOption { return func(c *call) { c.idemKey = key } }
+
+// NewIdempotencyKey returns a fresh random key (128 bits, hex).
+func NewIdempotencyKey() string {
+	var b [16]byte
+	_, _ = cryptorand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
 // Into fills r with what the answer said besides its body: status,
 // headers, ETag, the server's request id and how many attempts it took.
 func Into(r *Response) CallOption { return func(c *call) { c.into = r } }
@@ -199,11 +221,16 @@ func newCall(opts []CallOption) *call {
 
 // editors are the request editors of a call's own headers.
 func (cl *call) editors() []oapi.RequestEditorFn {
-	if cl.requestID == "" {
+	if cl.requestID == "" && cl.idemKey == "" {
 		return nil
 	}
 	return []oapi.RequestEditorFn{func(_ context.Context, req *http.Request) error {
-		req.Header.Set("X-Request-Id", cl.requestID)
+		if cl.requestID != "" {
+			req.Header.Set("X-Request-Id", cl.requestID)
+		}
+		if cl.idemKey != "" && slices.ContainsFunc(keyedPOSTs, func(p string) bool { return strings.HasSuffix(req.URL.Path, p) }) {
+			req.Header.Set("Idempotency-Key", cl.idemKey)
+		}
 		return nil
 	}}
 }

@@ -27,10 +27,12 @@
 // 429 (honouring Retry-After) or the connection fails before an answer:
 // GET, HEAD, PUT and DELETE, the three list operations, which are
 // POSTs that only read (nodes, hardware, audit), and RenewLeases and
-// CordonNodes, whose repeat finds the work done. Create, claim, release,
-// uncordon, revoke and PATCH are never retried: a create or claim that was applied
-// before its answer was lost would be applied twice (a retried create
-// answers 409 with existing_pk; claims for one job add up). A retried
+// CordonNodes, whose repeat finds the work done, and every call sent with
+// IdempotencyKey (claim, release, renew, cordon, uncordon), which the
+// server answers once per key. Without a key, create, claim, release,
+// uncordon, revoke and PATCH are never retried: a create or claim that was
+// applied before its answer was lost would be applied twice (a retried
+// create answers 409 with existing_pk; claims for one job add up). A retried
 // DELETE whose first attempt was applied answers 404; a PUT is the same
 // write again (send If-Match to make it conditional). Attempts, delays
 // and the longest Retry-After honoured are bounded (see Retry).

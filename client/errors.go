@@ -118,6 +118,13 @@ const (
 	// CodeTooManyMatched (409): a cordon's filters match more nodes than
 	// one cordon takes.
 	CodeTooManyMatched = "too_many_matched"
+	// CodeIdempotencyKeyReused (422): the Idempotency-Key was first used
+	// with another request.
+	CodeIdempotencyKeyReused = "idempotency_key_reused"
+	// CodeIdempotentAnswerLost (409): the first request with the key
+	// changed nodes (named in Detail) and its answer was lost with the
+	// replica that ran it.
+	CodeIdempotentAnswerLost = "idempotent_answer_lost"
 
 	CodeInvalidRequest       = "invalid_request"        // 400
 	CodeUnauthorized         = "unauthorized"           // 401
@@ -125,7 +132,6 @@ const (
 	CodeNotFound             = "not_found"              // 404
 	CodeMethodNotAllowed     = "method_not_allowed"     // 405
 	CodeConflict             = "conflict"               // 409
-	CodeGone                 = "gone"                   // 410
 	CodePreconditionFailed   = "precondition_failed"    // 412
 	CodeBodyTooLarge         = "body_too_large"         // 413
 	CodeUnsupportedMediaType = "unsupported_media_type" // 415

@@ -136,3 +136,75 @@ func ExampleClient_ListNodesWithPosition() {
 		log.Print(err)
 	}
 }
+
+// A claim that is safe to retry: one key per operation, the same for its
+// retries (the client retries it by itself after a 503, a 429 or a lost
+// connection; a retry after your own timeout must reuse the key too).
+// Reasons are codes, not prose (docs/scheduling.md, "Retry safely").
+func ExampleIdempotencyKey() {
+	ctx := context.Background()
+	c, err := client.New("http://registry:8080", client.WithToken("…"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	key := client.NewIdempotencyKey()
+	nodes, err := c.ClaimNodes(ctx, client.NodeClaim{Job: 4715, Count: client.Ptr(8)}, client.IdempotencyKey(key))
+	var e *client.Error
+	switch {
+	case err == nil:
+		log.Print(len(nodes.Nodes), " nodes for job 4715")
+	case errors.As(err, &e) && e.Code == client.CodeInsufficientCapacity:
+		// wait for capacity, then claim again with a new key
+	case errors.As(err, &e) && e.Code == client.CodeJobOwnedByOther:
+		// another scheduler's job: choose a job id of your own
+	default:
+		log.Print(err) // still unknown after the retries: retry later with the same key
+	}
+}
+
+// A scheduler's loop on an informer: it claims when its view shows enough
+// free nodes, with a key per job so that a lost answer is retried safely,
+// and after a 409 waits for the view to change instead of polling
+// (docs/scheduling.md, "Follow the fleet").
+func ExampleInformer_schedulingLoop() {
+	ctx := context.Background()
+	c, err := client.New("http://registry:8080", client.WithToken("…"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	changed := make(chan struct{}, 1)
+	in := client.NewInformer(c, client.InformerOptions{Handler: func(client.InformerUpdate) {
+		select {
+		case changed <- struct{}{}:
+		default:
+		}
+	}})
+	go func() { log.Print(in.Run(ctx)) }()
+	<-in.Synced()
+	for job := int64(1); job <= 10; job++ {
+		key := client.NewIdempotencyKey()
+		for claimed := false; !claimed; {
+			nodes, _ := in.Nodes()
+			free := 0
+			for _, n := range nodes {
+				if n.State == client.StateFree {
+					free++
+				}
+			}
+			if free >= 8 {
+				_, err := c.ClaimNodes(ctx, client.NodeClaim{Job: job, Count: client.Ptr(8)}, client.IdempotencyKey(key))
+				var e *client.Error
+				switch {
+				case err == nil:
+					claimed = true
+					continue
+				case errors.As(err, &e) && e.Code == client.CodeInsufficientCapacity:
+					key = client.NewIdempotencyKey() // a new attempt, not a retry
+				default:
+					log.Fatal(err)
+				}
+			}
+			<-changed
+		}
+	}
+}

@@ -82,9 +82,15 @@ var readOnlyPOSTs = []string{"/v1/nodes/list", "/v1/hardware/list", "/v1/audit/l
 // it reports the nodes it uncordoned the first time as not cordoned.)
 var idempotentPOSTs = []string{"/v1/nodes/renew", "/v1/nodes/cordon"}
 
+// keyedPOSTs are the POSTs that take an Idempotency-Key.
+var keyedPOSTs = []string{"/v1/nodes/claim", "/v1/nodes/release", "/v1/nodes/renew", "/v1/nodes/cordon", "/v1/nodes/uncordon"}
+
 // idempotent reports whether sending req twice has the effect of sending
-// it once.
+// it once: a read, a PUT or DELETE, or a request with an Idempotency-Key.
 func idempotent(req *http.Request) bool {
+	if req.Header.Get("Idempotency-Key") != "" {
+		return true
+	}
 	switch req.Method {
 	case http.MethodGet, http.MethodHead, http.MethodPut, http.MethodDelete:
 		return true

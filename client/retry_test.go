@@ -201,6 +201,37 @@ func TestRetryNotForNonIdempotent(t *testing.T) {
 	}
 }
 
+// A claim or release sent with IdempotencyKey is retried after a 503 or
+// a lost connection, every attempt carrying the same key; other calls do
+// not send it. Fault caught (tried once): the key not counted as making a
+// request idempotent (sent once).
+func TestRetryWithIdempotencyKey(t *testing.T) {
+	t.Parallel()
+	for _, first := range []func(http.ResponseWriter, *http.Request){problem(503, "0"), hangUp} {
+		s, ts := newScript(t, first, answer(200, `{"job":1,"nodes":[]}`))
+		c := newClient(t, ts.URL, fast(4))
+		key := client.NewIdempotencyKey()
+		if _, err := c.ClaimNodes(t.Context(), client.NodeClaim{Job: 1}, client.IdempotencyKey(key)); err != nil {
+			t.Fatalf("claim: %v", err)
+		}
+		if n := s.count("POST", "/v1/nodes/claim"); n != 2 {
+			t.Errorf("claim sent %d times, want twice", n)
+		}
+		for i, h := range s.headers {
+			if got := h.Get("Idempotency-Key"); got != key {
+				t.Errorf("attempt %d: Idempotency-Key %q, want %q", i+1, got, key)
+			}
+		}
+		_, _ = c.ListNodes(t.Context(), client.NodeFilter{}, client.IdempotencyKey(key)) // its answer is not a list: only what it sent counts
+		if got := s.headers[len(s.headers)-1].Get("Idempotency-Key"); got != "" {
+			t.Errorf("a list sent Idempotency-Key %q", got)
+		}
+	}
+	if a, b := client.NewIdempotencyKey(), client.NewIdempotencyKey(); a == b || len(a) != 32 {
+		t.Errorf("NewIdempotencyKey: %q and %q", a, b)
+	}
+}
+
 // Attempts are bounded: after Attempts answers of 503 the last one comes
 // back as the error, with what the server said.
 func TestRetryBounded(t *testing.T) {

@@ -36,6 +36,7 @@ type config struct {
 	StatementTimeout time.Duration // REGISTRY_DB_STATEMENT_TIMEOUT: bound on one statement
 	IdleInTxTimeout  time.Duration // REGISTRY_DB_IDLE_IN_TRANSACTION_TIMEOUT: bound on a transaction left idle
 	LockTimeout      time.Duration // REGISTRY_DB_LOCK_TIMEOUT: bound on one wait for a lock
+	IdempotencyKeep  time.Duration // REGISTRY_IDEMPOTENCY_KEEP: how long Idempotency-Key answers are kept
 	LeaderTTL        time.Duration // REGISTRY_LEADER_TTL: how long the sweeper's and sync's leadership lasts unrenewed
 
 	JWTSecret     []byte             // REGISTRY_JWT_SECRET or the file REGISTRY_JWT_SECRET_FILE names
@@ -186,6 +187,8 @@ func (c *config) loadServing(getenv func(string) string, errs *[]string) {
 		"want a duration such as 15s", errs)
 	c.WatchRetention = envDuration(getenv, "REGISTRY_WATCH_RETENTION", 0, time.Minute, 0,
 		"want a duration of at least 1m, such as 24h", errs)
+	c.IdempotencyKeep = envDuration(getenv, "REGISTRY_IDEMPOTENCY_KEEP", 0, time.Minute, 720*time.Hour,
+		"want a duration between 1m and 720h, such as 24h", errs)
 	c.LeaderTTL = envDuration(getenv, "REGISTRY_LEADER_TTL", 0, time.Second, time.Minute,
 		"want a duration between 1s and 1m, such as 5s", errs)
 	if v := getenv("REGISTRY_CORS_ORIGINS"); v != "" {

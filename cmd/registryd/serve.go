@@ -313,7 +313,8 @@ func (w *wiring) newAPIServer(ctx context.Context) error {
 		Metrics:    apiMetrics(w.metrics, w.metricsLn),
 		Observer:   w.metrics,
 
-		LogHeartbeats: cfg.LogHeartbeats,
+		LogHeartbeats:   cfg.LogHeartbeats,
+		IdempotencyKeep: cfg.IdempotencyKeep,
 	})
 	w.srv = newHTTPServer(ctx, handler, w.logger)
 	var err error

@@ -138,6 +138,8 @@ var settings = []setting{
 		Meaning: "how long a node with an agent (or that has heartbeated) may stay silent before it is lost (5s..24h)"},
 	{Name: "REGISTRY_LEADER_TTL", Default: "5s", value: "5s", Cmds: cmdServe,
 		Meaning: "how long the sweeper's and sync's leadership lasts unrenewed: a frozen leader is replaced within about this plus a second (1s..1m)"},
+	{Name: "REGISTRY_IDEMPOTENCY_KEEP", Default: "24h", value: "24h", Cmds: cmdServe,
+		Meaning: "how long the answer of a claim, release, renew, cordon or uncordon sent with an Idempotency-Key is kept for its retries (1m..720h)"},
 	{Name: "REGISTRY_NODE_CACHE", Default: "200000", value: "200000", Cmds: cmdServe,
 		Meaning: "nodes kept in memory for reads by pk, Node-Id checks and (holding the whole fleet) list pages; 0 turns the cache off (0..10000000)"},
 	{Name: "REGISTRY_CORS_ORIGINS", Default: "(unset: CORS off)", Cmds: cmdServe,

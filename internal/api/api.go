@@ -6,6 +6,7 @@ package api
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -47,6 +48,13 @@ type Store interface {
 	ListAudit(ctx context.Context, f registry.AuditFilter) ([]registry.AuditEntry, error)
 
 	RevokeTokens(ctx context.Context, a registry.Actor, r registry.Revocation) (registry.Revocation, error)
+
+	// Idempotency-Key's records (see idempotent).
+	ReserveKey(ctx context.Context, principal, key string, fingerprint []byte, requestID string, lease, keep time.Duration) (rec registry.KeyRecord, created bool, err error)
+	TakeOverKey(ctx context.Context, principal, key, lostRequestID, requestID string, lease time.Duration) (bool, error)
+	CompleteKey(ctx context.Context, principal, key, requestID string, status int, contentType string, body []byte) error
+	AbandonKey(ctx context.Context, principal, key, requestID string) error
+	RequestChanges(ctx context.Context, principal, requestID string, since time.Time) ([]int64, error)
 }
 
 // Config wires a Server.
@@ -96,6 +104,10 @@ type Config struct {
 	Metrics http.Handler
 	// Observer is told what the server does, for metrics; optional.
 	Observer Observer
+	// IdempotencyKeep is how long the answer of a request sent with an
+	// Idempotency-Key is kept for its retries; default
+	// DefaultIdempotencyKeep.
+	IdempotencyKeep time.Duration
 }
 
 // refuseAll is the Authenticator of a server configured without one.
@@ -129,6 +141,7 @@ type Server struct {
 
 	watchKeepAlive time.Duration
 	watchRecheck   time.Duration
+	idemKeep       time.Duration
 }
 
 // New builds the handler with every route and middleware.
@@ -162,6 +175,7 @@ func newServer(cfg Config) *Server {
 
 		watchKeepAlive: cfg.WatchKeepAlive,
 		watchRecheck:   cfg.WatchRecheck,
+		idemKeep:       cmp.Or(cfg.IdempotencyKeep, DefaultIdempotencyKeep),
 	}
 	if s.watchKeepAlive <= 0 {
 		s.watchKeepAlive = 15 * time.Second
@@ -239,11 +253,11 @@ func (s *Server) routeNodes(r chi.Router, read func(http.Handler) http.Handler) 
 	write := s.require(registry.PermWriteNode)
 	r.With(read).Post("/list", s.handle(s.listNodes))
 	r.With(s.require(registry.PermCreateNode)).Post("/create", s.handle(s.createNode))
-	r.With(s.require(registry.PermClaim)).Post("/claim", s.handle(s.claimNodes))
-	r.With(s.require(registry.PermClaim)).Post("/release", s.handle(s.releaseNodes))
-	r.With(s.require(registry.PermClaim)).Post("/renew", s.handle(s.renewLeases))
-	r.With(s.require(registry.PermCordon)).Post("/cordon", s.handle(s.cordonNodes))
-	r.With(s.require(registry.PermCordon)).Post("/uncordon", s.handle(s.uncordonNodes))
+	r.With(s.require(registry.PermClaim)).Post("/claim", s.handle(s.idempotent(s.claimNodes)))
+	r.With(s.require(registry.PermClaim)).Post("/release", s.handle(s.idempotent(s.releaseNodes)))
+	r.With(s.require(registry.PermClaim)).Post("/renew", s.handle(s.idempotent(s.renewLeases)))
+	r.With(s.require(registry.PermCordon)).Post("/cordon", s.handle(s.idempotent(s.cordonNodes)))
+	r.With(s.require(registry.PermCordon)).Post("/uncordon", s.handle(s.idempotent(s.uncordonNodes)))
 	getAndHead(r.With(read), "/ping", s.handle(s.ping))
 	r.With(read).Get("/watch", s.handle(s.watchNodes))
 	r.With(read).Head("/watch", s.handle(s.headWatch))

@@ -62,6 +62,7 @@ func listFields(all []registry.FieldError) (listed []registry.FieldError, omitte
 type httpError struct {
 	status int
 	detail string
+	code   string // empty: the status's (statusCodes)
 }
 
 func (e *httpError) Error() string { return e.detail }
@@ -94,7 +95,7 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 		p.Status, p.Detail = http.StatusUnauthorized, ue.detail
 		w.Header().Set("WWW-Authenticate", ue.challenge())
 	case errors.As(err, &he):
-		p.Status, p.Detail = he.status, he.detail
+		p.Status, p.Detail, p.Code = he.status, he.detail, he.code
 	case errors.Is(err, registry.ErrInvalid):
 		p.Status = http.StatusBadRequest
 		p.Detail = publicMessage(err)
@@ -135,7 +136,10 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 			"method", r.Method, "path", r.URL.Path, "err", err)
 	}
 	p.Title = http.StatusText(p.Status)
-	if p.Code = registry.CodeOf(err); p.Code == "" || p.Status == http.StatusInternalServerError {
+	if p.Code == "" {
+		p.Code = registry.CodeOf(err)
+	}
+	if p.Code == "" || p.Status == http.StatusInternalServerError {
 		p.Code = statusCodes[p.Status]
 	}
 	if p.Code == "" { // a status of no code of ours: its text, as a code

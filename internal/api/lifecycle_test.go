@@ -641,8 +641,11 @@ func TestCordonWaitsForClaimInFlight(t *testing.T) {
 
 // doAsync is do for goroutines other than the test's: failures come back
 // as a status of 0 and the error in the body.
-func (b *bundle) doAsync(method, path string, body any) response {
+func (b *bundle) doAsync(method, path string, body any, headers ...string) response {
 	j, err := json.Marshal(body)
+	if raw, ok := body.(string); ok {
+		j = []byte(raw)
+	}
 	if err != nil {
 		return response{body: []byte(err.Error())}
 	}
@@ -652,6 +655,9 @@ func (b *bundle) doAsync(method, path string, body any) response {
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer "+b.token)
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
 	resp, err := b.client.Do(req)
 	if err != nil {
 		return response{body: []byte(err.Error())}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"io"
 	"log/slog"
 	"net/http"
@@ -24,7 +25,11 @@ import (
 	"github.com/registryd/registryd/internal/watch"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+// TestMain checks, after a run of the whole package, that every problem
+// code openapi.yaml documents came in some test's answer.
+func TestMain(m *testing.M) {
+	pgtest.Main(m, apitest.CodesUnseen(func() string { return flag.Lookup("test.run").Value.String() }))
+}
 
 // bundle is what a test needs: a server on a fresh database, a validating
 // client and direct access to the store.
@@ -65,8 +70,14 @@ func setup(t *testing.T, opts ...option) *bundle {
 // another gives a test that already has a bundle a second, independent one.
 func another(t *testing.T, opts ...option) *bundle {
 	t.Helper()
+	return anotherOn(t, store.Options{}, opts...)
+}
+
+// anotherOn is another with a store opened with so.
+func anotherOn(t *testing.T, so store.Options, opts ...option) *bundle {
+	t.Helper()
 	dbURL := pgtest.New(t)
-	st := pgtest.Open(t, dbURL, store.Options{})
+	st := pgtest.Open(t, dbURL, so)
 	logger := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 	// With the verified-token cache, as serve runs: every test of a
 	// token's use covers its cached second use too.

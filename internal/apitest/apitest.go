@@ -6,9 +6,12 @@ package apitest
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -32,6 +35,15 @@ var (
 // Spec returns the parsed and validated openapi.yaml.
 func Spec(t testing.TB) (*openapi3.T, routers.Router) {
 	t.Helper()
+	d, r, err := load()
+	if err != nil {
+		t.Fatalf("apitest: openapi.yaml: %v", err)
+	}
+	return d, r
+}
+
+// load parses and validates openapi.yaml once.
+func load() (*openapi3.T, routers.Router, error) {
 	loadOnce.Do(func() {
 		openapi3filter.RegisterBodyDecoder("application/yaml", func(r io.Reader, _ http.Header, _ *openapi3.SchemaRef, _ openapi3filter.EncodingFn) (any, error) {
 			b, err := io.ReadAll(r)
@@ -50,10 +62,7 @@ func Spec(t testing.TB) (*openapi3.T, routers.Router) {
 		doc.Servers = nil
 		router, loadErr = gorillamux.NewRouter(doc)
 	})
-	if loadErr != nil {
-		t.Fatalf("apitest: openapi.yaml: %v", loadErr)
-	}
-	return doc, router
+	return doc, router, loadErr
 }
 
 // Client returns an HTTP client whose every response is validated against
@@ -140,6 +149,10 @@ func CheckRequest(router routers.Router, req *http.Request, body []byte) string 
 // Check validates one exchange and returns what is wrong, or "".
 func Check(router routers.Router, req *http.Request, status int, header http.Header, body []byte) string {
 	if status >= 400 {
+		var p struct{ Code string }
+		if json.Unmarshal(body, &p) == nil && p.Code != "" {
+			codesSeen.Store(p.Code, true)
+		}
 		if ct := header.Get("Content-Type"); ct != "application/problem+json" {
 			return "error response has Content-Type " + ct + ", want application/problem+json"
 		}
@@ -191,4 +204,49 @@ func truncate(b []byte) string {
 		s = s[:2000] + "…"
 	}
 	return strings.TrimSpace(s)
+}
+
+// codesSeen holds the problem codes Check saw (any test of the package).
+var codesSeen sync.Map
+
+// DocumentedCodes are the codes openapi.yaml's Problem lists (each
+// `code` in its description followed by its status in parentheses).
+func DocumentedCodes() ([]string, error) {
+	d, _, err := load()
+	if err != nil {
+		return nil, err
+	}
+	schema := d.Components.Schemas["Problem"].Value.Properties["code"].Value
+	var codes []string
+	for _, m := range regexp.MustCompile("`([a-z_]+)` \\(").FindAllStringSubmatch(schema.Description, -1) {
+		if !slices.Contains(codes, m[1]) {
+			codes = append(codes, m[1])
+		}
+	}
+	return codes, nil
+}
+
+// CodesUnseen checks that every documented code was in an answer Check
+// saw, when the whole package ran (-run unset): for TestMain, after the
+// tests (pgtest.Main's after).
+func CodesUnseen(runFlag func() string) func() error {
+	return func() error {
+		if runFlag() != "" {
+			return nil
+		}
+		codes, err := DocumentedCodes()
+		if err != nil {
+			return err
+		}
+		var unseen []string
+		for _, c := range codes {
+			if _, ok := codesSeen.Load(c); !ok {
+				unseen = append(unseen, c)
+			}
+		}
+		if len(unseen) > 0 {
+			return fmt.Errorf("apitest: documented problem codes no test got an answer with: %v", unseen)
+		}
+		return nil
+	}
 }

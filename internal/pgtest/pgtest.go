@@ -43,9 +43,16 @@ var (
 // Main runs the tests of a package and stops any server it started. Then,
 // if the tests passed, it fails them if any goroutine they started is
 // still running (goleak): every background loop must stop with its test.
-// Use it as: func TestMain(m *testing.M) { pgtest.Main(m) }.
-func Main(m *testing.M) {
+// Use it as: func TestMain(m *testing.M) { pgtest.Main(m) }. The after
+// checks run once the tests are done; an error of one fails them.
+func Main(m *testing.M, after ...func() error) {
 	code := m.Run()
+	for _, check := range after {
+		if err := check(); code == 0 && err != nil {
+			fmt.Fprintf(os.Stderr, "pgtest: %v\n", err)
+			code = 1
+		}
+	}
 	for _, stop := range stopFns {
 		stop()
 	}

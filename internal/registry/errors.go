@@ -97,7 +97,6 @@ const (
 	CodeNotFound     = "not_found"           // 404
 	CodeConflict     = "conflict"            // 409
 	CodePrecondition = "precondition_failed" // 412: If-Match does not hold
-	CodeGone         = "gone"                // 410
 	CodeTooMany      = "too_many_requests"   // 429
 	CodeBusy         = "busy"                // 503: waited too long on a lock
 	CodeUnavailable  = "unavailable"         // 503: the database cannot be reached
@@ -132,7 +131,7 @@ func CodeOf(err error) string {
 		code string
 	}{
 		{ErrInvalid, CodeInvalid}, {ErrNotFound, CodeNotFound}, {ErrConflict, CodeConflict},
-		{ErrForbidden, CodeForbidden}, {ErrPrecondition, CodePrecondition}, {ErrGone, CodeGone},
+		{ErrForbidden, CodeForbidden}, {ErrPrecondition, CodePrecondition},
 		{ErrTooMany, CodeTooMany}, {ErrBusy, CodeBusy}, {ErrUnavailable, CodeUnavailable},
 	} {
 		if errors.Is(err, k.kind) {

@@ -51,13 +51,17 @@ var sweepCandidates = `
 // expired) and an audit entry (principal system:lifecycle for lost and
 // found, system:lease for expiries) committed with the change. It returns
 // the pks it changed. It first folds the free counts' deltas (FoldHostFree),
-// in a transaction of its own. Callers make sure one pass runs at a time (the
+// in a transaction of its own, and deletes idempotency records kept long
+// enough (at most 1,000 a pass). Callers make sure one pass runs at a time (the
 // sweeper's advisory lock); the statements are guarded besides, so a
 // pass that overlapped another would find nothing left to do.
 func (s *Store) SweepLifecycle(ctx context.Context, ttl time.Duration) (registry.Sweep, error) {
 	var done registry.Sweep
 	if err := s.FoldHostFree(ctx); err != nil {
 		return done, err
+	}
+	if _, err := s.db.Exec(ctx, pruneKeysSQL); err != nil {
+		return done, fmt.Errorf("store: prune idempotency keys: %w", translate(err))
 	}
 	err := s.WithTx(ctx, func(tx *Store) error {
 		var now time.Time

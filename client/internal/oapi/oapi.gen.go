@@ -1121,7 +1121,7 @@ type PingStatus string
 
 // Problem An RFC 9457 problem details document.
 type Problem struct {
-	// Code Why, for programs: branch on this, never on `detail`. Of claims, releases, renewals and cordons: `job_owned_by_other` (403: the job holds nodes another principal claimed), `insufficient_capacity` (409: fewer free nodes match than the claim asked for), `no_single_host` (409: no one host has them, for `same_host`), `lease_expired` (404: the job's leases ran out), `job_holds_nothing` (404: a renewal of a job holding nothing), `too_many_matched` (409: a cordon's filters match more nodes than one cordon takes). Every other problem carries its status's code: `invalid_request` (400), `unauthorized` (401), `forbidden` (403: the role lacks the permission), `not_found` (404), `method_not_allowed` (405), `conflict` (409), `gone` (410), `precondition_failed` (412), `body_too_large` (413), `unsupported_media_type` (415), `too_many_requests` (429), `internal_error` (500), `busy` (503: a lock wait), `unavailable` (503). New codes may be added; treat an unknown one by its status.
+	// Code Why, for programs: branch on this, never on `detail`. Of claims, releases, renewals and cordons: `job_owned_by_other` (403: the job holds nodes another principal claimed), `insufficient_capacity` (409: fewer free nodes match than the claim asked for), `no_single_host` (409: no one host has them, for `same_host`), `lease_expired` (404: the job's leases ran out), `job_holds_nothing` (404: a renewal of a job holding nothing), `too_many_matched` (409: a cordon's filters match more nodes than one cordon takes), `idempotency_key_reused` (422: an `Idempotency-Key` first used with another request), `idempotent_answer_lost` (409: the first request with the key changed nodes and its answer was lost with its replica). Every other problem carries its status's code: `invalid_request` (400), `unauthorized` (401), `forbidden` (403: the role lacks the permission), `not_found` (404), `method_not_allowed` (405), `conflict` (409), `precondition_failed` (412), `body_too_large` (413), `unsupported_media_type` (415), `too_many_requests` (429), `internal_error` (500), `busy` (503: a lock wait), `unavailable` (503). New codes may be added; treat an unknown one by its status.
 	//
 	// Example: insufficient_capacity
 	Code string `json:"code"`
@@ -1275,6 +1275,9 @@ type Force = string
 // HardwarePK defines model for HardwarePK.
 type HardwarePK = int64
 
+// IdempotencyKey defines model for IdempotencyKey.
+type IdempotencyKey = string
+
 // IfMatch defines model for IfMatch.
 type IfMatch = string
 
@@ -1324,6 +1327,9 @@ type Error = Problem
 
 // Forbidden An RFC 9457 problem details document.
 type Forbidden = Problem
+
+// IdempotencyKeyReused An RFC 9457 problem details document.
+type IdempotencyKeyReused = Problem
 
 // InternalError An RFC 9457 problem details document.
 type InternalError = Problem
@@ -1425,12 +1431,18 @@ type UpdateHardwareParams struct {
 type ClaimNodesParams struct {
 	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
 	NodeID *NodeID `json:"Node-Id,omitempty"`
+
+	// IdempotencyKey Makes the request safe to retry: the first request of a principal with a key runs; a retry with the same key, path and body gets the first answer (status and body, with `Idempotent-Replayed: true`) from any replica for 24 hours (`REGISTRY_IDEMPOTENCY_KEEP`), error answers included. The same key with another path or body is a 422 (`idempotency_key_reused`). A retry arriving while the first still runs waits for it. When the replica running the first died before answering, a retry runs it again if it changed nothing, and otherwise gets a 409 (`idempotent_answer_lost`) naming the nodes it changed. Use a new key (a UUID) for every new request.
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
 }
 
 // CordonNodesParams defines parameters for CordonNodes.
 type CordonNodesParams struct {
 	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
 	NodeID *NodeID `json:"Node-Id,omitempty"`
+
+	// IdempotencyKey Makes the request safe to retry: the first request of a principal with a key runs; a retry with the same key, path and body gets the first answer (status and body, with `Idempotent-Replayed: true`) from any replica for 24 hours (`REGISTRY_IDEMPOTENCY_KEEP`), error answers included. The same key with another path or body is a 422 (`idempotency_key_reused`). A retry arriving while the first still runs waits for it. When the replica running the first died before answering, a retry runs it again if it changed nothing, and otherwise gets a 409 (`idempotent_answer_lost`) naming the nodes it changed. Use a new key (a UUID) for every new request.
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
 }
 
 // CreateNodeParams defines parameters for CreateNode.
@@ -1470,18 +1482,27 @@ type HeadPingNodesParams struct {
 type ReleaseNodesParams struct {
 	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
 	NodeID *NodeID `json:"Node-Id,omitempty"`
+
+	// IdempotencyKey Makes the request safe to retry: the first request of a principal with a key runs; a retry with the same key, path and body gets the first answer (status and body, with `Idempotent-Replayed: true`) from any replica for 24 hours (`REGISTRY_IDEMPOTENCY_KEEP`), error answers included. The same key with another path or body is a 422 (`idempotency_key_reused`). A retry arriving while the first still runs waits for it. When the replica running the first died before answering, a retry runs it again if it changed nothing, and otherwise gets a 409 (`idempotent_answer_lost`) naming the nodes it changed. Use a new key (a UUID) for every new request.
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
 }
 
 // RenewLeasesParams defines parameters for RenewLeases.
 type RenewLeasesParams struct {
 	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
 	NodeID *NodeID `json:"Node-Id,omitempty"`
+
+	// IdempotencyKey Makes the request safe to retry: the first request of a principal with a key runs; a retry with the same key, path and body gets the first answer (status and body, with `Idempotent-Replayed: true`) from any replica for 24 hours (`REGISTRY_IDEMPOTENCY_KEEP`), error answers included. The same key with another path or body is a 422 (`idempotency_key_reused`). A retry arriving while the first still runs waits for it. When the replica running the first died before answering, a retry runs it again if it changed nothing, and otherwise gets a 409 (`idempotent_answer_lost`) naming the nodes it changed. Use a new key (a UUID) for every new request.
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
 }
 
 // UncordonNodesParams defines parameters for UncordonNodes.
 type UncordonNodesParams struct {
 	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
 	NodeID *NodeID `json:"Node-Id,omitempty"`
+
+	// IdempotencyKey Makes the request safe to retry: the first request of a principal with a key runs; a retry with the same key, path and body gets the first answer (status and body, with `Idempotent-Replayed: true`) from any replica for 24 hours (`REGISTRY_IDEMPOTENCY_KEEP`), error answers included. The same key with another path or body is a 422 (`idempotency_key_reused`). A retry arriving while the first still runs waits for it. When the replica running the first died before answering, a retry runs it again if it changed nothing, and otherwise gets a 409 (`idempotent_answer_lost`) naming the nodes it changed. Use a new key (a UUID) for every new request.
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
 }
 
 // WatchNodesParams defines parameters for WatchNodes.
@@ -4160,6 +4181,17 @@ func NewClaimNodesRequestWithBody(server string, params *ClaimNodesParams, conte
 			req.Header.Set("Node-Id", headerParam0)
 		}
 
+		if params.IdempotencyKey != nil {
+			var headerParam1 string
+
+			headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", *params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Idempotency-Key", headerParam1)
+		}
+
 	}
 
 	return req, nil
@@ -4213,6 +4245,17 @@ func NewCordonNodesRequestWithBody(server string, params *CordonNodesParams, con
 			}
 
 			req.Header.Set("Node-Id", headerParam0)
+		}
+
+		if params.IdempotencyKey != nil {
+			var headerParam1 string
+
+			headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", *params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Idempotency-Key", headerParam1)
 		}
 
 	}
@@ -4497,6 +4540,17 @@ func NewReleaseNodesRequestWithBody(server string, params *ReleaseNodesParams, c
 			req.Header.Set("Node-Id", headerParam0)
 		}
 
+		if params.IdempotencyKey != nil {
+			var headerParam1 string
+
+			headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", *params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Idempotency-Key", headerParam1)
+		}
+
 	}
 
 	return req, nil
@@ -4552,6 +4606,17 @@ func NewRenewLeasesRequestWithBody(server string, params *RenewLeasesParams, con
 			req.Header.Set("Node-Id", headerParam0)
 		}
 
+		if params.IdempotencyKey != nil {
+			var headerParam1 string
+
+			headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", *params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Idempotency-Key", headerParam1)
+		}
+
 	}
 
 	return req, nil
@@ -4605,6 +4670,17 @@ func NewUncordonNodesRequestWithBody(server string, params *UncordonNodesParams,
 			}
 
 			req.Header.Set("Node-Id", headerParam0)
+		}
+
+		if params.IdempotencyKey != nil {
+			var headerParam1 string
+
+			headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", *params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Idempotency-Key", headerParam1)
 		}
 
 	}
@@ -7988,7 +8064,8 @@ func (r UpdateHardwareResponse) ContentType() string {
 
 // ClaimNodesResponse200Headers the declared response headers of an HTTP 200 response for ClaimNodes
 type ClaimNodesResponse200Headers struct {
-	XRequestID string
+	IdempotentReplayed *string
+	XRequestID         string
 }
 
 // ClaimNodesResponse400Headers the declared response headers of an HTTP 400 response for ClaimNodes
@@ -8027,6 +8104,11 @@ type ClaimNodesResponse415Headers struct {
 	XRequestID string
 }
 
+// ClaimNodesResponse422Headers the declared response headers of an HTTP 422 response for ClaimNodes
+type ClaimNodesResponse422Headers struct {
+	XRequestID string
+}
+
 // ClaimNodesResponse500Headers the declared response headers of an HTTP 500 response for ClaimNodes
 type ClaimNodesResponse500Headers struct {
 	XRequestID string
@@ -8062,6 +8144,8 @@ type ClaimNodesResponse struct {
 	ApplicationProblemJSON413 *PayloadTooLarge
 	// ApplicationProblemJSON415 the response for an HTTP 415 `application/problem+json` response
 	ApplicationProblemJSON415 *UnsupportedMediaType
+	// ApplicationProblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationProblemJSON422 *IdempotencyKeyReused
 	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
 	ApplicationProblemJSON500 *InternalError
 	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
@@ -8084,6 +8168,8 @@ type ClaimNodesResponse struct {
 	Headers413 *ClaimNodesResponse413Headers
 	// Headers415 the parsed response headers for an HTTP 415 response
 	Headers415 *ClaimNodesResponse415Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *ClaimNodesResponse422Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
 	Headers500 *ClaimNodesResponse500Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
@@ -8132,6 +8218,11 @@ func (r ClaimNodesResponse) GetApplicationProblemJSON415() *UnsupportedMediaType
 	return r.ApplicationProblemJSON415
 }
 
+// GetApplicationProblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r ClaimNodesResponse) GetApplicationProblemJSON422() *IdempotencyKeyReused {
+	return r.ApplicationProblemJSON422
+}
+
 // GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
 func (r ClaimNodesResponse) GetApplicationProblemJSON500() *InternalError {
 	return r.ApplicationProblemJSON500
@@ -8178,7 +8269,8 @@ func (r ClaimNodesResponse) ContentType() string {
 
 // CordonNodesResponse200Headers the declared response headers of an HTTP 200 response for CordonNodes
 type CordonNodesResponse200Headers struct {
-	XRequestID string
+	IdempotentReplayed *string
+	XRequestID         string
 }
 
 // CordonNodesResponse400Headers the declared response headers of an HTTP 400 response for CordonNodes
@@ -8217,6 +8309,11 @@ type CordonNodesResponse415Headers struct {
 	XRequestID string
 }
 
+// CordonNodesResponse422Headers the declared response headers of an HTTP 422 response for CordonNodes
+type CordonNodesResponse422Headers struct {
+	XRequestID string
+}
+
 // CordonNodesResponse500Headers the declared response headers of an HTTP 500 response for CordonNodes
 type CordonNodesResponse500Headers struct {
 	XRequestID string
@@ -8252,6 +8349,8 @@ type CordonNodesResponse struct {
 	ApplicationProblemJSON413 *PayloadTooLarge
 	// ApplicationProblemJSON415 the response for an HTTP 415 `application/problem+json` response
 	ApplicationProblemJSON415 *UnsupportedMediaType
+	// ApplicationProblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationProblemJSON422 *IdempotencyKeyReused
 	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
 	ApplicationProblemJSON500 *InternalError
 	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
@@ -8274,6 +8373,8 @@ type CordonNodesResponse struct {
 	Headers413 *CordonNodesResponse413Headers
 	// Headers415 the parsed response headers for an HTTP 415 response
 	Headers415 *CordonNodesResponse415Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *CordonNodesResponse422Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
 	Headers500 *CordonNodesResponse500Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
@@ -8320,6 +8421,11 @@ func (r CordonNodesResponse) GetApplicationProblemJSON413() *PayloadTooLarge {
 // GetApplicationProblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
 func (r CordonNodesResponse) GetApplicationProblemJSON415() *UnsupportedMediaType {
 	return r.ApplicationProblemJSON415
+}
+
+// GetApplicationProblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r CordonNodesResponse) GetApplicationProblemJSON422() *IdempotencyKeyReused {
+	return r.ApplicationProblemJSON422
 }
 
 // GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
@@ -9042,7 +9148,8 @@ func (r HeadPingNodesResponse) ContentType() string {
 
 // ReleaseNodesResponse200Headers the declared response headers of an HTTP 200 response for ReleaseNodes
 type ReleaseNodesResponse200Headers struct {
-	XRequestID string
+	IdempotentReplayed *string
+	XRequestID         string
 }
 
 // ReleaseNodesResponse400Headers the declared response headers of an HTTP 400 response for ReleaseNodes
@@ -9073,6 +9180,11 @@ type ReleaseNodesResponse413Headers struct {
 
 // ReleaseNodesResponse415Headers the declared response headers of an HTTP 415 response for ReleaseNodes
 type ReleaseNodesResponse415Headers struct {
+	XRequestID string
+}
+
+// ReleaseNodesResponse422Headers the declared response headers of an HTTP 422 response for ReleaseNodes
+type ReleaseNodesResponse422Headers struct {
 	XRequestID string
 }
 
@@ -9109,6 +9221,8 @@ type ReleaseNodesResponse struct {
 	ApplicationProblemJSON413 *PayloadTooLarge
 	// ApplicationProblemJSON415 the response for an HTTP 415 `application/problem+json` response
 	ApplicationProblemJSON415 *UnsupportedMediaType
+	// ApplicationProblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationProblemJSON422 *IdempotencyKeyReused
 	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
 	ApplicationProblemJSON500 *InternalError
 	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
@@ -9129,6 +9243,8 @@ type ReleaseNodesResponse struct {
 	Headers413 *ReleaseNodesResponse413Headers
 	// Headers415 the parsed response headers for an HTTP 415 response
 	Headers415 *ReleaseNodesResponse415Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *ReleaseNodesResponse422Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
 	Headers500 *ReleaseNodesResponse500Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
@@ -9170,6 +9286,11 @@ func (r ReleaseNodesResponse) GetApplicationProblemJSON413() *PayloadTooLarge {
 // GetApplicationProblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
 func (r ReleaseNodesResponse) GetApplicationProblemJSON415() *UnsupportedMediaType {
 	return r.ApplicationProblemJSON415
+}
+
+// GetApplicationProblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r ReleaseNodesResponse) GetApplicationProblemJSON422() *IdempotencyKeyReused {
+	return r.ApplicationProblemJSON422
 }
 
 // GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
@@ -9218,7 +9339,8 @@ func (r ReleaseNodesResponse) ContentType() string {
 
 // RenewLeasesResponse200Headers the declared response headers of an HTTP 200 response for RenewLeases
 type RenewLeasesResponse200Headers struct {
-	XRequestID string
+	IdempotentReplayed *string
+	XRequestID         string
 }
 
 // RenewLeasesResponse400Headers the declared response headers of an HTTP 400 response for RenewLeases
@@ -9249,6 +9371,11 @@ type RenewLeasesResponse413Headers struct {
 
 // RenewLeasesResponse415Headers the declared response headers of an HTTP 415 response for RenewLeases
 type RenewLeasesResponse415Headers struct {
+	XRequestID string
+}
+
+// RenewLeasesResponse422Headers the declared response headers of an HTTP 422 response for RenewLeases
+type RenewLeasesResponse422Headers struct {
 	XRequestID string
 }
 
@@ -9285,6 +9412,8 @@ type RenewLeasesResponse struct {
 	ApplicationProblemJSON413 *PayloadTooLarge
 	// ApplicationProblemJSON415 the response for an HTTP 415 `application/problem+json` response
 	ApplicationProblemJSON415 *UnsupportedMediaType
+	// ApplicationProblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationProblemJSON422 *IdempotencyKeyReused
 	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
 	ApplicationProblemJSON500 *InternalError
 	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
@@ -9305,6 +9434,8 @@ type RenewLeasesResponse struct {
 	Headers413 *RenewLeasesResponse413Headers
 	// Headers415 the parsed response headers for an HTTP 415 response
 	Headers415 *RenewLeasesResponse415Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *RenewLeasesResponse422Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
 	Headers500 *RenewLeasesResponse500Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
@@ -9346,6 +9477,11 @@ func (r RenewLeasesResponse) GetApplicationProblemJSON413() *PayloadTooLarge {
 // GetApplicationProblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
 func (r RenewLeasesResponse) GetApplicationProblemJSON415() *UnsupportedMediaType {
 	return r.ApplicationProblemJSON415
+}
+
+// GetApplicationProblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r RenewLeasesResponse) GetApplicationProblemJSON422() *IdempotencyKeyReused {
+	return r.ApplicationProblemJSON422
 }
 
 // GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
@@ -9394,7 +9530,8 @@ func (r RenewLeasesResponse) ContentType() string {
 
 // UncordonNodesResponse200Headers the declared response headers of an HTTP 200 response for UncordonNodes
 type UncordonNodesResponse200Headers struct {
-	XRequestID string
+	IdempotentReplayed *string
+	XRequestID         string
 }
 
 // UncordonNodesResponse400Headers the declared response headers of an HTTP 400 response for UncordonNodes
@@ -9425,6 +9562,11 @@ type UncordonNodesResponse413Headers struct {
 
 // UncordonNodesResponse415Headers the declared response headers of an HTTP 415 response for UncordonNodes
 type UncordonNodesResponse415Headers struct {
+	XRequestID string
+}
+
+// UncordonNodesResponse422Headers the declared response headers of an HTTP 422 response for UncordonNodes
+type UncordonNodesResponse422Headers struct {
 	XRequestID string
 }
 
@@ -9461,6 +9603,8 @@ type UncordonNodesResponse struct {
 	ApplicationProblemJSON413 *PayloadTooLarge
 	// ApplicationProblemJSON415 the response for an HTTP 415 `application/problem+json` response
 	ApplicationProblemJSON415 *UnsupportedMediaType
+	// ApplicationProblemJSON422 the response for an HTTP 422 `application/problem+json` response
+	ApplicationProblemJSON422 *IdempotencyKeyReused
 	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
 	ApplicationProblemJSON500 *InternalError
 	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
@@ -9481,6 +9625,8 @@ type UncordonNodesResponse struct {
 	Headers413 *UncordonNodesResponse413Headers
 	// Headers415 the parsed response headers for an HTTP 415 response
 	Headers415 *UncordonNodesResponse415Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *UncordonNodesResponse422Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
 	Headers500 *UncordonNodesResponse500Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
@@ -9522,6 +9668,11 @@ func (r UncordonNodesResponse) GetApplicationProblemJSON413() *PayloadTooLarge {
 // GetApplicationProblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
 func (r UncordonNodesResponse) GetApplicationProblemJSON415() *UnsupportedMediaType {
 	return r.ApplicationProblemJSON415
+}
+
+// GetApplicationProblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
+func (r UncordonNodesResponse) GetApplicationProblemJSON422() *IdempotencyKeyReused {
+	return r.ApplicationProblemJSON422
 }
 
 // GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
@@ -14252,6 +14403,13 @@ func ParseClaimNodesResponse(rsp *http.Response) (*ClaimNodesResponse, error) {
 		}
 		response.ApplicationProblemJSON415 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest IdempotencyKeyReused
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON422 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest InternalError
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -14278,6 +14436,13 @@ func ParseClaimNodesResponse(rsp *http.Response) (*ClaimNodesResponse, error) {
 	switch {
 	case rsp.StatusCode == 200:
 		var headers ClaimNodesResponse200Headers
+		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotentReplayed = &value
+		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -14363,6 +14528,16 @@ func ParseClaimNodesResponse(rsp *http.Response) (*ClaimNodesResponse, error) {
 			headers.XRequestID = value
 		}
 		response.Headers415 = &headers
+	case rsp.StatusCode == 422:
+		var headers ClaimNodesResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers422 = &headers
 	case rsp.StatusCode == 500:
 		var headers ClaimNodesResponse500Headers
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
@@ -14475,6 +14650,13 @@ func ParseCordonNodesResponse(rsp *http.Response) (*CordonNodesResponse, error) 
 		}
 		response.ApplicationProblemJSON415 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest IdempotencyKeyReused
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON422 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest InternalError
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -14501,6 +14683,13 @@ func ParseCordonNodesResponse(rsp *http.Response) (*CordonNodesResponse, error) 
 	switch {
 	case rsp.StatusCode == 200:
 		var headers CordonNodesResponse200Headers
+		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotentReplayed = &value
+		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -14586,6 +14775,16 @@ func ParseCordonNodesResponse(rsp *http.Response) (*CordonNodesResponse, error) 
 			headers.XRequestID = value
 		}
 		response.Headers415 = &headers
+	case rsp.StatusCode == 422:
+		var headers CordonNodesResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers422 = &headers
 	case rsp.StatusCode == 500:
 		var headers CordonNodesResponse500Headers
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
@@ -15512,6 +15711,13 @@ func ParseReleaseNodesResponse(rsp *http.Response) (*ReleaseNodesResponse, error
 		}
 		response.ApplicationProblemJSON415 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest IdempotencyKeyReused
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON422 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest InternalError
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -15538,6 +15744,13 @@ func ParseReleaseNodesResponse(rsp *http.Response) (*ReleaseNodesResponse, error
 	switch {
 	case rsp.StatusCode == 200:
 		var headers ReleaseNodesResponse200Headers
+		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotentReplayed = &value
+		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -15613,6 +15826,16 @@ func ParseReleaseNodesResponse(rsp *http.Response) (*ReleaseNodesResponse, error
 			headers.XRequestID = value
 		}
 		response.Headers415 = &headers
+	case rsp.StatusCode == 422:
+		var headers ReleaseNodesResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers422 = &headers
 	case rsp.StatusCode == 500:
 		var headers ReleaseNodesResponse500Headers
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
@@ -15718,6 +15941,13 @@ func ParseRenewLeasesResponse(rsp *http.Response) (*RenewLeasesResponse, error) 
 		}
 		response.ApplicationProblemJSON415 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest IdempotencyKeyReused
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON422 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest InternalError
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -15744,6 +15974,13 @@ func ParseRenewLeasesResponse(rsp *http.Response) (*RenewLeasesResponse, error) 
 	switch {
 	case rsp.StatusCode == 200:
 		var headers RenewLeasesResponse200Headers
+		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotentReplayed = &value
+		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -15819,6 +16056,16 @@ func ParseRenewLeasesResponse(rsp *http.Response) (*RenewLeasesResponse, error) 
 			headers.XRequestID = value
 		}
 		response.Headers415 = &headers
+	case rsp.StatusCode == 422:
+		var headers RenewLeasesResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers422 = &headers
 	case rsp.StatusCode == 500:
 		var headers RenewLeasesResponse500Headers
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
@@ -15924,6 +16171,13 @@ func ParseUncordonNodesResponse(rsp *http.Response) (*UncordonNodesResponse, err
 		}
 		response.ApplicationProblemJSON415 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest IdempotencyKeyReused
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON422 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest InternalError
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -15950,6 +16204,13 @@ func ParseUncordonNodesResponse(rsp *http.Response) (*UncordonNodesResponse, err
 	switch {
 	case rsp.StatusCode == 200:
 		var headers UncordonNodesResponse200Headers
+		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdempotentReplayed = &value
+		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -16025,6 +16286,16 @@ func ParseUncordonNodesResponse(rsp *http.Response) (*UncordonNodesResponse, err
 			headers.XRequestID = value
 		}
 		response.Headers415 = &headers
+	case rsp.StatusCode == 422:
+		var headers UncordonNodesResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers422 = &headers
 	case rsp.StatusCode == 500:
 		var headers UncordonNodesResponse500Headers
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {

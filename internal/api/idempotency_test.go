@@ -1,0 +1,163 @@
+package api_test
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/registryd/registryd/internal/registry"
+)
+
+func problemCode(t *testing.T, r response) string {
+	t.Helper()
+	var p struct{ Code string }
+	r.json(t, &p)
+	return p.Code
+}
+
+// A claim sent again with its Idempotency-Key gets the first answer, byte
+// for byte, marked Idempotent-Replayed, and holds what the first took; the
+// key with another body is a 422; another principal's same key is its
+// own; a malformed key is a 400. Faults caught (each tried once): no
+// replay (the second claim took 2 more nodes); the fingerprint not
+// compared (the other body replayed the first answer).
+func TestIdempotentClaim(t *testing.T) {
+	b := setup(t)
+	hw := b.createHardware("H100")
+	b.hosts(hw, 8)
+	claim := `{"job":5,"count":2}`
+	first := b.must(http.StatusOK, b.do("POST", "/v1/nodes/claim", claim, "Idempotency-Key", "claim-5-a"))
+	again := b.must(http.StatusOK, b.do("POST", "/v1/nodes/claim", claim, "Idempotency-Key", "claim-5-a"))
+	if !bytes.Equal(first.body, again.body) || again.header.Get("Idempotent-Replayed") != "true" || first.header.Get("Idempotent-Replayed") != "" {
+		t.Errorf("the retry: replayed %q, body\n%s\nwant the first's\n%s", again.header.Get("Idempotent-Replayed"), again.body, first.body)
+	}
+	if held := b.held(); len(held) != 2 {
+		t.Errorf("held after a claim and its retry: %v, want 2 nodes", held)
+	}
+	r := b.must(http.StatusUnprocessableEntity, b.do("POST", "/v1/nodes/claim", `{"job":5,"count":3}`, "Idempotency-Key", "claim-5-a"))
+	if code := problemCode(t, r); code != "idempotency_key_reused" {
+		t.Errorf("the key with another body: code %q", code)
+	}
+	r = b.must(http.StatusUnprocessableEntity, b.do("POST", "/v1/nodes/release", claim, "Idempotency-Key", "claim-5-a"))
+	if code := problemCode(t, r); code != "idempotency_key_reused" {
+		t.Errorf("the key on another path: code %q", code)
+	}
+	other := "Bearer " + tokenFor(t, "team-b", registry.RoleScheduler)
+	b.must(http.StatusOK, b.do("POST", "/v1/nodes/claim", `{"job":6,"count":1}`, "Idempotency-Key", "claim-5-a", "Authorization", other))
+	if held := b.held(); len(held) != 3 {
+		t.Errorf("held after another principal's claim with the same key: %v, want 3 nodes", held)
+	}
+	// An error answer is kept too: the retry does not claim what came free.
+	short := b.must(http.StatusConflict, b.do("POST", "/v1/nodes/claim", `{"job":7,"count":6}`, "Idempotency-Key", "k7"))
+	b.must(http.StatusOK, b.do("POST", "/v1/nodes/release", `{"job":5}`))
+	if again := b.must(http.StatusConflict, b.do("POST", "/v1/nodes/claim", `{"job":7,"count":6}`, "Idempotency-Key", "k7")); !bytes.Equal(again.body, short.body) {
+		t.Errorf("the retry of a 409: %s, want the first's %s", again.body, short.body)
+	}
+	for _, key := range []string{strings.Repeat("k", 256), "two words", "naïve"} {
+		b.must(http.StatusBadRequest, b.do("POST", "/v1/nodes/claim", claim, "Idempotency-Key", key))
+	}
+}
+
+// A retry that arrives while the first request with its key still runs
+// waits for it and gets its answer; the job is claimed once. The first is
+// held on the job's row, locked by the test. Fault caught (tried once):
+// no wait for a running request (the retry answered at once, or ran
+// too).
+func TestIdempotentRetryWaitsForTheFirst(t *testing.T) {
+	b := setup(t)
+	hw := b.createHardware("H100")
+	b.hosts(hw, 8)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, b.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `INSERT INTO jobs (job, owner) VALUES (9, NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	answers := make(chan response, 2)
+	go func() { answers <- b.doAsync("POST", "/v1/nodes/claim", `{"job":9,"count":2}`, "Idempotency-Key", "job-9") }()
+	b.waitForLockWait()
+	go func() { answers <- b.doAsync("POST", "/v1/nodes/claim", `{"job":9,"count":2}`, "Idempotency-Key", "job-9") }()
+	select {
+	case r := <-answers:
+		t.Fatalf("answered (%d %s) while the first claim waits", r.status, r.body)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var got []response
+	for range 2 {
+		select {
+		case r := <-answers:
+			got = append(got, r)
+		case <-time.After(10 * time.Second):
+			t.Fatal("no answer within 10 s of the lock being let go")
+		}
+	}
+	if got[0].status != http.StatusOK || !bytes.Equal(got[0].body, got[1].body) {
+		t.Errorf("answers %d %s and %d %s, want one 200 twice", got[0].status, got[0].body, got[1].status, got[1].body)
+	}
+	if held := b.held(); len(held) != 2 {
+		t.Errorf("held: %v, want the first claim's 2 nodes", held)
+	}
+}
+
+// A key whose runner was lost (its replica died: the record stays
+// running past its lease, with no answer): when that request changed
+// nothing the retry runs it; when it did, the retry gets a 409
+// idempotent_answer_lost naming the nodes, and keeps getting it. The
+// lost runners are records written as a dead replica leaves them.
+func TestIdempotentLostRunner(t *testing.T) {
+	b := setup(t)
+	hw := b.createHardware("H100")
+	b.hosts(hw, 8)
+	// The fingerprint of the retry below, as the server computes it.
+	first := b.must(http.StatusOK, b.do("POST", "/v1/nodes/claim", `{"job":11,"count":1}`, "Idempotency-Key", "probe"))
+	var fp []byte
+	if err := b.store.Pool().QueryRow(context.Background(),
+		`SELECT fingerprint FROM idempotency_keys WHERE key = 'probe'`).Scan(&fp); err != nil {
+		t.Fatal(err)
+	}
+	b.must(http.StatusOK, b.do("POST", "/v1/nodes/release", `{"job":11}`))
+	_ = first
+	lose := func(key, requestID string) {
+		b.exec(`INSERT INTO idempotency_keys (principal, key, fingerprint, request_id, running_until, keep_until)
+			SELECT principal, $1, $2, $3, now() - interval '1 second', now() + interval '1 day' FROM idempotency_keys WHERE key = 'probe'`,
+			key, fp, requestID)
+	}
+	// Nothing changed by the lost request: the retry runs.
+	lose("lost-clean", "dead-replica-1")
+	b.must(http.StatusOK, b.do("POST", "/v1/nodes/claim", `{"job":11,"count":1}`, "Idempotency-Key", "lost-clean"))
+	if held := b.held(); len(held) != 1 {
+		t.Errorf("held after the retry of a lost request that changed nothing: %v, want 1", held)
+	}
+	// The lost request claimed (its audit entries carry its request id).
+	var rid string
+	if err := b.store.Pool().QueryRow(context.Background(),
+		`SELECT request_id FROM audit_log WHERE action = 'node.claim' ORDER BY id DESC LIMIT 1`).Scan(&rid); err != nil {
+		t.Fatal(err)
+	}
+	lose("lost-dirty", rid)
+	for range 2 {
+		r := b.must(http.StatusConflict, b.do("POST", "/v1/nodes/claim", `{"job":11,"count":1}`, "Idempotency-Key", "lost-dirty"))
+		if code := problemCode(t, r); code != "idempotent_answer_lost" {
+			t.Errorf("the retry of a lost request that claimed: code %q (%s)", code, r.body)
+		}
+	}
+	if held := b.held(); len(held) != 1 {
+		t.Errorf("held after the retries of a lost claim: %v, want 1", held)
+	}
+}
