@@ -87,9 +87,13 @@ func TestIdempotentRetryWaitsForTheFirst(t *testing.T) {
 		t.Fatal(err)
 	}
 	answers := make(chan response, 2)
-	go func() { answers <- b.doAsync("POST", "/v1/nodes/claim", `{"job":9,"count":2}`, "Idempotency-Key", "job-9") }()
+	go func() {
+		answers <- b.doAsync("POST", "/v1/nodes/claim", `{"job":9,"count":2}`, "Idempotency-Key", "job-9")
+	}()
 	b.waitForLockWait()
-	go func() { answers <- b.doAsync("POST", "/v1/nodes/claim", `{"job":9,"count":2}`, "Idempotency-Key", "job-9") }()
+	go func() {
+		answers <- b.doAsync("POST", "/v1/nodes/claim", `{"job":9,"count":2}`, "Idempotency-Key", "job-9")
+	}()
 	select {
 	case r := <-answers:
 		t.Fatalf("answered (%d %s) while the first claim waits", r.status, r.body)

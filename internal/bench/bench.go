@@ -107,6 +107,9 @@ type Result struct {
 	// Replica is the replica workload's writes, stale reads and its
 	// max-stale phase.
 	Replica *ReplicaStats `json:"replica,omitempty"`
+	// Abandon is the abandon workload's comparison of the honest
+	// schedulers alone and beside clients that abandon claims.
+	Abandon *AbandonStats `json:"abandon,omitempty"`
 }
 
 // ClaimStats times the claim requests of a claim workload apart from
@@ -374,6 +377,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			}
 			t.url, dbURL = srv.url, srv.dbURL
 			logf("%s: serving again on %s (pid %d)", name, srv.url, srv.pid())
+		} else if name == Abandon {
+			res.Client = "go"
+			logf("%s: %d schedulers claim and release, %s alone then %s beside %d clients abandoning claims", name, abandonHonest, cfg.Duration, cfg.Duration, abandonClients)
+			l = runAbandon(ctx, t, pool, cfg.Duration, &res)
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
 		} else if name == Replica {
 			b := cfg.ReplicaURL
 			var rs *server

@@ -155,6 +155,14 @@ func TestHarnessEndToEnd(t *testing.T) {
 				t.Errorf("%s: claim_only %v: want about one claim per op (%v) and a p99 within the ops' max %v", name, c, ops, opMax)
 			}
 		}
+		if name == Abandon {
+			ab, _ := l["abandon"].(map[string]any)
+			sent, _ := ab["sent"].(float64)
+			held, ok := ab["held_after"].(float64)
+			if sent <= 0 || !ok || held != 0 || ab["undisturbed_rate"] == nil {
+				t.Errorf("abandon: %v, want claims sent, the rate alone and none held after", ab)
+			}
+		}
 		if name == Heartbeat || name == Retrieve || name == FreePage {
 			want := "go"
 			if FindWrk() != "" {

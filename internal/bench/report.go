@@ -94,6 +94,10 @@ func Markdown(rep *Report) string {
 			fmt.Fprintf(&b, "- %s: %s writes/s on A (%d writes); on B consistent reads p50 %.2f ms, p99 %.2f ms, %d stale; with max-stale %s/s, p50 %.2f ms, p99 %.2f ms, %d stale: a consistent read adds %.2f ms at p50, %.2f ms at p99\n",
 				r.Workload, thousands(rp.WriteRate), rp.Writes, r.P50MS, r.P99MS, rp.StaleConsistent, thousands(rp.MaxStaleRate), rp.MaxStaleP50MS, rp.MaxStaleP99MS, rp.MaxStaleStale, rp.AddedP50MS, rp.AddedP99MS)
 		}
+		if ab := r.Abandon; ab != nil {
+			fmt.Fprintf(&b, "- %s: the honest schedulers %s/s beside the abandoning clients against %s/s alone (%.2f×); %d of %d claims abandoned, %d nodes held after their release\n",
+				r.Workload, thousands(ab.Rate), thousands(ab.UndisturbedRate), ab.Ratio, ab.Abandoned, ab.Sent, ab.HeldAfter)
+		}
 		if s := r.Start; s != nil && len(s.ReadyMS) > 0 {
 			_, stopMedian := minMedian(s.StopMS)
 			fmt.Fprintf(&b, "- %s with %s nodes: banner after %.0f ms min / %.0f ms median, /readyz 200 after %.0f ms min / %.0f ms median (%d starts); stop (SIGTERM to exit) %.0f ms median\n",

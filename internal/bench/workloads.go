@@ -21,6 +21,7 @@ const (
 	FreePage  = "free"
 	Claim     = "claim"
 	Gang      = "gang"
+	Abandon   = "abandon"
 	ListAll   = "listall"
 	Replica   = "replica"
 	Startup   = "startup"
@@ -29,7 +30,7 @@ const (
 // AllWorkloads is every workload, in run order. startup comes last: it
 // restarts the server (the workloads after it, if any, run on the
 // restarted one).
-var AllWorkloads = []string{Heartbeat, Retrieve, FreePage, Claim, Gang, ListAll, Replica, Startup}
+var AllWorkloads = []string{Heartbeat, Retrieve, FreePage, Claim, Gang, Abandon, ListAll, Replica, Startup}
 
 // gangClients is the number of concurrent schedulers of the gang workload,
 // whatever -clients says: the target is stated for 16.
@@ -121,6 +122,10 @@ func (t *target) workload(name string, clients int) (workload, error) {
 			op: func(ctx context.Context, c *http.Client, _ *rand.Rand) error {
 				return t.claimRelease(ctx, c, gangSize, true)
 			}}, nil
+	case Abandon:
+		// No op: Run drives both phases itself (runAbandon).
+		return workload{name: name, path: fmt.Sprintf("abandon: %d schedulers claim 1 + release while %d others give up on claims after 1-3 ms", abandonHonest, abandonClients),
+			clients: abandonHonest, script: "claim.sql", tables: true}, nil
 	case ListAll:
 		return workload{name: name, path: "list all: POST /v1/nodes/list {} (every node, streamed)", clients: listAllClients,
 			op: t.listAllOp(int64(f.nodes), &t.listBytes)}, nil
