@@ -70,6 +70,9 @@ func (s *Store) runAlone(op *groupOp) {
 	op.reset()
 	op.alone = false
 	_, err := s.runTx(op.ctx, []*groupOp{op})
+	if errors.Is(err, errGroupCancelled) {
+		err = op.ctx.Err()
+	}
 	op.err = op.fail(err)
 }
 
@@ -92,9 +95,9 @@ func (op *groupOp) fail(err error) error {
 // way (then each of its operations runs alone), not the other writer.
 const groupLockTimeout = "100ms"
 
-// errGroupCancelled rolls a group back because the caller of one of its
-// operations gave up before the COMMIT was sent: that operation must not
-// commit. The others are run again alone.
+// errGroupCancelled rolls a transaction back because the caller of one of
+// its operations gave up before the COMMIT was sent: that operation must
+// not commit. The others of a group run again, as a group.
 var errGroupCancelled = errors.New("an operation's caller gave up")
 
 // runTx runs ops in one transaction of at most three round trips (see
@@ -110,7 +113,15 @@ var errGroupCancelled = errors.New("an operation's caller gave up")
 // marked so. It reports whether the COMMIT was sent.
 func (s *Store) runTx(ctx context.Context, ops []*groupOp) (committing bool, err error) {
 	alone := len(ops) == 1
-	err = s.pipelined(ctx, func(tx *pipeTx) error {
+	// Once it has a connection, the transaction's statements run to their
+	// end even if a caller gives up: a statement cancelled mid-way costs
+	// the connection (and PostgreSQL a new backend), which clients that
+	// give up on claims by the thousand would make everyone pay. Callers
+	// are asked instead, between round trips and before the COMMIT; the
+	// statement timeout bounds each round trip.
+	outer := ctx
+	ctx = context.WithoutCancel(ctx)
+	err = s.pipelined(outer, func(tx *pipeTx) error {
 		b := tx.batch()
 		if !alone {
 			b.Queue(`SET LOCAL lock_timeout = '` + groupLockTimeout + `'`)
@@ -121,7 +132,7 @@ func (s *Store) runTx(ctx context.Context, ops []*groupOp) (committing bool, err
 		if err := tx.send(ctx, b); err != nil {
 			return err
 		}
-		if !alone && cancelled(ops) {
+		if cancelled(ops) {
 			return errGroupCancelled
 		}
 		b = tx.batch()
@@ -151,6 +162,8 @@ func (s *Store) runTx(ctx context.Context, ops []*groupOp) (committing bool, err
 				return errGroupCancelled
 			}
 			b = tx.batch()
+		} else if cancelled(ops) {
+			return errGroupCancelled
 		}
 		committing = true
 		return tx.commit(ctx, b)
@@ -198,7 +211,9 @@ func groupRunners(maxConns int32) int { return max(minRunners, int(maxConns)/2) 
 // COMMIT could have committed (rolledBack) runs each operation again
 // alone; one whose COMMIT's outcome is unknown fails each with that
 // error. An operation whose caller gives up while it waits in the queue
-// fails with its context's error and commits nothing.
+// fails with its context's error and commits nothing; one whose caller
+// gives up while its group runs does too, and the group runs again
+// without it.
 type group struct {
 	s *Store
 	// ctx is what groups run under: no caller's values or cancellation
@@ -309,21 +324,46 @@ func (g *group) runGroup(ops []*groupOp) {
 			close(op.done)
 		}
 	}()
-	live := ops[:0:0]
-	for _, op := range ops {
-		if err := op.ctx.Err(); err != nil {
-			op.err = op.fail(err)
-			continue
+	live := slices.Clone(ops) // ops stays whole: each is told it is done
+	for {
+		// Those whose callers gave up are answered with their context's
+		// error; the rest run together, again after a roll-back that one
+		// who gave up meanwhile caused (errGroupCancelled).
+		live = slices.DeleteFunc(live, func(op *groupOp) bool {
+			if err := op.ctx.Err(); err != nil {
+				op.reset()
+				op.alone, op.err = false, op.fail(err)
+				return true
+			}
+			return false
+		})
+		if len(live) < 2 {
+			for _, op := range live {
+				op.alone = true
+			}
+			return
 		}
-		live = append(live, op)
-	}
-	if len(live) < 2 {
 		for _, op := range live {
-			op.alone = true
+			op.reset()
+			op.alone = false
 		}
-		return
+		if !g.runOnce(live) {
+			return
+		}
 	}
+}
+
+// runOnce runs live in one transaction and settles them, reporting
+// whether it was rolled back because a caller gave up (they are to run
+// again without it).
+func (g *group) runOnce(live []*groupOp) (again bool) {
 	committing, err := g.s.runTx(g.ctx, live)
+	if errors.Is(err, errGroupCancelled) {
+		if g.observe != nil {
+			g.observe(0, err)
+		}
+		return true
+	}
 	if err == nil {
 		n := 0
 		for _, op := range live {
@@ -334,18 +374,19 @@ func (g *group) runGroup(ops []*groupOp) {
 		if g.observe != nil && n > 0 {
 			g.observe(n, nil)
 		}
-		return
+		return false
 	}
 	if g.observe != nil {
 		g.observe(0, err)
 	}
-	again := !committing || rolledBack(err)
+	alone := !committing || rolledBack(err)
 	for _, op := range live {
 		op.reset()
-		if again {
+		if alone {
 			op.alone = true // alone, a cancelled one fails with its context's error
 		} else {
 			op.alone, op.err = false, op.fail(err)
 		}
 	}
+	return false
 }

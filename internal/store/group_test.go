@@ -605,12 +605,14 @@ func TestGroupGivesWayInDeadlock(t *testing.T) {
 
 // A claim whose caller gives up while its group is under way, before the
 // COMMIT is sent, commits nothing, and fails with its context's error; the
-// others of the group are run again alone and succeed. Here a trigger
+// others of the group run again, together, and succeed. Here a trigger
 // makes the claim's update, or the group's records, slow while its
 // context runs out. Faults caught (each tried once): the group committed
 // with the abandoned claim in it; the callers asked only after the
 // statements, not again after the records (found by an outside tester:
-// the caller's next release missed the claim, which committed after it).
+// the caller's next release missed the claim, which committed after it);
+// the others run again one by one (clients that abandon claims then cost
+// every honest scheduler beside them a transaction of its own).
 func TestGroupAbandonedClaimCommitsNothing(t *testing.T) {
 	t.Parallel()
 	for _, slow := range []struct{ name, trigger string }{
@@ -622,8 +624,7 @@ func TestGroupAbandonedClaimCommitsNothing(t *testing.T) {
 		t.Run(slow.name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			st := pgtest.Open(t, pgtest.New(t), store.Options{})
-			gangFleet(t, st, 1)
+			st, log := observedFleet(t, 1)
 			slowTrigger(t, st, `TRIGGER slow `+slow.trigger)
 			var abandoned error
 			errs := make([]error, 2)
@@ -648,6 +649,9 @@ func TestGroupAbandonedClaimCommitsNothing(t *testing.T) {
 			}
 			if held := heldNodes(t, st); held != 2 {
 				t.Errorf("%d nodes held, want the other two claims'", held)
+			}
+			if n := log.grouped(); n != 2 {
+				t.Errorf("%d operations committed grouped, want the other two, run again together", n)
 			}
 		})
 	}
