@@ -296,7 +296,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	logf("seeded %d nodes on %d hosts in %.1fs (%d agents)", f.nodes, f.hosts, rep.SeedSeconds, len(f.agents))
 
 	if pgbench != "" {
-		needCopies := slices.ContainsFunc(cfg.Workloads, func(w string) bool { return w == Claim || w == Gang })
+		needCopies := slices.ContainsFunc(cfg.Workloads, func(w string) bool { return w == Claim || w == Gang || w == Abandon })
 		t0 := time.Now()
 		if err := pgbenchTables(ctx, pool, needCopies); err != nil {
 			return nil, err
