@@ -19,7 +19,7 @@ func TestCodesMatchSpec(t *testing.T) {
 	ours := []string{
 		client.CodeJobOwnedByOther, client.CodeInsufficientCapacity, client.CodeNoSingleHost,
 		client.CodeLeaseExpired, client.CodeJobHoldsNothing, client.CodeTooManyMatched,
-		client.CodeIdempotencyKeyReused, client.CodeIdempotentAnswerLost,
+		client.CodeIdempotencyKeyReused, client.CodeIdempotentAnswerLost, client.CodeIdempotencyKeyTakenOver,
 		client.CodeInvalidRequest, client.CodeUnauthorized, client.CodeForbidden, client.CodeNotFound,
 		client.CodeMethodNotAllowed, client.CodeConflict, client.CodePreconditionFailed,
 		client.CodeBodyTooLarge, client.CodeUnsupportedMediaType, client.CodeTooManyRequests,

@@ -125,6 +125,10 @@ const (
 	// changed nodes (named in Detail) and its answer was lost with the
 	// replica that ran it.
 	CodeIdempotentAnswerLost = "idempotent_answer_lost"
+	// CodeIdempotencyKeyTakenOver (409): the request ran past its key's
+	// lease and a retry took the key over; this one changed nothing (the
+	// retry's answer is the key's).
+	CodeIdempotencyKeyTakenOver = "idempotency_key_taken_over"
 
 	CodeInvalidRequest       = "invalid_request"        // 400
 	CodeUnauthorized         = "unauthorized"           // 401

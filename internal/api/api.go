@@ -54,6 +54,7 @@ type Store interface {
 	TakeOverKey(ctx context.Context, principal, key, lostRequestID, requestID string, lease time.Duration) (bool, error)
 	CompleteKey(ctx context.Context, principal, key, requestID string, status int, contentType string, body []byte) error
 	AbandonKey(ctx context.Context, principal, key, requestID string) error
+	EndKeyLease(ctx context.Context, principal, key, requestID string) error
 	RequestChanges(ctx context.Context, principal, requestID string, since time.Time) ([]int64, error)
 }
 
@@ -108,6 +109,10 @@ type Config struct {
 	// Idempotency-Key is kept for its retries; default
 	// DefaultIdempotencyKeep.
 	IdempotencyKeep time.Duration
+	// IdempotencyLease is how long the request running under a key holds
+	// it before a retry may take it over; default
+	// DefaultIdempotencyLease.
+	IdempotencyLease time.Duration
 }
 
 // refuseAll is the Authenticator of a server configured without one.
@@ -142,6 +147,7 @@ type Server struct {
 	watchKeepAlive time.Duration
 	watchRecheck   time.Duration
 	idemKeep       time.Duration
+	idemLease      time.Duration
 }
 
 // New builds the handler with every route and middleware.
@@ -176,6 +182,7 @@ func newServer(cfg Config) *Server {
 		watchKeepAlive: cfg.WatchKeepAlive,
 		watchRecheck:   cfg.WatchRecheck,
 		idemKeep:       cmp.Or(cfg.IdempotencyKeep, DefaultIdempotencyKeep),
+		idemLease:      cmp.Or(cfg.IdempotencyLease, DefaultIdempotencyLease),
 	}
 	if s.watchKeepAlive <= 0 {
 		s.watchKeepAlive = 15 * time.Second

@@ -17,22 +17,23 @@ import (
 // Config.IdempotencyKeep; a retry with the same key and the same path and
 // body gets that answer, from any replica, with Idempotent-Replayed: true.
 // The same key with another path or body is a 422. A retry arriving while
-// the first still runs waits for it. The runner holds the key for
-// idemLease and gives up its own request before the lease runs out, so a
-// replica that dies mid-request is taken for dead once its lease has run
-// out: the audit log then says whether its request changed anything
-// (nothing: the retry runs it; something: the retry is told which nodes
-// in a 409 idempotent_answer_lost).
+// the first still runs waits for it. The runner holds the key for its
+// lease (Config.IdempotencyLease) and stops its request a fifth of it
+// before; its transaction commits only while the key is still its own
+// (registry.KeyHold, checked before the COMMIT). So a replica that dies
+// mid-request is taken for dead once its lease has run out: the retry
+// takes the key over (waiting for a COMMIT of the runner on its way, and
+// failing any later one), and the audit log then says whether the runner
+// changed anything (nothing: the retry runs it; something: the retry is
+// told which nodes in a 409 idempotent_answer_lost).
 
 // DefaultIdempotencyKeep is how long an answer is kept by default.
 const DefaultIdempotencyKeep = 24 * time.Hour
 
-// idemLease is how long a runner holds a key; it stops its request
-// idemMargin before.
-const (
-	idemLease  = 10 * time.Second
-	idemMargin = 2 * time.Second
-)
+// DefaultIdempotencyLease is how long a runner holds a key by default; it
+// stops its request a fifth of it before, and the store commits its
+// changes only while the lease holds (registry.KeyHold).
+const DefaultIdempotencyLease = 10 * time.Second
 
 // idemPoll is how often a retry looks at a key whose request still runs.
 const idemPoll = 20 * time.Millisecond
@@ -68,7 +69,7 @@ func (s *Server) idempotent(h handlerFunc) handlerFunc {
 		a := actor(r)
 		ctx := r.Context()
 		for {
-			rec, created, err := s.store.ReserveKey(ctx, a.Sub, key, fp, a.RequestID, idemLease, s.idemKeep)
+			rec, created, err := s.store.ReserveKey(ctx, a.Sub, key, fp, a.RequestID, s.idemLease, s.idemKeep)
 			if err != nil {
 				return err
 			}
@@ -106,18 +107,21 @@ var errRetryKey = fmt.Errorf("idempotency key taken over by another request")
 
 // takeOver answers a retry whose first request's runner was lost: when
 // that request changed nothing, the retry runs it; otherwise it keeps and
-// sends the 409 that says which nodes it changed.
+// sends the 409 that says which nodes it changed. The take-over waits for
+// a transaction of the lost request still committing (it holds the key's
+// row, registryd_hold_key) and makes any later one fail, so what the
+// audit log shows after it is all the lost request will ever have done.
 func (s *Server) takeOver(ctx context.Context, w http.ResponseWriter, r *http.Request, h handlerFunc, a registry.Actor, key string, lost registry.KeyRecord) error {
-	pks, err := s.store.RequestChanges(ctx, a.Sub, lost.RequestID, lost.CreatedAt)
-	if err != nil {
-		return err
-	}
-	ok, err := s.store.TakeOverKey(ctx, a.Sub, key, lost.RequestID, a.RequestID, idemLease)
+	ok, err := s.store.TakeOverKey(ctx, a.Sub, key, lost.RequestID, a.RequestID, s.idemLease)
 	if err != nil {
 		return err
 	}
 	if !ok {
 		return errRetryKey
+	}
+	pks, err := s.store.RequestChanges(ctx, a.Sub, lost.RequestID, lost.CreatedAt)
+	if err != nil {
+		return err // the key stays this request's until its lease runs out: a retry decides again
 	}
 	if len(pks) == 0 {
 		return s.runIdempotent(w, r, h, a, key)
@@ -132,8 +136,9 @@ func (s *Server) takeOver(ctx context.Context, w http.ResponseWriter, r *http.Re
 // key's lease runs out, and keeps its answer; one that failed having
 // changed nothing gives the key up instead, for a retry to run.
 func (s *Server) runIdempotent(w http.ResponseWriter, r *http.Request, h handlerFunc, a registry.Actor, key string) error {
-	ctx, cancel := context.WithTimeout(r.Context(), idemLease-idemMargin)
+	ctx, cancel := context.WithTimeout(r.Context(), s.idemLease-s.idemLease/5)
 	defer cancel()
+	ctx = registry.WithKeyHold(ctx, registry.KeyHold{Principal: a.Sub, Key: key, RequestID: a.RequestID})
 	rec := newRecorder()
 	if err := h(rec, r.WithContext(ctx)); err != nil {
 		s.writeError(rec, r, err)
@@ -141,7 +146,13 @@ func (s *Server) runIdempotent(w http.ResponseWriter, r *http.Request, h handler
 	// What is left to do is done even if the caller gave up.
 	bg := context.WithoutCancel(r.Context())
 	if rec.status == 0 || rec.status >= 500 {
-		pks, err := s.store.RequestChanges(bg, a.Sub, a.RequestID, time.Now().Add(-idemLease))
+		// A failure may hide a COMMIT still on its way: end the lease
+		// first (it waits for it, and fails any later one), then look.
+		err := s.store.EndKeyLease(bg, a.Sub, key, a.RequestID)
+		var pks []int64
+		if err == nil {
+			pks, err = s.store.RequestChanges(bg, a.Sub, a.RequestID, time.Now().Add(-s.idemLease))
+		}
 		if err != nil {
 			s.logger.WarnContext(bg, "idempotency: the outcome of a failed request is unknown; the key stays reserved until its lease runs out", "err", err)
 			rec.flush(w)
@@ -154,11 +165,12 @@ func (s *Server) runIdempotent(w http.ResponseWriter, r *http.Request, h handler
 			rec.flush(w)
 			return nil
 		}
-		if rec.status == 0 { // the caller gave up, nobody reads it: keep what was done
-			rec = newRecorder()
-			s.writeError(rec, r, registry.Coded(registry.ErrConflict, codeAnswerLost,
-				"the first request with this Idempotency-Key (request %s) changed nodes %v, and its caller gave up before its answer; read those nodes", a.RequestID, pks))
-		}
+		// It changed nodes, but its answer is lost (its caller gave up) or
+		// an error whose outcome was unknown: what retries get is what was
+		// done.
+		rec = newRecorder()
+		s.writeError(rec, r, registry.Coded(registry.ErrConflict, codeAnswerLost,
+			"the first request with this Idempotency-Key (request %s) changed nodes %v, and its answer was lost; read those nodes", a.RequestID, pks))
 	}
 	return s.keep(bg, w, a, key, rec)
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/registryd/registryd/internal/api"
 	"github.com/registryd/registryd/internal/registry"
 )
 
@@ -163,5 +164,44 @@ func TestIdempotentLostRunner(t *testing.T) {
 	}
 	if held := b.held(); len(held) != 1 {
 		t.Errorf("held after the retries of a lost claim: %v, want 1", held)
+	}
+}
+
+// A runner whose transaction is still committing when its key's lease
+// runs out cannot commit after a retry took the key over: the retry's
+// take-over and the runner's last statement (registryd_hold_key) are
+// ordered on the key's row, so the job holds what one claim took, the
+// runner answers 409 idempotency_key_taken_over and the retry 200. The
+// runner is held in its records' round trip by a trigger. Fault caught
+// (found by a review): no check in the runner's transaction (both
+// claimed: 2 nodes for one key).
+func TestIdempotentRunnerPastItsLease(t *testing.T) {
+	b := setup(t, func(c *api.Config) { c.IdempotencyLease = time.Second })
+	hw := b.createHardware("H100")
+	b.hosts(hw, 8)
+	b.exec(`CREATE SEQUENCE once`)
+	b.exec(`CREATE FUNCTION slow_once() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN IF nextval('once') = 1 THEN PERFORM pg_sleep(1.5); END IF; RETURN NEW; END $$`)
+	b.exec(`CREATE TRIGGER slow_once BEFORE INSERT ON audit_log FOR EACH ROW WHEN (NEW.action = 'node.claim') EXECUTE FUNCTION slow_once()`)
+	first := make(chan response, 1)
+	go func() {
+		first <- b.doAsync("POST", "/v1/nodes/claim", `{"job":21,"count":1}`, "Idempotency-Key", "k21")
+	}()
+	time.Sleep(1200 * time.Millisecond) // past the lease, the runner in its trigger
+	retry := b.must(http.StatusOK, b.do("POST", "/v1/nodes/claim", `{"job":21,"count":1}`, "Idempotency-Key", "k21"))
+	var f response
+	select {
+	case f = <-first:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the runner not answered within 10 s")
+	}
+	if f.status != http.StatusConflict || problemCode(t, f) != "idempotency_key_taken_over" {
+		t.Errorf("the runner past its lease: %d %s, want 409 idempotency_key_taken_over", f.status, f.body)
+	}
+	if held := b.held(); len(held) != 1 {
+		t.Errorf("held after a keyed claim of 1 node and its retry: %v, want 1 node", held)
+	}
+	if again := b.must(http.StatusOK, b.do("POST", "/v1/nodes/claim", `{"job":21,"count":1}`, "Idempotency-Key", "k21")); !bytes.Equal(again.body, retry.body) {
+		t.Errorf("a later retry: %s, want the answer that claimed: %s", again.body, retry.body)
 	}
 }

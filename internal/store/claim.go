@@ -30,7 +30,7 @@ func (s *Store) ClaimNodes(ctx context.Context, actor registry.Actor, c registry
 	free := true
 	c.Filter.Free = &free
 	defer s.claims.start(c.Job).end(c.Job)
-	cl := &claiming{c: c, owner: actor.Sub}
+	cl := &claiming{c: c, owner: actor.Sub, caller: ctx}
 	var op txOp = cl
 	if c.SameHost {
 		op = &gangClaim{claiming: cl, tried: []string{}}
@@ -44,10 +44,11 @@ func (s *Store) ClaimNodes(ctx context.Context, actor registry.Actor, c registry
 // claiming is a claim of c.Count nodes from anywhere, lowest pk first: one
 // statement, which takes all of them or none.
 type claiming struct {
-	c     registry.Claim
-	owner string          // the claimer's principal, who must own c.Job
-	owned bool            // whether owner owns c.Job (see queueOwn)
-	nodes []registry.Node // what it took
+	c      registry.Claim
+	caller context.Context // the caller's: a gang claim stops trying hosts once it is done
+	owner  string          // the claimer's principal, who must own c.Job
+	owned  bool            // whether owner owns c.Job (see queueOwn)
+	nodes  []registry.Node // what it took
 }
 
 func (cl *claiming) queue(b *pgx.Batch) {

@@ -91,6 +91,9 @@ func (g *gangClaim) tryMore(ctx context.Context, tx *pipeTx, b *pgx.Batch) (*pgx
 		return b, nil
 	}
 	for len(g.tried) < maxHostsTried {
+		if g.caller.Err() != nil { // its statements no longer stop when the caller goes (runTx)
+			return nil, errGroupCancelled
+		}
 		var h hostClass
 		found := false
 		sql, args := hostCandidatesQuery(g.c.Filter, g.c.Count, g.tried)

@@ -70,8 +70,12 @@ func (s *Store) runAlone(op *groupOp) {
 	op.reset()
 	op.alone = false
 	_, err := s.runTx(op.ctx, []*groupOp{op})
-	if errors.Is(err, errGroupCancelled) {
-		err = op.ctx.Err()
+	switch {
+	case err == nil:
+	case keyLost(err):
+		err = keyTakenOver()
+	case op.ctx.Err() != nil:
+		err = op.ctx.Err() // the caller gave up: whatever else failed
 	}
 	op.err = op.fail(err)
 }
@@ -165,10 +169,18 @@ func (s *Store) runTx(ctx context.Context, ops []*groupOp) (committing bool, err
 		} else if cancelled(ops) {
 			return errGroupCancelled
 		}
+		queueHolds(b, ops)
 		committing = true
 		return tx.commit(ctx, b)
 	})
 	return committing, err
+}
+
+// keyLost reports whether err is registryd_hold_key's: the request's
+// Idempotency-Key was taken over.
+func keyLost(err error) bool {
+	code, _ := pgCode(err)
+	return code == "RK001"
 }
 
 // cancelled reports whether the caller of one of ops gave up.

@@ -795,3 +795,35 @@ func TestReleaseWaitEndsWithContext(t *testing.T) {
 		t.Error("the release did not give up within 5 s of its context's end")
 	}
 }
+
+// A lone claim whose caller gives up during its first round trip commits
+// nothing, answers its context's error (not "database unavailable"), and
+// is rolled back on its connection: the pool makes no new one. Fault
+// caught (found by a review): the roll-back sent under the caller's
+// cancelled context, so the pool threw the connection away.
+func TestLoneAbandonedClaimKeepsConnection(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st := pgtest.Open(t, pgtest.New(t), store.Options{MaxConns: 1})
+	gangFleet(t, st, 1)
+	slowTrigger(t, st, `TRIGGER slow BEFORE UPDATE ON nodes FOR EACH ROW WHEN (NEW.current_job = 2)`)
+	if _, err := st.ClaimNodes(ctx, scheduler(1), registry.Claim{Job: 1, Count: 1}); err != nil {
+		t.Fatal(err)
+	}
+	conns := st.Pool().Stat().NewConnsCount()
+	cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	_, err := st.ClaimNodes(cctx, scheduler(2), registry.Claim{Job: 2, Count: 1})
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("the abandoned claim: %v, want its context's deadline", err)
+	}
+	if _, err := st.ClaimNodes(ctx, scheduler(3), registry.Claim{Job: 3, Count: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if n := st.Pool().Stat().NewConnsCount(); n != conns {
+		t.Errorf("the abandoned lone claim cost %d new connection(s)", n-conns)
+	}
+	if n := heldByJob(t, st, 2); n != 0 {
+		t.Errorf("the abandoned claim's job holds %d nodes", n)
+	}
+}

@@ -84,6 +84,18 @@ func (s *Store) CompleteKey(ctx context.Context, principal, key, requestID strin
 	return nil
 }
 
+// EndKeyLease ends the lease of request requestID on principal's key, now:
+// it waits for a transaction of the request still committing (which holds
+// the key's row, registryd_hold_key) and makes any later one fail, so that
+// RequestChanges after it is final.
+func (s *Store) EndKeyLease(ctx context.Context, principal, key, requestID string) error {
+	if _, err := s.db.Exec(ctx, `UPDATE idempotency_keys SET running_until = now()
+		WHERE principal = $1 AND key = $2 AND request_id = $3 AND running_until > now()`, principal, key, requestID); err != nil {
+		return fmt.Errorf("store: end idempotency lease: %w", translate(err))
+	}
+	return nil
+}
+
 // AbandonKey gives up the reservation of request requestID (it changed
 // nothing, and kept no answer): the next request with the key runs.
 func (s *Store) AbandonKey(ctx context.Context, principal, key, requestID string) error {
@@ -106,6 +118,23 @@ func (s *Store) RequestChanges(ctx context.Context, principal, requestID string,
 		return nil, fmt.Errorf("store: request changes: %w", translate(err))
 	}
 	return pks, nil
+}
+
+// queueHolds queues, for each op run under an Idempotency-Key, the check
+// that the key is still its request's (registryd_hold_key, migration
+// 00017): the last statements before the COMMIT.
+func queueHolds(b *pgx.Batch, ops []*groupOp) {
+	for _, op := range ops {
+		if h, ok := registry.KeyHoldFrom(op.ctx); ok {
+			b.Queue(`SELECT registryd_hold_key($1, $2, $3)`, h.Principal, h.Key, h.RequestID)
+		}
+	}
+}
+
+// keyTakenOver is the error of a request whose key a retry took over.
+func keyTakenOver() error {
+	return registry.Coded(registry.ErrConflict, registry.CodeKeyTakenOver,
+		"this request ran past its Idempotency-Key's lease and a retry took the key over; this one changed nothing")
 }
 
 // pruneKeysSQL deletes idempotency records whose keep ran out, a bounded

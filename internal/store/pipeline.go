@@ -47,7 +47,9 @@ func (s *Store) pipelined(ctx context.Context, fn func(tx *pipeTx) error) error 
 		// fn failed, or returned before its commit. A rollback that fails
 		// leaves the connection in a transaction: the pool then closes it
 		// instead of handing it out again.
-		_, _ = conn.Exec(ctx, "rollback")
+		// Under a context of its own: a caller who gave up must not cost
+		// the connection too.
+		_, _ = conn.Exec(context.WithoutCancel(ctx), "rollback")
 	}
 	return err
 }

@@ -171,6 +171,14 @@ func (s *Store) WithTx(ctx context.Context, fn func(*Store) error) error {
 			return err
 		}
 	}
+	if h, ok := registry.KeyHoldFrom(ctx); ok {
+		if _, err := tx.Exec(ctx, `SELECT registryd_hold_key($1, $2, $3)`, h.Principal, h.Key, h.RequestID); err != nil {
+			if keyLost(err) {
+				return keyTakenOver()
+			}
+			return translate(err)
+		}
+	}
 	if err := tx.Commit(ctx); err != nil {
 		return translate(err)
 	}
