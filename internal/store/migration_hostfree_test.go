@@ -12,6 +12,31 @@ import (
 	"github.com/registryd/registryd/internal/store"
 )
 
+// migratedBelow is a store on a fresh database migrated down to just
+// below migration version, and its migrator (to go up with).
+func migratedBelow(t *testing.T, version int64) (*store.Store, *store.Migrator) {
+	t.Helper()
+	ctx := context.Background()
+	st := pgtest.Open(t, pgtest.New(t), store.Options{})
+	m, err := st.NewMigrator(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	for {
+		v, err := st.SchemaVersion(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v < version {
+			return st, m
+		}
+		if _, err := m.Down(ctx); err != nil {
+			t.Fatalf("down from %d: %v", v, err)
+		}
+	}
+}
+
 // hostFreeMigration is the migration that creates host_free and first
 // fills it from the nodes already there.
 const hostFreeMigration = 13
@@ -24,24 +49,7 @@ const hostFreeMigration = 13
 func TestHostFreeMigrationFillsFromNodes(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	st := pgtest.Open(t, pgtest.New(t), store.Options{})
-	m, err := st.NewMigrator(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	for {
-		v, err := st.SchemaVersion(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if v < hostFreeMigration {
-			break
-		}
-		if _, err := m.Down(ctx); err != nil {
-			t.Fatalf("down from %d: %v", v, err)
-		}
-	}
+	st, m := migratedBelow(t, hostFreeMigration)
 	// Four hosts of eight: on each, gpu 0 and 1 free, 2 lost, 3 cordoned,
 	// 4 held, 5 unschedulable, 6 lost and held, 7 lost and cordoned. Host
 	// .1 is CPU-only with no hardware generation (NULL attributes), host

@@ -3,9 +3,6 @@ package store_test
 import (
 	"context"
 	"testing"
-
-	"github.com/registryd/registryd/internal/pgtest"
-	"github.com/registryd/registryd/internal/store"
 )
 
 // jobsMigration is the migration that creates jobs.
@@ -19,24 +16,7 @@ const jobsMigration = 16
 func TestJobsMigrationKeepsOwners(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	st := pgtest.Open(t, pgtest.New(t), store.Options{})
-	m, err := st.NewMigrator(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	for {
-		v, err := st.SchemaVersion(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if v < jobsMigration {
-			break
-		}
-		if _, err := m.Down(ctx); err != nil {
-			t.Fatalf("down from %d: %v", v, err)
-		}
-	}
+	st, m := migratedBelow(t, jobsMigration)
 	// Job 7 holds nodes 1 and 2 (claimed by sched-a; node 1 was sched-b's
 	// before, for another job); job 8 holds node 3, of which the log says
 	// nothing; node 4 is free.
