@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"strconv"
@@ -129,7 +130,28 @@ func (s *Server) claimNodes(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if r.Context().Err() != nil && r.Header.Get("Idempotency-Key") == "" {
+		// The claim committed after its caller gave up (a COMMIT already
+		// on its way, or a claim that began before the server saw the
+		// caller go): nobody will learn what it took, so it gives it back.
+		// (With a key, a retry learns it: the nodes stay.)
+		s.giveBack(r, c.Job, nodes)
+		return r.Context().Err()
+	}
 	return writeJSON(w, http.StatusOK, claimJSON{Job: c.Job, Nodes: nodesJSON(nodes)})
+}
+
+// giveBack releases nodes a claim of job took for a caller that gave up,
+// as that caller (audited as its release).
+func (s *Server) giveBack(r *http.Request, job int64, nodes []registry.Node) {
+	pks := make([]int64, len(nodes))
+	for i, n := range nodes {
+		pks[i] = n.PK
+	}
+	ctx := context.WithoutCancel(r.Context())
+	if _, _, err := s.store.ReleaseNodes(ctx, actor(r), registry.Release{Job: job, Nodes: pks}); err != nil {
+		s.logger.WarnContext(ctx, "a claim whose caller gave up could not give its nodes back; they stay held until released", "job", job, "nodes", pks, "err", err)
+	}
 }
 
 // releaseNodes is POST /v1/nodes/release: {"job": J, "nodes": [pk, ...]}.

@@ -532,3 +532,36 @@ func TestJobOwnedByOtherOverHTTP(t *testing.T) {
 		t.Errorf("the admin's release: %d nodes, want 2", len(rel.Released))
 	}
 }
+
+// A claim that commits after its caller gave up (here its COMMIT's round
+// trip is slowed past the caller's timeout) gives its nodes back: nobody
+// will learn what it took. Fault caught (tried once): no give-back (the
+// node stayed held by the abandoned job).
+func TestAbandonedClaimGivesBack(t *testing.T) {
+	b := setup(t)
+	hw := b.createHardware("H100")
+	b.hosts(hw, 2)
+	b.exec(`CREATE FUNCTION slow_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN PERFORM pg_sleep(1); RETURN NEW; END $$`)
+	b.exec(`CREATE TRIGGER slow_claim BEFORE INSERT ON audit_log FOR EACH ROW
+		WHEN (NEW.action = 'node.claim') EXECUTE FUNCTION slow_claim()`)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, "POST", b.url+"/v1/nodes/claim", strings.NewReader(`{"job":31}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+b.token)
+	req.Header.Set("Content-Type", "application/json")
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		resp.Body.Close()
+		t.Fatalf("the claim answered %d before its caller gave up", resp.StatusCode)
+	}
+	apitest.Eventually(t, 10*time.Second, "the abandoned claim's node given back", func() bool {
+		var claimed, released int
+		_ = b.store.Pool().QueryRow(context.Background(), `SELECT
+			count(*) FILTER (WHERE action = 'node.claim'), count(*) FILTER (WHERE action = 'node.release')
+			FROM audit_log`).Scan(&claimed, &released)
+		return claimed == 1 && released == 1 && len(b.held()) == 0
+	})
+}

@@ -176,18 +176,18 @@ func TestIdempotentLostRunner(t *testing.T) {
 // (found by a review): no check in the runner's transaction (both
 // claimed: 2 nodes for one key).
 func TestIdempotentRunnerPastItsLease(t *testing.T) {
-	b := setup(t, func(c *api.Config) { c.IdempotencyLease = time.Second })
+	b := setup(t, func(c *api.Config) { c.IdempotencyLease = 2 * time.Second })
 	hw := b.createHardware("H100")
 	b.hosts(hw, 8)
 	b.exec(`CREATE SEQUENCE once`)
 	b.exec(`CREATE FUNCTION slow_once() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN IF nextval('once') = 1 THEN PERFORM pg_sleep(1.5); END IF; RETURN NEW; END $$`)
+		BEGIN IF nextval('once') = 1 THEN PERFORM pg_sleep(3); END IF; RETURN NEW; END $$`)
 	b.exec(`CREATE TRIGGER slow_once BEFORE INSERT ON audit_log FOR EACH ROW WHEN (NEW.action = 'node.claim') EXECUTE FUNCTION slow_once()`)
 	first := make(chan response, 1)
 	go func() {
 		first <- b.doAsync("POST", "/v1/nodes/claim", `{"job":21,"count":1}`, "Idempotency-Key", "k21")
 	}()
-	time.Sleep(1200 * time.Millisecond) // past the lease, the runner in its trigger
+	time.Sleep(2300 * time.Millisecond) // past the lease, the runner in its trigger
 	retry := b.must(http.StatusOK, b.do("POST", "/v1/nodes/claim", `{"job":21,"count":1}`, "Idempotency-Key", "k21"))
 	var f response
 	select {
