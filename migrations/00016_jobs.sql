@@ -12,6 +12,9 @@ CREATE TABLE jobs (
     owner      text,
     claimed_at timestamptz NOT NULL DEFAULT now()
 );
+-- The sweeper deletes the rows of old jobs that hold nothing (a job's next
+-- claimer owns it anyway), oldest first.
+CREATE INDEX jobs_claimed_at_idx ON jobs (claimed_at);
 INSERT INTO jobs (job, owner)
 SELECT DISTINCT ON (n.current_job) n.current_job,
     (SELECT a.principal FROM audit_log a

@@ -177,3 +177,48 @@ func TestReleaseWaitsForClaimOnAnotherReplica(t *testing.T) {
 		t.Errorf("%d nodes held after the release, want 0", n)
 	}
 }
+
+// The sweeper deletes the rows of jobs that hold nothing and were claimed
+// over an hour ago; a job that holds nodes keeps its row (and its owner)
+// however old. Fault caught (tried once): the hold check left out (the
+// held job's row went, and with it its owner).
+func TestSweepPrunesJobsHoldingNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st, _ := observedFleet(t, 1)
+	for _, job := range []int64{1, 2, 3} {
+		if _, err := st.ClaimNodes(ctx, scheduler(1), registry.Claim{Job: job, Count: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, _, err := st.ReleaseNodes(ctx, scheduler(1), registry.Release{Job: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := st.ReleaseNodes(ctx, scheduler(1), registry.Release{Job: 3}); err != nil {
+		t.Fatal(err)
+	}
+	// Jobs 1 and 2 were claimed long ago, 3 just now; 1 and 3 hold nothing.
+	if _, err := st.Pool().Exec(ctx, `UPDATE jobs SET claimed_at = now() - interval '2 hours' WHERE job IN (1, 2)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.SweepLifecycle(ctx, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	var left []int64
+	rows, err := st.Pool().Query(ctx, `SELECT job FROM jobs ORDER BY job`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var j int64
+		if err := rows.Scan(&j); err != nil {
+			t.Fatal(err)
+		}
+		left = append(left, j)
+	}
+	if rows.Err() != nil || len(left) != 2 || left[0] != 2 || left[1] != 3 {
+		t.Errorf("jobs after a sweep: %v (%v), want 2 (held) and 3 (recent)", left, rows.Err())
+	}
+	_, err = st.ClaimNodes(ctx, scheduler(2), registry.Claim{Job: 2, Count: 1})
+	wantOwnedByOther(t, "another's claim of the old job that still holds a node", err)
+}

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/registryd/registryd/internal/registry"
 )
 
@@ -52,7 +54,8 @@ var sweepCandidates = `
 // found, system:lease for expiries) committed with the change. It returns
 // the pks it changed. It first folds the free counts' deltas (FoldHostFree),
 // in a transaction of its own, and deletes idempotency records kept long
-// enough (at most 1,000 a pass). Callers make sure one pass runs at a time (the
+// enough and the rows of jobs that hold nothing (see pruneJobs; at most
+// 1,000 of each a pass). Callers make sure one pass runs at a time (the
 // sweeper's advisory lock); the statements are guarded besides, so a
 // pass that overlapped another would find nothing left to do.
 func (s *Store) SweepLifecycle(ctx context.Context, ttl time.Duration) (registry.Sweep, error) {
@@ -62,6 +65,9 @@ func (s *Store) SweepLifecycle(ctx context.Context, ttl time.Duration) (registry
 	}
 	if _, err := s.db.Exec(ctx, pruneKeysSQL); err != nil {
 		return done, fmt.Errorf("store: prune idempotency keys: %w", translate(err))
+	}
+	if err := s.pruneJobs(ctx); err != nil {
+		return done, err
 	}
 	err := s.WithTx(ctx, func(tx *Store) error {
 		var now time.Time
@@ -137,3 +143,33 @@ func (s *Store) applySweep(ctx context.Context, actor registry.Actor, pks []int6
 	}
 	return out, nil
 }
+
+// pruneJobs deletes the rows of jobs that hold no nodes and were last
+// taken over more than jobKeep ago, at most 1,000 a pass: such a job
+// belongs to whoever claims it next anyway. The rows are locked first
+// (skipping those a claim or release holds), and only then, in a snapshot
+// taken after the locks, checked to hold nothing: a claim of the job that
+// committed before is seen, one that comes after waits and creates the
+// row again.
+func (s *Store) pruneJobs(ctx context.Context) error {
+	err := s.WithTx(ctx, func(tx *Store) error {
+		jobs, err := collectRows(ctx, tx.db, pgx.RowTo[int64], `
+			SELECT job FROM jobs WHERE claimed_at < now() - $1::bigint * interval '1 second'
+			ORDER BY claimed_at LIMIT 1000 FOR UPDATE SKIP LOCKED`, int64(jobKeep/time.Second))
+		if err != nil || len(jobs) == 0 {
+			return err
+		}
+		_, err = tx.db.Exec(ctx, `
+			DELETE FROM jobs j WHERE j.job = ANY($1)
+			AND NOT EXISTS (SELECT 1 FROM nodes WHERE current_job = j.job)`, jobs)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("store: prune jobs: %w", translate(err))
+	}
+	return nil
+}
+
+// jobKeep is how long a job's row stays after it was claimed (or taken
+// over) while it holds nothing.
+const jobKeep = time.Hour
