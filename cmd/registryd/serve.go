@@ -400,6 +400,7 @@ func newHTTPServer(ctx context.Context, handler http.Handler, logger *slog.Logge
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+		ConnContext:       api.ConnContext, // a claim whose client is gone gives its nodes back
 	}
 }
 

@@ -130,13 +130,13 @@ func (s *Server) claimNodes(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if r.Context().Err() != nil && r.Header.Get("Idempotency-Key") == "" {
+	if (r.Context().Err() != nil || clientGone(r)) && r.Header.Get("Idempotency-Key") == "" {
 		// The claim committed after its caller gave up (a COMMIT already
 		// on its way, or a claim that began before the server saw the
 		// caller go): nobody will learn what it took, so it gives it back.
 		// (With a key, a retry learns it: the nodes stay.)
 		s.giveBack(r, c.Job, nodes)
-		return r.Context().Err()
+		return context.Canceled
 	}
 	return writeJSON(w, http.StatusOK, claimJSON{Job: c.Job, Nodes: nodesJSON(nodes)})
 }

@@ -126,7 +126,7 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 		p.Status, p.Detail = http.StatusServiceUnavailable, "the database is unavailable; retry shortly"
 		w.Header().Set("Retry-After", "1")
 		s.logger.WarnContext(r.Context(), "database unavailable", "request_id", p.RequestID, "err", err)
-	case errors.Is(err, context.Canceled) && r.Context().Err() != nil:
+	case errors.Is(err, context.Canceled) && (r.Context().Err() != nil || clientGone(r)):
 		// The client went away; nobody reads the answer.
 		s.logger.DebugContext(r.Context(), "request canceled by client", "request_id", p.RequestID)
 		return

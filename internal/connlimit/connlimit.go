@@ -124,6 +124,10 @@ type conn struct {
 	closed bool          // released its slot
 }
 
+// NetConn is the connection c wraps (as tls.Conn's), for a look at its
+// socket.
+func (c *conn) NetConn() net.Conn { return c.Conn }
+
 // Close closes the connection and frees its slot; it is safe to call more
 // than once and concurrently with an eviction.
 func (c *conn) Close() error {
