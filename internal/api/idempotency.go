@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -103,7 +104,7 @@ func (s *Server) idempotent(h handlerFunc) handlerFunc {
 }
 
 // errRetryKey: another request took the lost runner's key over first.
-var errRetryKey = fmt.Errorf("idempotency key taken over by another request")
+var errRetryKey = errors.New("idempotency key taken over by another request")
 
 // takeOver answers a retry whose first request's runner was lost: when
 // that request changed nothing, the retry runs it; otherwise it keeps and
