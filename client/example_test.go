@@ -53,10 +53,13 @@ func Example_scheduler() {
 		log.Print(err)
 	}
 	err = c.Watch(ctx, client.WatchOptions{HardwareGeneration: client.Ptr(int64(1))}, func(ev client.Event) error {
-		if ev.Reset != nil {
-			return nil // re-list
+		switch {
+		case ev.Reset != nil: // re-list
+		case ev.Node != nil:
+			log.Printf("%d %s node %d job %v", ev.ID, ev.Type, ev.Node.Node.PK, ev.Node.Node.CurrentJob)
+		case ev.Renewal != nil: // one event per renewal of a job's leases
+			log.Printf("%d job %d held until %v", ev.ID, ev.Renewal.Job, ev.Renewal.LeaseExpiresAt)
 		}
-		log.Printf("%d %s node %d job %v", ev.ID, ev.Type, ev.Node.Node.PK, ev.Node.Node.CurrentJob)
 		return nil
 	})
 	log.Print(err)
@@ -102,7 +105,9 @@ func ExampleInformer() {
 			log.Printf("the fleet as of event %d", u.EventID) // at start, and after every reset
 			return
 		}
-		log.Printf("%d %s node %d", u.EventID, u.Event.Type, u.Event.Node.Node.PK)
+		if u.Event.Node != nil { // else u.Event.Renewal: a renewal moved a job's leases
+			log.Printf("%d %s node %d", u.EventID, u.Event.Type, u.Event.Node.Node.PK)
+		}
 	}})
 	go func() { log.Print(in.Run(ctx)) }() // until ctx ends; retries while the registry is away
 	<-in.Synced()
@@ -128,6 +133,7 @@ func ExampleClient_ListNodesWithPosition() {
 		case ev.Reset != nil: // list again; watch from the new list's EventID
 		case ev.Bookmark != nil: // where the stream stands; nothing changed
 		case ev.Node != nil: // apply ev.Node.Node by pk if its Version is newer; EventDeleted removes it
+		case ev.Renewal != nil: // for each of its Nodes you hold with an older Version: LeaseExpiresAt, UpdatedAt (At), Version
 		}
 		return nil
 	})

@@ -51,7 +51,8 @@ type InformerUpdate struct {
 	// after every reset. Event is then nil.
 	Listed bool
 	// Event is the node event applied: for EventDeleted its node left
-	// the view, otherwise its node is now in it as the event carries it.
+	// the view, for EventRenewed the leases of its nodes in the view
+	// moved, otherwise its node is now in it as the event carries it.
 	Event *Event
 	// EventID is the view's position after the change.
 	EventID int64
@@ -127,7 +128,7 @@ func (in *Informer) apply(ev Event) error {
 	switch {
 	case ev.Reset != nil:
 		return errRelist
-	case ev.ID < in.pos || ev.Node != nil && ev.ID == in.pos:
+	case ev.ID < in.pos || (ev.Node != nil || ev.Renewal != nil) && ev.ID == in.pos:
 		// The feed went backwards, which a reset should have said: what
 		// the view holds can no longer be trusted.
 		return errRelist
@@ -152,6 +153,29 @@ func (in *Informer) apply(ev Event) error {
 		in.mu.Unlock()
 		in.progress = true
 		if !stale {
+			in.notify(InformerUpdate{Event: &ev, EventID: ev.ID})
+		}
+	case ev.Renewal != nil:
+		// Moves the lease of nodes in the view; a node the view does not
+		// hold (deleted since, or outside the informer's interest) stays
+		// out, and a node already at or past the version is left alone.
+		r := ev.Renewal
+		changed := false
+		in.mu.Lock()
+		for _, v := range r.Nodes {
+			n, had := in.nodes[v.PK]
+			if !had || n.Version > 0 && v.Version <= n.Version {
+				continue
+			}
+			lease := r.LeaseExpiresAt
+			n.LeaseExpiresAt, n.UpdatedAt, n.Version = &lease, r.At, v.Version
+			in.nodes[v.PK] = n
+			changed = true
+		}
+		in.pos = ev.ID
+		in.mu.Unlock()
+		in.progress = true
+		if changed {
 			in.notify(InformerUpdate{Event: &ev, EventID: ev.ID})
 		}
 	case ev.Bookmark != nil:

@@ -40,9 +40,10 @@ type fleet struct {
 }
 
 type fleetEvent struct {
-	id   int64
-	kind client.NodeEventKind
-	node client.Node
+	id      int64
+	kind    client.NodeEventKind
+	node    client.Node
+	renewal *client.LeaseRenewal // for renewed
 }
 
 func newFleet(t *testing.T) (*fleet, *httptest.Server) {
@@ -61,6 +62,16 @@ func (f *fleet) truth() (map[int64]client.Node, int64) {
 	defer f.mu.Unlock()
 	nodes := map[int64]client.Node{}
 	for _, ev := range f.log {
+		if ev.renewal != nil {
+			for _, v := range ev.renewal.Nodes {
+				if n, ok := nodes[v.PK]; ok {
+					lease := ev.renewal.LeaseExpiresAt
+					n.LeaseExpiresAt, n.UpdatedAt, n.Version = &lease, ev.renewal.At, v.Version
+					nodes[v.PK] = n
+				}
+			}
+			continue
+		}
 		if ev.kind == client.EventDeleted {
 			delete(nodes, ev.node.PK)
 		} else {
@@ -78,6 +89,21 @@ func (f *fleet) write(kind client.NodeEventKind, pk, v int64) {
 	n := client.Node{PK: pk, IP: "10.0.0.1", Index: int32(pk), Source: client.SourceAPI, State: client.StateFree,
 		Schedulable: true, Version: v, CreatedAt: time.Unix(pk, 0).UTC(), UpdatedAt: time.Unix(v, 0).UTC()}
 	f.log = append(f.log, fleetEvent{id: f.pos, kind: kind, node: n})
+	f.changed()
+}
+
+// renew records a renewal of job's leases moving nodes (pk: new version)
+// as one renewed event.
+func (f *fleet) renew(job int64, versions map[int64]int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.pos++
+	r := &client.LeaseRenewal{Kind: client.EventRenewed, At: time.Unix(f.pos, 0).UTC(), Job: job,
+		LeaseExpiresAt: time.Unix(f.pos+60, 0).UTC()}
+	for _, pk := range slices.Sorted(maps.Keys(versions)) {
+		r.Nodes = append(r.Nodes, client.NodeVersion{PK: pk, Version: versions[pk]})
+	}
+	f.log = append(f.log, fleetEvent{id: f.pos, kind: client.EventRenewed, renewal: r})
 	f.changed()
 }
 
@@ -182,6 +208,9 @@ func (f *fleet) watch(w http.ResponseWriter, r *http.Request) {
 		}
 		for _, ev := range todo {
 			data, _ := json.Marshal(client.NodeEvent{Kind: ev.kind, At: time.Unix(ev.id, 0).UTC(), Node: ev.node})
+			if ev.renewal != nil {
+				data, _ = json.Marshal(ev.renewal)
+			}
 			if !send("id: %d\nevent: %s\ndata: %s\n\n", ev.id, ev.kind, data) {
 				return
 			}
@@ -420,5 +449,64 @@ func TestInformerSkipsWhatTheListShowed(t *testing.T) {
 	defer mu.Unlock()
 	if !slices.Equal(applied, []int64{4}) {
 		t.Errorf("versions applied after the list showed version 3: %v, want [4]", applied)
+	}
+}
+
+// A renewed event moves the lease, version and updated_at of the nodes
+// the view holds and nothing else; a node the view does not hold stays
+// out, and a renewal the view is already past (a list that showed it)
+// changes nothing.
+func TestInformerAppliesRenewals(t *testing.T) {
+	f, ts := newFleet(t)
+	for pk := int64(1); pk <= 3; pk++ {
+		f.write(client.EventCreated, pk, 1)
+	}
+	var mu sync.Mutex
+	var renewals []*client.LeaseRenewal
+	in := client.NewInformer(newClient(t, ts.URL, fast(1)), client.InformerOptions{Reconnect: time.Millisecond, Handler: func(u client.InformerUpdate) {
+		if u.Event != nil && u.Event.Renewal != nil {
+			mu.Lock()
+			renewals = append(renewals, u.Event.Renewal)
+			mu.Unlock()
+		}
+	}})
+	runInformer(t, in)
+	f.write(client.EventClaimed, 1, 2)
+	f.write(client.EventClaimed, 2, 2)
+	f.renew(7, map[int64]int64{1: 3, 2: 3, 9: 4}) // 9: not a node the view holds
+	converged(t, f, in, "after a renewal")
+	view, _ := in.Nodes()
+	for _, n := range view[:2] {
+		if n.LeaseExpiresAt == nil || n.Version != 3 || n.IP != "10.0.0.1" {
+			t.Errorf("renewed node %d: %+v", n.PK, n)
+		}
+	}
+	if len(view) != 3 || view[2].LeaseExpiresAt != nil {
+		t.Errorf("view after the renewal: %+v", view)
+	}
+	mu.Lock()
+	if len(renewals) != 1 || renewals[0].Job != 7 || len(renewals[0].Nodes) != 3 {
+		t.Errorf("handler saw renewals %+v; want the one of job 7", renewals)
+	}
+	mu.Unlock()
+
+	// A renewal older than what the view holds (a stale replay) is skipped.
+	f.mu.Lock()
+	f.log = append(f.log, fleetEvent{id: f.pos + 1, kind: client.EventRenewed,
+		renewal: &client.LeaseRenewal{Kind: client.EventRenewed, At: time.Unix(1, 0).UTC(), Job: 7,
+			LeaseExpiresAt: time.Unix(2, 0).UTC(), Nodes: []client.NodeVersion{{PK: 1, Version: 2}}}})
+	f.pos++
+	stale := f.pos
+	f.changed()
+	f.mu.Unlock()
+	deadline := time.Now().Add(10 * time.Second)
+	for _, at := in.Nodes(); at != stale; _, at = in.Nodes() {
+		if time.Now().After(deadline) {
+			t.Fatal("the informer did not take the stale renewal within 10s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if view, _ := in.Nodes(); view[0].Version != 3 || view[0].LeaseExpiresAt.Equal(time.Unix(2, 0)) {
+		t.Errorf("a stale renewal changed node 1: %+v", view[0])
 	}
 }

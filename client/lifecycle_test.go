@@ -5,8 +5,11 @@ import (
 	"errors"
 	"net/http"
 	"slices"
+	"sync"
 	"testing"
 	"time"
+
+	gocmp "github.com/google/go-cmp/cmp"
 
 	"github.com/registryd/registryd/client"
 	"github.com/registryd/registryd/internal/registry"
@@ -20,14 +23,7 @@ func TestLifecycleFlow(t *testing.T) {
 	ctx := t.Context()
 	admin := s.client(s.token("root", registry.RoleAdmin))
 	sched := s.client(s.token("sched-1", registry.RoleScheduler))
-	var pks []int64
-	for i := range int32(3) {
-		n, _, err := admin.CreateNode(ctx, client.NodeCreate{IP: "10.0.0.1", Index: i, CPUMem: gib, DriverVersion: "550"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		pks = append(pks, n.PK)
-	}
+	pks := createHost(t, admin, 3)
 
 	events := make(chan client.Event, 10)
 	watchCtx, stop := context.WithCancel(ctx)
@@ -108,4 +104,66 @@ func TestLifecycleFlow(t *testing.T) {
 	if err != nil || len(audit) != 3 {
 		t.Errorf("uncordon audit: %d entries, %v", len(audit), err)
 	}
+}
+
+// An informer on a real server applies a renewal (one renewed event) so
+// that its view of the job's nodes is what a list answers after it.
+func TestInformerFollowsRenewals(t *testing.T) {
+	t.Parallel()
+	s := newServer(t)
+	ctx := t.Context()
+	admin := s.client(s.token("root", registry.RoleAdmin))
+	sched := s.client(s.token("sched-1", registry.RoleScheduler))
+	createHost(t, admin, 3)
+	var mu sync.Mutex
+	var kinds []string
+	in := client.NewInformer(s.watcher(s.token("reader", registry.RoleReader), nil), client.InformerOptions{Handler: func(u client.InformerUpdate) {
+		if u.Event != nil {
+			mu.Lock()
+			kinds = append(kinds, u.Event.Type)
+			mu.Unlock()
+		}
+	}})
+	runInformer(t, in)
+	if _, err := sched.ClaimNodes(ctx, client.NodeClaim{Job: 4, Count: client.Ptr(2), LeaseSeconds: client.Ptr(int64(60))}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sched.RenewLeases(ctx, client.NodeRenew{Job: 4, LeaseSeconds: 3600}); err != nil {
+		t.Fatal(err)
+	}
+	want, err := admin.ListNodes(ctx, client.NodeFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		view, _ := in.Nodes()
+		diff := gocmp.Diff(want, view)
+		if diff == "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the informer's view is not the list's within 10s (-list +view):\n%s", diff)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(kinds, []string{string(client.EventClaimed), string(client.EventClaimed), client.EventRenewed}) {
+		t.Errorf("events applied: %v; want two claims and one renewal", kinds)
+	}
+}
+
+// createHost registers gpus nodes of host 10.0.0.1 and answers their pks.
+func createHost(t *testing.T, admin *client.Client, gpus int32) []int64 {
+	t.Helper()
+	var pks []int64
+	for i := range gpus {
+		n, _, err := admin.CreateNode(t.Context(), client.NodeCreate{IP: "10.0.0.1", Index: i, CPUMem: gib, DriverVersion: "550"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pks = append(pks, n.PK)
+	}
+	return pks
 }

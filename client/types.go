@@ -50,6 +50,11 @@ type (
 	NodeEvent = oapi.NodeEvent
 	// NodeEventKind says what happened to the node of a NodeEvent.
 	NodeEventKind = oapi.NodeEventKind
+	// LeaseRenewal is the data of a renewed event: one renewal of a job's
+	// leases, with the new lease_expires_at and each node's new version.
+	LeaseRenewal = oapi.LeaseRenewal
+	// NodeVersion is a node's pk and its version after a change.
+	NodeVersion = oapi.NodeVersion
 	// WatchReset is the data of a reset event: re-list the nodes.
 	WatchReset = oapi.WatchReset
 	// WatchBookmark is the data of a bookmark event: where the stream stands.

@@ -56,10 +56,16 @@ type Event struct {
 	ID int64
 	// Type is the SSE event name: a NodeEventKind (created, updated,
 	// deleted, claimed, released, lost, found, cordoned, uncordoned,
-	// expired), "reset" or "bookmark".
+	// expired), "renewed", "reset" or "bookmark".
 	Type string
 	// Node is the data of a node event.
 	Node *NodeEvent
+	// Renewal is the data of a renewed event: a renewal of a job's leases
+	// moved the lease_expires_at of its nodes, changing nothing else of
+	// them but their version and updated_at (the event's At). One event
+	// per renewal, listing every renewed node (that matches the watch's
+	// filters).
+	Renewal *LeaseRenewal
 	// Reset is the data of a reset event: the events after the position
 	// the watch resumed from cannot be replayed (retention removed them,
 	// or the registry cannot vouch for that position, as after a failover
@@ -78,6 +84,7 @@ type Event struct {
 
 // Types of the watch stream's events besides the NodeEventKinds.
 const (
+	EventRenewed  = "renewed"
 	EventReset    = "reset"
 	EventBookmark = "bookmark"
 )
@@ -322,6 +329,9 @@ func (s *stream) dispatch(typ string, rawID, data []byte) error {
 	case EventBookmark:
 		ev.Bookmark = new(WatchBookmark)
 		err = json.Unmarshal(data, ev.Bookmark)
+	case EventRenewed:
+		ev.Renewal = new(LeaseRenewal)
+		err = json.Unmarshal(data, ev.Renewal)
 	case EventCreated, EventUpdated, EventDeleted, EventClaimed, EventReleased,
 		EventLost, EventFound, EventCordoned, EventUncordoned, EventExpired:
 		ev.Node = new(NodeEvent)

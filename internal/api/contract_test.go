@@ -174,7 +174,7 @@ func TestSpecForGenerators(t *testing.T) {
 	for _, s := range stream.Schema.Value.OneOf {
 		refs = append(refs, s.Ref)
 	}
-	if diff := cmp.Diff([]string{"#/components/schemas/NodeEvent", "#/components/schemas/WatchReset", "#/components/schemas/WatchBookmark"}, refs); diff != "" {
+	if diff := cmp.Diff([]string{"#/components/schemas/NodeEvent", "#/components/schemas/LeaseRenewal", "#/components/schemas/WatchReset", "#/components/schemas/WatchBookmark"}, refs); diff != "" {
 		t.Errorf("watch stream schema (-want +got):\n%s", diff)
 	}
 

@@ -8,12 +8,14 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/registryd/registryd/internal/registry"
 )
@@ -25,6 +27,7 @@ type lcNode struct {
 	CordonReason   *string    `json:"cordon_reason"`
 	CurrentJob     *int64     `json:"current_job"`
 	LeaseExpiresAt *time.Time `json:"lease_expires_at"`
+	Version        int64
 }
 
 type notDone struct {
@@ -477,6 +480,7 @@ func TestRenew(t *testing.T) {
 	hw := b.createHardware("H100")
 	pks := b.hosts(hw, 5)[0]
 	w := watchStream(t, b.url, fmt.Sprintf("?ip=10.9.0.1&node=%d", pks[0]), b.token)
+	all := watchStream(t, b.url, "", b.token)
 	b.must(http.StatusOK, b.do("POST", "/v1/nodes/claim", map[string]any{"job": 3, "count": 2, "lease_seconds": 60}))
 	b.must(http.StatusOK, b.do("POST", "/v1/nodes/claim", map[string]any{"job": 3}))
 	b.must(http.StatusOK, b.do("POST", "/v1/nodes/claim", map[string]any{"job": 4, "lease_seconds": 60}))
@@ -510,16 +514,54 @@ func TestRenew(t *testing.T) {
 	if e := b.auditOf(pks[2], "node.renew"); len(e) != 0 {
 		t.Errorf("the unleased node has renew entries: %v", e)
 	}
-	// On the watch: claimed, then updated by the renewal.
+	// On the watch: claimed, then one renewed event of the job, listing
+	// the renewed nodes (a filtered watch only its own) with their new
+	// versions and lease.
 	var kinds []string
+	var renewal sseEvent
 	for len(kinds) < 2 {
 		if e := w.next(); e.Type != "created" { // a creation sequenced after the stream opened
 			kinds = append(kinds, e.Type)
+			renewal = e
 		}
 	}
-	if diff := cmp.Diff([]string{"claimed", "updated"}, kinds); diff != "" {
+	if diff := cmp.Diff([]string{"claimed", "renewed"}, kinds); diff != "" {
 		t.Errorf("events (-want +got):\n%s", diff)
 	}
+	renewedOf := func(nodes ...lcNode) map[string]any {
+		want := map[string]any{"kind": "renewed", "job": 3.0, "lease_expires_at": nodes[0].LeaseExpiresAt.UTC().Format(time.RFC3339Nano)}
+		var vs []any
+		for _, n := range nodes {
+			vs = append(vs, map[string]any{"pk": float64(n.PK), "version": float64(n.Version)})
+		}
+		want["nodes"] = vs
+		return want
+	}
+	ignoreAt := cmpopts.IgnoreMapEntries(func(k string, _ any) bool { return k == "at" })
+	if diff := cmp.Diff(renewedOf(r.Nodes[0]), renewal.Data, ignoreAt); diff != "" {
+		t.Errorf("the filtered watch's renewed event (-want +got):\n%s", diff)
+	}
+	var unfiltered []sseEvent
+	for len(unfiltered) == 0 || unfiltered[len(unfiltered)-1].Type != "renewed" {
+		if e := all.next(); e.Type != "created" {
+			unfiltered = append(unfiltered, e)
+		}
+	}
+	if len(unfiltered) != 5 { // claimed: 2 + 1 of job 3, 1 of job 4; then renewed
+		t.Errorf("unfiltered events: %v; want 4 claims and one renewal", unfiltered)
+	}
+	if diff := cmp.Diff(renewedOf(r.Nodes[:2]...), unfiltered[len(unfiltered)-1].Data, ignoreAt); diff != "" {
+		t.Errorf("the renewed event (-want +got):\n%s", diff)
+	}
+	// Replayed from the change log, the same: a filtered watch gets the
+	// renewal listing its nodes alone, or nothing when none of them match.
+	from := strconv.FormatInt(renewal.ID-1, 10)
+	replay := watchStream(t, b.url, fmt.Sprintf("?node=%d", pks[1]), b.token, "Last-Event-ID", from)
+	if e := replay.next(); e.ID != renewal.ID || cmp.Diff(renewedOf(r.Nodes[1]), e.Data, ignoreAt) != "" {
+		t.Errorf("replayed for node %d: %+v; want the renewal of it alone", pks[1], e)
+	}
+	other := watchStream(t, b.url, fmt.Sprintf("?node=%d", pks[3]), b.token, "Last-Event-ID", from)
+	other.quiet(300 * time.Millisecond)
 
 	// A lease that ran out (not yet swept) is not renewed, and its node is
 	// not the job's any more.

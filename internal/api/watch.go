@@ -139,11 +139,33 @@ type eventJSON struct {
 	Node registry.Node `json:"node"`
 }
 
+// renewedJSON is the data of a renewed event: the job, its new lease and
+// each renewed node's pk and new version (their updated_at is at).
+type renewedJSON struct {
+	Kind           string        `json:"kind"`
+	At             time.Time     `json:"at"`
+	Job            int64         `json:"job"`
+	LeaseExpiresAt time.Time     `json:"lease_expires_at"`
+	Nodes          []nodeVersion `json:"nodes"`
+}
+
+type nodeVersion struct {
+	PK      int64 `json:"pk"`
+	Version int64 `json:"version"`
+}
+
 // EncodeEvent is an event as a watch stream sends it: one Server-Sent
-// Event with its id, type and NodeEvent document. The watch hub encodes
-// each event once with it and shares the bytes among every watcher.
+// Event with its id, type and NodeEvent document (LeaseRenewal for
+// renewed). The watch hub encodes each event once with it and shares the
+// bytes among every watcher.
 func EncodeEvent(e registry.NodeEvent) ([]byte, error) {
-	data, err := json.Marshal(eventJSON{Kind: e.Kind, At: e.At.UTC(), Node: e.Node})
+	var data []byte
+	var err error
+	if e.Kind == registry.EventRenewed {
+		data, err = encodeRenewal(e)
+	} else {
+		data, err = json.Marshal(eventJSON{Kind: e.Kind, At: e.At.UTC(), Node: e.Node})
+	}
 	if err != nil {
 		return nil, fmt.Errorf("api: encode event %d: %w", e.ID, err)
 	}
@@ -151,6 +173,51 @@ func EncodeEvent(e registry.NodeEvent) ([]byte, error) {
 	b = fmt.Appendf(b, "id: %d\nevent: %s\ndata: ", e.ID, e.Kind)
 	b = append(b, data...)
 	return append(b, "\n\n"...), nil
+}
+
+// encodeRenewal is the data of a renewed event of e.Nodes.
+func encodeRenewal(e registry.NodeEvent) ([]byte, error) {
+	if len(e.Nodes) == 0 || e.Nodes[0].CurrentJob == nil || e.Nodes[0].LeaseExpiresAt == nil {
+		return nil, errors.New("a renewed event needs nodes that hold a job with a lease")
+	}
+	d := renewedJSON{Kind: e.Kind, At: e.At.UTC(), Job: *e.Nodes[0].CurrentJob,
+		LeaseExpiresAt: e.Nodes[0].LeaseExpiresAt.UTC(), Nodes: make([]nodeVersion, len(e.Nodes))}
+	for i, n := range e.Nodes {
+		d.Nodes[i] = nodeVersion{n.PK, n.Version}
+	}
+	return json.Marshal(d)
+}
+
+// frameFor is what a watch of filter sends for e, whose shared encoding is
+// frame: frame when e's node matches (for renewed, every node), nothing
+// when it does not (for renewed, none), and for a renewal of which only
+// some nodes match, an event of those alone.
+func (f watchFilter) frameFor(e registry.NodeEvent, frame []byte) ([]byte, error) {
+	if e.Kind != registry.EventRenewed {
+		if !f.match(e.Node) {
+			return nil, nil
+		}
+		return frame, nil
+	}
+	var some []registry.Node
+	for i, n := range e.Nodes {
+		switch {
+		case f.match(n):
+			if some != nil {
+				some = append(some, n)
+			}
+		case some == nil:
+			some = append(make([]registry.Node, 0, len(e.Nodes)), e.Nodes[:i]...)
+		}
+	}
+	switch {
+	case some == nil:
+		return frame, nil
+	case len(some) == 0:
+		return nil, nil
+	}
+	e.Nodes, e.Node = some, some[0]
+	return EncodeEvent(e)
 }
 
 // checkWatch makes the checks of a watch request that come before its
@@ -341,8 +408,9 @@ func (st *watchStream) backfill(resume int64) bool {
 // removed some.
 func (st *watchStream) sendLog(resume int64) error {
 	err := st.s.events.Backfill(st.ctx, resume, st.floor, func(e registry.NodeEvent, frame []byte) error {
-		if !st.filter.match(e.Node) {
-			return nil
+		frame, err := st.filter.frameFor(e, frame)
+		if frame == nil || err != nil {
+			return err
 		}
 		st.deadline()
 		if err := st.write(frame); err != nil {
@@ -417,8 +485,9 @@ func (st *watchStream) sendPending() error {
 			return nil
 		}
 		st.taken = e.ID // sent below, or filtered out: taken either way
-		if !st.filter.match(e.Node) {
-			return nil
+		frame, err := st.filter.frameFor(e, frame)
+		if frame == nil || err != nil {
+			return err
 		}
 		if err := st.write(frame); err != nil {
 			return err

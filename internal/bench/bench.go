@@ -110,6 +110,8 @@ type Result struct {
 	// Abandon is the abandon workload's comparison of the honest
 	// schedulers alone and beside clients that abandon claims.
 	Abandon *AbandonStats `json:"abandon,omitempty"`
+	// Renew is the renew workload's count of watch events per renewal.
+	Renew *RenewStats `json:"renew,omitempty"`
 }
 
 // ClaimStats times the claim requests of a claim workload apart from
@@ -296,7 +298,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	logf("seeded %d nodes on %d hosts in %.1fs (%d agents)", f.nodes, f.hosts, rep.SeedSeconds, len(f.agents))
 
 	if pgbench != "" {
-		needCopies := slices.ContainsFunc(cfg.Workloads, func(w string) bool { return w == Claim || w == Gang || w == Abandon })
+		needCopies := slices.ContainsFunc(cfg.Workloads, func(w string) bool { return w == Claim || w == Gang || w == Abandon || w == Renew })
 		t0 := time.Now()
 		if err := pgbenchTables(ctx, pool, needCopies); err != nil {
 			return nil, err
@@ -381,6 +383,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			res.Client = "go"
 			logf("%s: %d schedulers claim and release, %s alone then %s beside %d clients abandoning claims", name, abandonHonest, cfg.Duration, cfg.Duration, abandonClients)
 			l = runAbandon(ctx, t, pool, cfg.Duration, &res)
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+		} else if name == Renew {
+			res.Client = "go"
+			logf("%s: %d clients renew %d jobs of %d nodes, %s, an unfiltered watch counting events", name, w.clients, renewJobs, renewJobNodes, cfg.Duration)
+			l = runRenew(ctx, t, w.clients, cfg.Duration, &res)
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}

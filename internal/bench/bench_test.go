@@ -163,6 +163,15 @@ func TestHarnessEndToEnd(t *testing.T) {
 				t.Errorf("abandon: %v, want claims sent, the rate alone and none held after", ab)
 			}
 		}
+		if name == Renew { // one event per renewal, listing the job's nodes
+			rn, _ := l["renew"].(map[string]any)
+			renewals, _ := rn["renewals"].(float64)
+			renewed, _ := rn["renewed"].(float64)
+			listed, _ := rn["nodes_listed"].(float64)
+			if renewals <= 0 || renewed != renewals || listed != renewals*renewJobNodes {
+				t.Errorf("renew: %v, want one renewed event of %d nodes per renewal", rn, renewJobNodes)
+			}
+		}
 		if name == Heartbeat || name == Retrieve || name == FreePage {
 			want := "go"
 			if FindWrk() != "" {

@@ -83,7 +83,7 @@ func pgbenchTables(ctx context.Context, pool *pgxpool.Pool, withCopies bool) err
 			return fmt.Errorf("bench: pgbench tables: %w", err)
 		}
 		stmts = append(stmts,
-			`DROP TABLE IF EXISTS bench_nodes, bench_node_changes, bench_audit_log`,
+			`DROP TABLE IF EXISTS bench_nodes, bench_node_changes, bench_audit_log, bench_jobs`,
 			`CREATE TABLE bench_nodes (LIKE nodes INCLUDING ALL EXCLUDING INDEXES)`,
 			`INSERT INTO bench_nodes OVERRIDING SYSTEM VALUE SELECT * FROM nodes`,
 		)
@@ -93,6 +93,12 @@ func pgbenchTables(ctx context.Context, pool *pgxpool.Pool, withCopies bool) err
 		stmts = append(stmts,
 			`CREATE TABLE bench_node_changes (LIKE node_changes INCLUDING ALL)`,
 			`CREATE TABLE bench_audit_log (LIKE audit_log INCLUDING ALL)`,
+			// renew.sql's jobs: as many as the renew workload's, holding
+			// as many leased nodes each (the fleet's last free ones).
+			`CREATE TABLE bench_jobs (LIKE jobs INCLUDING ALL)`,
+			fmt.Sprintf(`INSERT INTO bench_jobs (job, owner) SELECT 4000000000 + g, 'bench-scheduler' FROM generate_series(1, %d) g`, renewJobs),
+			fmt.Sprintf(`UPDATE bench_nodes SET current_job = 4000000001 + pk %% %d, lease_expires_at = now() + interval '1 day'
+				WHERE pk IN (SELECT pk FROM bench_nodes WHERE current_job IS NULL AND schedulable ORDER BY pk DESC LIMIT %d)`, renewJobs, renewJobs*renewJobNodes),
 			`ANALYZE bench_nodes`,
 		)
 	}
@@ -113,7 +119,7 @@ func copyIndex(def string) string {
 }
 
 func dropPgbenchTables(ctx context.Context, pool *pgxpool.Pool) error {
-	_, err := pool.Exec(ctx, `DROP TABLE IF EXISTS bench_liveness, bench_nodes, bench_node_changes, bench_audit_log`)
+	_, err := pool.Exec(ctx, `DROP TABLE IF EXISTS bench_liveness, bench_nodes, bench_node_changes, bench_audit_log, bench_jobs`)
 	return err
 }
 

@@ -98,6 +98,10 @@ func Markdown(rep *Report) string {
 			fmt.Fprintf(&b, "- %s: the honest schedulers %s/s beside the abandoning clients against %s/s alone (%.2f×); %d of %d claims abandoned, %d nodes held after their release\n",
 				r.Workload, thousands(ab.Rate), thousands(ab.UndisturbedRate), ab.Ratio, ab.Abandoned, ab.Sent, ab.HeldAfter)
 		}
+		if rn := r.Renew; rn != nil {
+			fmt.Fprintf(&b, "- %s: %d renewals of %d-node jobs: %d renewed events on the watch (%.2f per renewal, listing %d nodes), %.0f bytes of stream per renewal; %d other events meanwhile %v\n",
+				r.Workload, rn.Renewals, rn.NodesPerJob, rn.Renewed, rn.EventsPerRenewal, rn.NodesListed, rn.BytesPerRenewal, rn.Other, rn.OtherKinds)
+		}
 		if s := r.Start; s != nil && len(s.ReadyMS) > 0 {
 			_, stopMedian := minMedian(s.StopMS)
 			fmt.Fprintf(&b, "- %s with %s nodes: banner after %.0f ms min / %.0f ms median, /readyz 200 after %.0f ms min / %.0f ms median (%d starts); stop (SIGTERM to exit) %.0f ms median\n",

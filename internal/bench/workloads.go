@@ -22,6 +22,7 @@ const (
 	Claim     = "claim"
 	Gang      = "gang"
 	Abandon   = "abandon"
+	Renew     = "renew"
 	ListAll   = "listall"
 	Replica   = "replica"
 	Startup   = "startup"
@@ -30,7 +31,7 @@ const (
 // AllWorkloads is every workload, in run order. startup comes last: it
 // restarts the server (the workloads after it, if any, run on the
 // restarted one).
-var AllWorkloads = []string{Heartbeat, Retrieve, FreePage, Claim, Gang, Abandon, ListAll, Replica, Startup}
+var AllWorkloads = []string{Heartbeat, Retrieve, FreePage, Claim, Gang, Abandon, Renew, ListAll, Replica, Startup}
 
 // gangClients is the number of concurrent schedulers of the gang workload,
 // whatever -clients says: the target is stated for 16.
@@ -126,6 +127,10 @@ func (t *target) workload(name string, clients int) (workload, error) {
 		// No op: Run drives both phases itself (runAbandon).
 		return workload{name: name, path: fmt.Sprintf("abandon: %d schedulers claim 1 + release while %d others give up on claims after 1-3 ms", abandonHonest, abandonClients),
 			clients: abandonHonest, script: "claim.sql", tables: true}, nil
+	case Renew:
+		// No op: Run drives it itself (runRenew).
+		return workload{name: name, path: fmt.Sprintf("renew: POST /v1/nodes/renew of %d jobs of %d nodes, one watch counting events", renewJobs, renewJobNodes),
+			clients: clients, script: "renew.sql", tables: true}, nil
 	case ListAll:
 		return workload{name: name, path: "list all: POST /v1/nodes/list {} (every node, streamed)", clients: listAllClients,
 			op: t.listAllOp(int64(f.nodes), &t.listBytes)}, nil

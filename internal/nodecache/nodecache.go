@@ -437,7 +437,13 @@ func (c *Cache) Apply(events []registry.NodeEvent) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, e := range events {
-		c.changeLocked(e.Node, e.Kind == "deleted")
+		if e.Kind == registry.EventRenewed {
+			for _, n := range e.Nodes {
+				c.changeLocked(n, false)
+			}
+		} else {
+			c.changeLocked(e.Node, e.Kind == "deleted")
+		}
 		c.delivered = max(c.delivered, e.ID)
 	}
 	c.confirmLocked()

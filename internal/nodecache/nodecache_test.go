@@ -3,6 +3,7 @@ package nodecache
 import (
 	"context"
 	"errors"
+	"fmt"
 	"reflect"
 	"testing"
 	"time"
@@ -106,6 +107,51 @@ func TestAcrossReplicas(t *testing.T) {
 		_, err := a.cache.GetNode(context.Background(), n.PK)
 		return errors.Is(err, registry.ErrNotFound)
 	})
+}
+
+// A renewal on another replica is one event, and it moves the lease and
+// version of every node of the job in the cache, through the feed.
+func TestRenewalAcrossReplicas(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.New(t)
+	a, b := newReplica(t, dbURL, 100), newReplica(t, dbURL, 100)
+	ctx := context.Background()
+	sched := registry.Actor{Principal: registry.Principal{Sub: "sched", Role: registry.RoleScheduler}}
+	var pks []int64
+	for i := range 3 {
+		pks = append(pks, createNode(t, b.store, fmt.Sprintf("10.0.0.%d", i+1)).PK)
+	}
+	lease := time.Minute
+	if _, err := b.store.ClaimNodes(ctx, sched, registry.Claim{Job: 5, Count: 2, Lease: &lease}); err != nil {
+		t.Fatal(err)
+	}
+	for _, pk := range pks {
+		get(t, a.cache, pk)
+	}
+	misses := a.cache.Stats().Misses
+	renewed, _, err := b.store.RenewLeases(ctx, sched, registry.Renewal{Job: 5, Lease: time.Hour})
+	if err != nil || len(renewed) != 2 {
+		t.Fatalf("renew: %v, %v", renewed, err)
+	}
+	for _, want := range renewed {
+		apitest.Eventually(t, 2*time.Second, "the renewal on the other replica is served", func() bool {
+			got := get(t, a.cache, want.PK)
+			return got.Version == want.Version && got.LeaseExpiresAt != nil && got.LeaseExpiresAt.Equal(*want.LeaseExpiresAt) &&
+				got.UpdatedAt.Equal(want.UpdatedAt)
+		})
+	}
+	if s := a.cache.Stats(); s.Misses != misses || s.Bypassed != 0 {
+		t.Fatalf("%+v: the renewal must come through the feed, not a read", s)
+	}
+	events, err := b.store.NodeEventsAfter(ctx, 0, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := events[len(events)-1]
+	if last.Kind != registry.EventRenewed || len(last.Nodes) != 2 || last.Node.PK != renewed[0].PK ||
+		last.Nodes[1].Version != renewed[1].Version || !last.At.Equal(renewed[0].UpdatedAt) {
+		t.Fatalf("the last event: %+v; want one renewed event of %v", last, renewed)
+	}
 }
 
 // frozen is a cache that serves but follows no feed: only what a test

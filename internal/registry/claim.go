@@ -107,13 +107,24 @@ type Feed struct {
 // may be lost, so nothing learned from it (deletions included) holds.
 const NewEpochReason = "the change feed began a new epoch"
 
-// NodeEvent is one change of a node as watchers see it.
+// NodeEvent is one change of a node as watchers see it, or, for
+// EventRenewed, of every node of one job whose lease a renewal moved.
 type NodeEvent struct {
 	ID   int64     // increases with every event, across replicas
-	Kind string    // created, updated, deleted, claimed, released
+	Kind string    // created, updated, deleted, claimed, released, ...
 	At   time.Time // when the change was made
-	Node Node      // the node after the change; for deleted, as it was
+	// Node is the node after the change; for deleted, as it was; for
+	// renewed, Nodes[0].
+	Node Node
+	// Nodes, for renewed only, is every node the renewal moved, after
+	// it, by pk: they hold one job, their lease_expires_at and updated_at
+	// are the same, and nothing else of them changed but the version.
+	Nodes []Node
 }
+
+// EventRenewed is the kind of the one event a renewal of a job's leases
+// makes (rather than one updated event per node).
+const EventRenewed = "renewed"
 
 // Position is where in the change feed a read stands: every event with an
 // id up to ID is in it; with Exact, no change after ID is either, so a

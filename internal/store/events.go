@@ -83,6 +83,29 @@ func (s *Store) recordChanges(ctx context.Context, kind string, nodes ...registr
 	return nil
 }
 
+// recordRenewal appends the one change row of a renewal of nodes (by pk,
+// at least one): kind renewed, node_pk the first node's, doc the array of
+// their documents; and asks for a notification at commit.
+func (s *Store) recordRenewal(ctx context.Context, nodes []registry.Node) error {
+	b := append(make([]byte, 0, 640*len(nodes)), '[')
+	for i, n := range nodes {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = docOfNode(n).appendJSON(b)
+	}
+	b = append(b, ']')
+	_, err := s.db.Exec(ctx, `
+		WITH ins AS (
+			INSERT INTO node_changes (kind, node_pk, doc) VALUES ($1, $2, $3::jsonb)
+		)
+		SELECT pg_notify($4, '')`, registry.EventRenewed, nodes[0].PK, string(b), ChangesChannel)
+	if err != nil {
+		return fmt.Errorf("store: record renewal: %w", translate(err))
+	}
+	return nil
+}
+
 // SequenceEvents stamps every committed, unstamped change row with the next
 // event ids, in row order, and returns where the feed stands. Passes of all
 // replicas serialize on an advisory lock, so stamps become visible in
@@ -162,6 +185,21 @@ func scanNodeEvent(row pgx.CollectableRow) (registry.NodeEvent, error) {
 	var doc []byte
 	if err := row.Scan(&e.ID, &e.Kind, &e.At, &doc); err != nil {
 		return e, err
+	}
+	if e.Kind == registry.EventRenewed {
+		var ds []nodeDoc
+		if err := json.Unmarshal(doc, &ds); err != nil {
+			return e, err
+		}
+		if len(ds) == 0 {
+			return e, fmt.Errorf("store: renewed event %d lists no node", e.ID)
+		}
+		e.Nodes = make([]registry.Node, len(ds))
+		for i, d := range ds {
+			e.Nodes[i] = d.node()
+		}
+		e.Node = e.Nodes[0]
+		return e, nil
 	}
 	var d nodeDoc
 	if err := json.Unmarshal(doc, &d); err != nil {

@@ -33,9 +33,9 @@ func leaseSeconds(d *time.Duration) *int64 {
 // out. Holding nothing: ErrNotFound, coded lease_expired when leases of
 // the job ran out, job_holds_nothing otherwise. A job holding nodes
 // another principal claimed: ErrForbidden (job_owned_by_other). Each
-// renewed node gets a new version, a node.renew audit entry and an
-// updated event, in one transaction, which first locks the job's row (see
-// queueOwn).
+// renewed node gets a new version and a node.renew audit entry, and the
+// renewal one renewed event listing them all, in one transaction, which
+// first locks the job's row (see queueOwn).
 func (s *Store) RenewLeases(ctx context.Context, actor registry.Actor, r registry.Renewal) (nodes []registry.Node, expired []int64, err error) {
 	if err := r.Normalize(); err != nil {
 		return nil, nil, err
@@ -109,7 +109,7 @@ func (s *Store) RenewLeases(ctx context.Context, actor registry.Actor, r registr
 			return err
 		}
 		slices.SortFunc(renewed, func(a, b registry.Node) int { return cmp.Compare(a.PK, b.PK) })
-		if err := tx.recordChanges(ctx, "updated", renewed...); err != nil {
+		if err := tx.recordRenewal(ctx, renewed); err != nil {
 			return err
 		}
 		if err := tx.auditNodes(ctx, actor, registry.ActionNodeRenew, renewed, func(n registry.Node) any { return docOfNode(before[n.PK]) }); err != nil {

@@ -142,6 +142,21 @@ func (e HealthStatus) Valid() bool {
 	}
 }
 
+// Defines values for LeaseRenewalKind.
+const (
+	LeaseRenewalKindRenewed LeaseRenewalKind = "renewed"
+)
+
+// Valid indicates whether the value is a known member of the LeaseRenewalKind enum.
+func (e LeaseRenewalKind) Valid() bool {
+	switch e {
+	case LeaseRenewalKindRenewed:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for NodeClaimFree.
 const (
 	NodeClaimFreeTrue NodeClaimFree = true
@@ -549,6 +564,33 @@ type Health struct {
 
 // HealthStatus defines model for Health.Status.
 type HealthStatus string
+
+// LeaseRenewal The `data` of a `renewed` event on the watch stream (`GET /v1/nodes/watch`): a renewal of `job`'s leases (`POST /v1/nodes/renew`) moved the `lease_expires_at` of `nodes`. Nothing else of them changed but `version` (given here for each) and `updated_at` (which is `at`). One event per renewal, however many nodes the job holds; a filtered watch lists only its matching nodes. The SSE `event:` name is `renewed`, and the SSE `id:` is the event id to resume after.
+type LeaseRenewal struct {
+	// At When the renewal was made (UTC); the nodes' new `updated_at`.
+	//
+	// Example: 2025-01-02T03:04:05.5Z
+	At time.Time `json:"at"`
+
+	// Job The job whose leases moved (every node listed holds it).
+	//
+	// Example: 7
+	Job int64 `json:"job"`
+
+	// Kind Example: renewed
+	Kind LeaseRenewalKind `json:"kind"`
+
+	// LeaseExpiresAt The nodes' new `lease_expires_at`.
+	//
+	// Example: 2025-01-02T03:05:05.5Z
+	LeaseExpiresAt time.Time `json:"lease_expires_at"`
+
+	// Nodes Each renewed node, by `pk`.
+	Nodes []NodeVersion `json:"nodes"`
+}
+
+// LeaseRenewalKind Example: renewed
+type LeaseRenewalKind string
 
 // Node A worker node: one GPU of a host, or a CPU-only host, as every response carries it. Responses carry every field below and may gain more later. Only `ip`, `index`, `cpu_mem`, `driver_version`, `hardware_generation` and `gpu_mem` are writable (see `NodeCreate`, `NodeUpdate`, `NodePatch`); the others are read-only (server-managed). This schema describes responses only, so it marks nothing `readOnly`: every field is always there.
 type Node struct {
@@ -1080,6 +1122,15 @@ type NodeUpdate struct {
 
 	// Version Read-only and best left out; accepted only when it equals the node's `version` now. A different value means the node changed since it was read (400); send `If-Match` to be answered 412 instead.
 	Version *EchoVersion `json:"version,omitempty"`
+}
+
+// NodeVersion A node (`pk`) and its `version` after a change.
+type NodeVersion struct {
+	// PK Example: 42
+	PK int64 `json:"pk"`
+
+	// Version Example: 9
+	Version int64 `json:"version"`
 }
 
 // NotDone A node a cordon or uncordon named but did not act on, and why.
@@ -2124,7 +2175,7 @@ type ClientInterface interface {
 
 	// RenewLeasesWithBody Renew the leases a job holds
 	//
-	// Sets the lease of every node the job `job` holds with a lease to `lease_seconds` (1 to 86400) from now (the database's clock) and answers 200 with every node the job holds, ordered by `pk`. Nodes the job holds without a lease (claimed without `lease_seconds`) are listed unchanged: a renewal never gives a lease to a claim that is held until released. A lease that has already run out is not renewed and its node is not listed, even when the registry has not released it yet: the job no longer holds it. Each renewed node gets a `node.renew` audit entry, an `updated` event, and its version (`ETag`) changes.
+	// Sets the lease of every node the job `job` holds with a lease to `lease_seconds` (1 to 86400) from now (the database's clock) and answers 200 with every node the job holds, ordered by `pk`. Nodes the job holds without a lease (claimed without `lease_seconds`) are listed unchanged: a renewal never gives a lease to a claim that is held until released. A lease that has already run out is not renewed and its node is not listed, even when the registry has not released it yet: the job no longer holds it. Each renewed node gets a `node.renew` audit entry and its version (`ETag`) changes; the renewal is one `renewed` event on the watch stream, listing them all.
 	// 404 when the job holds no node: code `lease_expired` when leases of the job ran out, `job_holds_nothing` otherwise; 403 with code `job_owned_by_other` when the job holds nodes another principal claimed (admins included: only the owner renews); 400 for a malformed body or a missing, unknown or invalid field (`lease_seconds` out of range names it); 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 	// Roles: scheduler and admin (the "claim" permission); reader and agent get 403.
 	//
@@ -2135,7 +2186,7 @@ type ClientInterface interface {
 
 	// RenewLeases Renew the leases a job holds
 	//
-	// Sets the lease of every node the job `job` holds with a lease to `lease_seconds` (1 to 86400) from now (the database's clock) and answers 200 with every node the job holds, ordered by `pk`. Nodes the job holds without a lease (claimed without `lease_seconds`) are listed unchanged: a renewal never gives a lease to a claim that is held until released. A lease that has already run out is not renewed and its node is not listed, even when the registry has not released it yet: the job no longer holds it. Each renewed node gets a `node.renew` audit entry, an `updated` event, and its version (`ETag`) changes.
+	// Sets the lease of every node the job `job` holds with a lease to `lease_seconds` (1 to 86400) from now (the database's clock) and answers 200 with every node the job holds, ordered by `pk`. Nodes the job holds without a lease (claimed without `lease_seconds`) are listed unchanged: a renewal never gives a lease to a claim that is held until released. A lease that has already run out is not renewed and its node is not listed, even when the registry has not released it yet: the job no longer holds it. Each renewed node gets a `node.renew` audit entry and its version (`ETag`) changes; the renewal is one `renewed` event on the watch stream, listing them all.
 	// 404 when the job holds no node: code `lease_expired` when leases of the job ran out, `job_holds_nothing` otherwise; 403 with code `job_owned_by_other` when the job holds nodes another principal claimed (admins included: only the owner renews); 400 for a malformed body or a missing, unknown or invalid field (`lease_seconds` out of range names it); 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 	// Roles: scheduler and admin (the "claim" permission); reader and agent get 403.
 	//
@@ -2179,12 +2230,13 @@ type ClientInterface interface {
 	// | `event:`   | when                                         | `data:` |
 	// |------------|----------------------------------------------|---------|
 	// | `created`  | a node was registered or imported            | `NodeEvent` |
-	// | `updated`  | a PUT or PATCH changed a node, an agent adopted it, a sync pass changed it, or a renewal moved its `lease_expires_at` | `NodeEvent` |
+	// | `updated`  | a PUT or PATCH changed a node, an agent adopted it, or a sync pass changed it | `NodeEvent` |
 	// | `deleted`  | a node was deleted (also by a sync pass)     | `NodeEvent`, `node` as it was before deletion |
 	// | `claimed`  | a claim gave the node a job                  | `NodeEvent` |
 	// | `released` | a release freed the node                     | `NodeEvent` |
 	// | `cordoned` | an admin cordoned the node (or changed its reason) | `NodeEvent` |
 	// | `uncordoned` | an admin uncordoned the node               | `NodeEvent` |
+	// | `renewed`  | a renewal moved the lease of a job's nodes: one event per renewal, however many nodes | `LeaseRenewal` |
 	// | `reset`    | the client must re-list (see below)          | `WatchReset` |
 	// | `bookmark` | where the stream stands (see below); no change | `WatchBookmark` |
 	//
@@ -2204,7 +2256,25 @@ type ClientInterface interface {
 	// - `data` is one line of JSON: `NodeEvent` (`kind` equals the event
 	//   name, `at` is when the change was made, `node` is the full node
 	//   after the change, or as it was for `deleted`; its `last_seen` is
-	//   as of the change), `WatchReset` or `WatchBookmark`.
+	//   as of the change), `LeaseRenewal`, `WatchReset` or
+	//   `WatchBookmark`.
+	//
+	// Renewals: renewing a job's leases changes nothing of its nodes but
+	// `lease_expires_at`, `updated_at` and `version`, so it is sent as one
+	// `renewed` event per renewal (`LeaseRenewal`: the job, the new
+	// `lease_expires_at` and each renewed node's `pk` and new `version`;
+	// their `updated_at` is the event's `at`), not as a full node
+	// document per node. A client keeping nodes applies it to the nodes it
+	// holds; a client that does not care about leases skips it. A
+	// filtered watch gets it when any of its nodes matches, listing only
+	// those (a renewal never moves a node into or out of a filter).
+	//
+	// ```
+	// id: 1043
+	// event: renewed
+	// data: {"kind":"renewed","at":"2025-01-02T03:04:05.5Z","job":7,"lease_expires_at":"2025-01-02T03:05:05.5Z","nodes":[{"pk":42,"version":9},{"pk":43,"version":4}]}
+	//
+	// ```
 	// - The stream starts with `retry: 2000` (reconnect after 2 s) and a
 	//   comment line. While nothing happens the server sends a bookmark
 	//   (below) every 15 seconds, which also keeps the connection alive;
@@ -3032,7 +3102,7 @@ func (c *Client) ReleaseNodes(ctx context.Context, params *ReleaseNodesParams, b
 
 // RenewLeasesWithBody Renew the leases a job holds
 //
-// Sets the lease of every node the job `job` holds with a lease to `lease_seconds` (1 to 86400) from now (the database's clock) and answers 200 with every node the job holds, ordered by `pk`. Nodes the job holds without a lease (claimed without `lease_seconds`) are listed unchanged: a renewal never gives a lease to a claim that is held until released. A lease that has already run out is not renewed and its node is not listed, even when the registry has not released it yet: the job no longer holds it. Each renewed node gets a `node.renew` audit entry, an `updated` event, and its version (`ETag`) changes.
+// Sets the lease of every node the job `job` holds with a lease to `lease_seconds` (1 to 86400) from now (the database's clock) and answers 200 with every node the job holds, ordered by `pk`. Nodes the job holds without a lease (claimed without `lease_seconds`) are listed unchanged: a renewal never gives a lease to a claim that is held until released. A lease that has already run out is not renewed and its node is not listed, even when the registry has not released it yet: the job no longer holds it. Each renewed node gets a `node.renew` audit entry and its version (`ETag`) changes; the renewal is one `renewed` event on the watch stream, listing them all.
 // 404 when the job holds no node: code `lease_expired` when leases of the job ran out, `job_holds_nothing` otherwise; 403 with code `job_owned_by_other` when the job holds nodes another principal claimed (admins included: only the owner renews); 400 for a malformed body or a missing, unknown or invalid field (`lease_seconds` out of range names it); 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 // Roles: scheduler and admin (the "claim" permission); reader and agent get 403.
 //
@@ -3053,7 +3123,7 @@ func (c *Client) RenewLeasesWithBody(ctx context.Context, params *RenewLeasesPar
 
 // RenewLeases Renew the leases a job holds
 //
-// Sets the lease of every node the job `job` holds with a lease to `lease_seconds` (1 to 86400) from now (the database's clock) and answers 200 with every node the job holds, ordered by `pk`. Nodes the job holds without a lease (claimed without `lease_seconds`) are listed unchanged: a renewal never gives a lease to a claim that is held until released. A lease that has already run out is not renewed and its node is not listed, even when the registry has not released it yet: the job no longer holds it. Each renewed node gets a `node.renew` audit entry, an `updated` event, and its version (`ETag`) changes.
+// Sets the lease of every node the job `job` holds with a lease to `lease_seconds` (1 to 86400) from now (the database's clock) and answers 200 with every node the job holds, ordered by `pk`. Nodes the job holds without a lease (claimed without `lease_seconds`) are listed unchanged: a renewal never gives a lease to a claim that is held until released. A lease that has already run out is not renewed and its node is not listed, even when the registry has not released it yet: the job no longer holds it. Each renewed node gets a `node.renew` audit entry and its version (`ETag`) changes; the renewal is one `renewed` event on the watch stream, listing them all.
 // 404 when the job holds no node: code `lease_expired` when leases of the job ran out, `job_holds_nothing` otherwise; 403 with code `job_owned_by_other` when the job holds nodes another principal claimed (admins included: only the owner renews); 400 for a malformed body or a missing, unknown or invalid field (`lease_seconds` out of range names it); 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 // Roles: scheduler and admin (the "claim" permission); reader and agent get 403.
 //
@@ -3127,12 +3197,13 @@ func (c *Client) UncordonNodes(ctx context.Context, params *UncordonNodesParams,
 // | `event:`   | when                                         | `data:` |
 // |------------|----------------------------------------------|---------|
 // | `created`  | a node was registered or imported            | `NodeEvent` |
-// | `updated`  | a PUT or PATCH changed a node, an agent adopted it, a sync pass changed it, or a renewal moved its `lease_expires_at` | `NodeEvent` |
+// | `updated`  | a PUT or PATCH changed a node, an agent adopted it, or a sync pass changed it | `NodeEvent` |
 // | `deleted`  | a node was deleted (also by a sync pass)     | `NodeEvent`, `node` as it was before deletion |
 // | `claimed`  | a claim gave the node a job                  | `NodeEvent` |
 // | `released` | a release freed the node                     | `NodeEvent` |
 // | `cordoned` | an admin cordoned the node (or changed its reason) | `NodeEvent` |
 // | `uncordoned` | an admin uncordoned the node               | `NodeEvent` |
+// | `renewed`  | a renewal moved the lease of a job's nodes: one event per renewal, however many nodes | `LeaseRenewal` |
 // | `reset`    | the client must re-list (see below)          | `WatchReset` |
 // | `bookmark` | where the stream stands (see below); no change | `WatchBookmark` |
 //
@@ -3152,7 +3223,25 @@ func (c *Client) UncordonNodes(ctx context.Context, params *UncordonNodesParams,
 //   - `data` is one line of JSON: `NodeEvent` (`kind` equals the event
 //     name, `at` is when the change was made, `node` is the full node
 //     after the change, or as it was for `deleted`; its `last_seen` is
-//     as of the change), `WatchReset` or `WatchBookmark`.
+//     as of the change), `LeaseRenewal`, `WatchReset` or
+//     `WatchBookmark`.
+//
+// Renewals: renewing a job's leases changes nothing of its nodes but
+// `lease_expires_at`, `updated_at` and `version`, so it is sent as one
+// `renewed` event per renewal (`LeaseRenewal`: the job, the new
+// `lease_expires_at` and each renewed node's `pk` and new `version`;
+// their `updated_at` is the event's `at`), not as a full node
+// document per node. A client keeping nodes applies it to the nodes it
+// holds; a client that does not care about leases skips it. A
+// filtered watch gets it when any of its nodes matches, listing only
+// those (a renewal never moves a node into or out of a filter).
+//
+// ```
+// id: 1043
+// event: renewed
+// data: {"kind":"renewed","at":"2025-01-02T03:04:05.5Z","job":7,"lease_expires_at":"2025-01-02T03:05:05.5Z","nodes":[{"pk":42,"version":9},{"pk":43,"version":4}]}
+//
+// ```
 //   - The stream starts with `retry: 2000` (reconnect after 2 s) and a
 //     comment line. While nothing happens the server sends a bookmark
 //     (below) every 15 seconds, which also keeps the connection alive;
@@ -5811,7 +5900,7 @@ type ClientWithResponsesInterface interface {
 
 	// RenewLeasesWithBodyWithResponse Renew the leases a job holds
 	//
-	// Sets the lease of every node the job `job` holds with a lease to `lease_seconds` (1 to 86400) from now (the database's clock) and answers 200 with every node the job holds, ordered by `pk`. Nodes the job holds without a lease (claimed without `lease_seconds`) are listed unchanged: a renewal never gives a lease to a claim that is held until released. A lease that has already run out is not renewed and its node is not listed, even when the registry has not released it yet: the job no longer holds it. Each renewed node gets a `node.renew` audit entry, an `updated` event, and its version (`ETag`) changes.
+	// Sets the lease of every node the job `job` holds with a lease to `lease_seconds` (1 to 86400) from now (the database's clock) and answers 200 with every node the job holds, ordered by `pk`. Nodes the job holds without a lease (claimed without `lease_seconds`) are listed unchanged: a renewal never gives a lease to a claim that is held until released. A lease that has already run out is not renewed and its node is not listed, even when the registry has not released it yet: the job no longer holds it. Each renewed node gets a `node.renew` audit entry and its version (`ETag`) changes; the renewal is one `renewed` event on the watch stream, listing them all.
 	// 404 when the job holds no node: code `lease_expired` when leases of the job ran out, `job_holds_nothing` otherwise; 403 with code `job_owned_by_other` when the job holds nodes another principal claimed (admins included: only the owner renews); 400 for a malformed body or a missing, unknown or invalid field (`lease_seconds` out of range names it); 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 	// Roles: scheduler and admin (the "claim" permission); reader and agent get 403.
 	//
@@ -5822,7 +5911,7 @@ type ClientWithResponsesInterface interface {
 
 	// RenewLeasesWithResponse Renew the leases a job holds
 	//
-	// Sets the lease of every node the job `job` holds with a lease to `lease_seconds` (1 to 86400) from now (the database's clock) and answers 200 with every node the job holds, ordered by `pk`. Nodes the job holds without a lease (claimed without `lease_seconds`) are listed unchanged: a renewal never gives a lease to a claim that is held until released. A lease that has already run out is not renewed and its node is not listed, even when the registry has not released it yet: the job no longer holds it. Each renewed node gets a `node.renew` audit entry, an `updated` event, and its version (`ETag`) changes.
+	// Sets the lease of every node the job `job` holds with a lease to `lease_seconds` (1 to 86400) from now (the database's clock) and answers 200 with every node the job holds, ordered by `pk`. Nodes the job holds without a lease (claimed without `lease_seconds`) are listed unchanged: a renewal never gives a lease to a claim that is held until released. A lease that has already run out is not renewed and its node is not listed, even when the registry has not released it yet: the job no longer holds it. Each renewed node gets a `node.renew` audit entry and its version (`ETag`) changes; the renewal is one `renewed` event on the watch stream, listing them all.
 	// 404 when the job holds no node: code `lease_expired` when leases of the job ran out, `job_holds_nothing` otherwise; 403 with code `job_owned_by_other` when the job holds nodes another principal claimed (admins included: only the owner renews); 400 for a malformed body or a missing, unknown or invalid field (`lease_seconds` out of range names it); 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 	// Roles: scheduler and admin (the "claim" permission); reader and agent get 403.
 	//
@@ -5866,12 +5955,13 @@ type ClientWithResponsesInterface interface {
 	// | `event:`   | when                                         | `data:` |
 	// |------------|----------------------------------------------|---------|
 	// | `created`  | a node was registered or imported            | `NodeEvent` |
-	// | `updated`  | a PUT or PATCH changed a node, an agent adopted it, a sync pass changed it, or a renewal moved its `lease_expires_at` | `NodeEvent` |
+	// | `updated`  | a PUT or PATCH changed a node, an agent adopted it, or a sync pass changed it | `NodeEvent` |
 	// | `deleted`  | a node was deleted (also by a sync pass)     | `NodeEvent`, `node` as it was before deletion |
 	// | `claimed`  | a claim gave the node a job                  | `NodeEvent` |
 	// | `released` | a release freed the node                     | `NodeEvent` |
 	// | `cordoned` | an admin cordoned the node (or changed its reason) | `NodeEvent` |
 	// | `uncordoned` | an admin uncordoned the node               | `NodeEvent` |
+	// | `renewed`  | a renewal moved the lease of a job's nodes: one event per renewal, however many nodes | `LeaseRenewal` |
 	// | `reset`    | the client must re-list (see below)          | `WatchReset` |
 	// | `bookmark` | where the stream stands (see below); no change | `WatchBookmark` |
 	//
@@ -5891,7 +5981,25 @@ type ClientWithResponsesInterface interface {
 	// - `data` is one line of JSON: `NodeEvent` (`kind` equals the event
 	//   name, `at` is when the change was made, `node` is the full node
 	//   after the change, or as it was for `deleted`; its `last_seen` is
-	//   as of the change), `WatchReset` or `WatchBookmark`.
+	//   as of the change), `LeaseRenewal`, `WatchReset` or
+	//   `WatchBookmark`.
+	//
+	// Renewals: renewing a job's leases changes nothing of its nodes but
+	// `lease_expires_at`, `updated_at` and `version`, so it is sent as one
+	// `renewed` event per renewal (`LeaseRenewal`: the job, the new
+	// `lease_expires_at` and each renewed node's `pk` and new `version`;
+	// their `updated_at` is the event's `at`), not as a full node
+	// document per node. A client keeping nodes applies it to the nodes it
+	// holds; a client that does not care about leases skips it. A
+	// filtered watch gets it when any of its nodes matches, listing only
+	// those (a renewal never moves a node into or out of a filter).
+	//
+	// ```
+	// id: 1043
+	// event: renewed
+	// data: {"kind":"renewed","at":"2025-01-02T03:04:05.5Z","job":7,"lease_expires_at":"2025-01-02T03:05:05.5Z","nodes":[{"pk":42,"version":9},{"pk":43,"version":4}]}
+	//
+	// ```
 	// - The stream starts with `retry: 2000` (reconnect after 2 s) and a
 	//   comment line. While nothing happens the server sends a bookmark
 	//   (below) every 15 seconds, which also keeps the connection alive;
@@ -11621,7 +11729,7 @@ func (c *ClientWithResponses) ReleaseNodesWithResponse(ctx context.Context, para
 
 // RenewLeasesWithBodyWithResponse Renew the leases a job holds
 //
-// Sets the lease of every node the job `job` holds with a lease to `lease_seconds` (1 to 86400) from now (the database's clock) and answers 200 with every node the job holds, ordered by `pk`. Nodes the job holds without a lease (claimed without `lease_seconds`) are listed unchanged: a renewal never gives a lease to a claim that is held until released. A lease that has already run out is not renewed and its node is not listed, even when the registry has not released it yet: the job no longer holds it. Each renewed node gets a `node.renew` audit entry, an `updated` event, and its version (`ETag`) changes.
+// Sets the lease of every node the job `job` holds with a lease to `lease_seconds` (1 to 86400) from now (the database's clock) and answers 200 with every node the job holds, ordered by `pk`. Nodes the job holds without a lease (claimed without `lease_seconds`) are listed unchanged: a renewal never gives a lease to a claim that is held until released. A lease that has already run out is not renewed and its node is not listed, even when the registry has not released it yet: the job no longer holds it. Each renewed node gets a `node.renew` audit entry and its version (`ETag`) changes; the renewal is one `renewed` event on the watch stream, listing them all.
 // 404 when the job holds no node: code `lease_expired` when leases of the job ran out, `job_holds_nothing` otherwise; 403 with code `job_owned_by_other` when the job holds nodes another principal claimed (admins included: only the owner renews); 400 for a malformed body or a missing, unknown or invalid field (`lease_seconds` out of range names it); 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 // Roles: scheduler and admin (the "claim" permission); reader and agent get 403.
 //
@@ -11638,7 +11746,7 @@ func (c *ClientWithResponses) RenewLeasesWithBodyWithResponse(ctx context.Contex
 
 // RenewLeasesWithResponse Renew the leases a job holds
 //
-// Sets the lease of every node the job `job` holds with a lease to `lease_seconds` (1 to 86400) from now (the database's clock) and answers 200 with every node the job holds, ordered by `pk`. Nodes the job holds without a lease (claimed without `lease_seconds`) are listed unchanged: a renewal never gives a lease to a claim that is held until released. A lease that has already run out is not renewed and its node is not listed, even when the registry has not released it yet: the job no longer holds it. Each renewed node gets a `node.renew` audit entry, an `updated` event, and its version (`ETag`) changes.
+// Sets the lease of every node the job `job` holds with a lease to `lease_seconds` (1 to 86400) from now (the database's clock) and answers 200 with every node the job holds, ordered by `pk`. Nodes the job holds without a lease (claimed without `lease_seconds`) are listed unchanged: a renewal never gives a lease to a claim that is held until released. A lease that has already run out is not renewed and its node is not listed, even when the registry has not released it yet: the job no longer holds it. Each renewed node gets a `node.renew` audit entry and its version (`ETag`) changes; the renewal is one `renewed` event on the watch stream, listing them all.
 // 404 when the job holds no node: code `lease_expired` when leases of the job ran out, `job_holds_nothing` otherwise; 403 with code `job_owned_by_other` when the job holds nodes another principal claimed (admins included: only the owner renews); 400 for a malformed body or a missing, unknown or invalid field (`lease_seconds` out of range names it); 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
 // Roles: scheduler and admin (the "claim" permission); reader and agent get 403.
 //
@@ -11700,12 +11808,13 @@ func (c *ClientWithResponses) UncordonNodesWithResponse(ctx context.Context, par
 // | `event:`   | when                                         | `data:` |
 // |------------|----------------------------------------------|---------|
 // | `created`  | a node was registered or imported            | `NodeEvent` |
-// | `updated`  | a PUT or PATCH changed a node, an agent adopted it, a sync pass changed it, or a renewal moved its `lease_expires_at` | `NodeEvent` |
+// | `updated`  | a PUT or PATCH changed a node, an agent adopted it, or a sync pass changed it | `NodeEvent` |
 // | `deleted`  | a node was deleted (also by a sync pass)     | `NodeEvent`, `node` as it was before deletion |
 // | `claimed`  | a claim gave the node a job                  | `NodeEvent` |
 // | `released` | a release freed the node                     | `NodeEvent` |
 // | `cordoned` | an admin cordoned the node (or changed its reason) | `NodeEvent` |
 // | `uncordoned` | an admin uncordoned the node               | `NodeEvent` |
+// | `renewed`  | a renewal moved the lease of a job's nodes: one event per renewal, however many nodes | `LeaseRenewal` |
 // | `reset`    | the client must re-list (see below)          | `WatchReset` |
 // | `bookmark` | where the stream stands (see below); no change | `WatchBookmark` |
 //
@@ -11725,7 +11834,25 @@ func (c *ClientWithResponses) UncordonNodesWithResponse(ctx context.Context, par
 //   - `data` is one line of JSON: `NodeEvent` (`kind` equals the event
 //     name, `at` is when the change was made, `node` is the full node
 //     after the change, or as it was for `deleted`; its `last_seen` is
-//     as of the change), `WatchReset` or `WatchBookmark`.
+//     as of the change), `LeaseRenewal`, `WatchReset` or
+//     `WatchBookmark`.
+//
+// Renewals: renewing a job's leases changes nothing of its nodes but
+// `lease_expires_at`, `updated_at` and `version`, so it is sent as one
+// `renewed` event per renewal (`LeaseRenewal`: the job, the new
+// `lease_expires_at` and each renewed node's `pk` and new `version`;
+// their `updated_at` is the event's `at`), not as a full node
+// document per node. A client keeping nodes applies it to the nodes it
+// holds; a client that does not care about leases skips it. A
+// filtered watch gets it when any of its nodes matches, listing only
+// those (a renewal never moves a node into or out of a filter).
+//
+// ```
+// id: 1043
+// event: renewed
+// data: {"kind":"renewed","at":"2025-01-02T03:04:05.5Z","job":7,"lease_expires_at":"2025-01-02T03:05:05.5Z","nodes":[{"pk":42,"version":9},{"pk":43,"version":4}]}
+//
+// ```
 //   - The stream starts with `retry: 2000` (reconnect after 2 s) and a
 //     comment line. While nothing happens the server sends a bookmark
 //     (below) every 15 seconds, which also keeps the connection alive;
