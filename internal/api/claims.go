@@ -124,8 +124,16 @@ func (s *Server) claimNodes(w http.ResponseWriter, r *http.Request) error {
 	if err := f.err(); err != nil {
 		return err
 	}
+	// A claim whose client left is not made, or is taken back up to its
+	// COMMIT (a retry with its Idempotency-Key runs it again): a look at
+	// the socket notices the client go sooner than the server's reader
+	// does under load.
+	if clientGone(r) {
+		return context.Canceled
+	}
+	ctx := registry.WithGoneProbe(r.Context(), func() bool { return clientGone(r) })
 	start := time.Now()
-	nodes, err := s.store.ClaimNodes(r.Context(), actor(r), c)
+	nodes, err := s.store.ClaimNodes(ctx, actor(r), c)
 	s.observer.Claimed(claimOutcome(err), len(nodes), time.Since(start))
 	if err != nil {
 		return err

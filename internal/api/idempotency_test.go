@@ -74,19 +74,7 @@ func TestIdempotentRetryWaitsForTheFirst(t *testing.T) {
 	hw := b.createHardware("H100")
 	b.hosts(hw, 8)
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, b.dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `INSERT INTO jobs (job, owner) VALUES (9, NULL)`); err != nil {
-		t.Fatal(err)
-	}
+	tx := b.insertingJob(9)
 	answers := make(chan response, 2)
 	go func() {
 		answers <- b.doAsync("POST", "/v1/nodes/claim", `{"job":9,"count":2}`, "Idempotency-Key", "job-9")
@@ -118,6 +106,67 @@ func TestIdempotentRetryWaitsForTheFirst(t *testing.T) {
 	if held := b.held(); len(held) != 2 {
 		t.Errorf("held: %v, want the first claim's 2 nodes", held)
 	}
+}
+
+// A claim sent with a key whose client leaves before it commits is taken
+// back, and its retry claims once: what the retry answers is held, and
+// nothing more. The claim is held on the job's row, locked by the test,
+// while its client goes.
+func TestIdempotentClaimOutlivesItsClient(t *testing.T) {
+	b := setup(t)
+	hw := b.createHardware("H100")
+	b.hosts(hw, 8)
+	ctx := context.Background()
+	tx := b.insertingJob(12)
+	cctx, leave := context.WithCancel(ctx)
+	req, _ := http.NewRequestWithContext(cctx, "POST", b.url+"/v1/nodes/claim", strings.NewReader(`{"job":12,"count":2}`))
+	req.Header.Set("Authorization", "Bearer "+b.token)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", "job-12")
+	gone := make(chan error, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		gone <- err
+	}()
+	b.waitForLockWait()
+	leave()
+	if err := <-gone; err == nil {
+		t.Fatal("the client that left got an answer")
+	}
+	time.Sleep(100 * time.Millisecond) // the server sees the client go
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var got struct{ Nodes []struct{ PK int64 } }
+	b.must(http.StatusOK, b.do("POST", "/v1/nodes/claim", `{"job":12,"count":2}`, "Idempotency-Key", "job-12")).json(t, &got)
+	if held := b.held(); len(got.Nodes) != 2 || len(held) != 2 {
+		t.Errorf("the retry got %v, %d nodes held; want the first claim's 2", got.Nodes, len(held))
+	}
+}
+
+// insertingJob begins a transaction that inserts job's row and leaves it
+// open (rolled back when the test ends): every claim of the job waits for
+// it.
+func (b *bundle) insertingJob(job int64) pgx.Tx {
+	b.t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, b.dbURL)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	b.t.Cleanup(func() { conn.Close(ctx) })
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	b.t.Cleanup(func() { tx.Rollback(ctx) })
+	if _, err := tx.Exec(ctx, `INSERT INTO jobs (job, owner) VALUES ($1, NULL)`, job); err != nil {
+		b.t.Fatal(err)
+	}
+	return tx
 }
 
 // A key whose runner was lost (its replica died: the record stays

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"slices"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -49,12 +50,47 @@ type claiming struct {
 	owner  string          // the claimer's principal, who must own c.Job
 	owned  bool            // whether owner owns c.Job (see queueOwn)
 	nodes  []registry.Node // what it took
+	before []nodeBefore    // what it changed of each node it took
 }
 
 func (cl *claiming) queue(b *pgx.Batch) {
 	queueOwn(b, cl.c.Job, cl.owner, &cl.owned)
-	queueClaim(b, cl.c, cl.owner, nil, &cl.nodes)
+	queueClaim(b, cl.c, cl.owner, nil, &cl.nodes, &cl.before)
 }
+
+// withdraw queues the statement that puts the nodes the claim took back
+// as they were before it, version and updated_at included, so that the
+// transaction commits nothing of it: no one saw the claim (it records
+// nothing), so no one may see a trace of it.
+func (cl *claiming) withdraw(b *pgx.Batch) {
+	if len(cl.before) > 0 {
+		pks := make([]int64, len(cl.before))
+		expired := make([]*int64, len(cl.before))
+		updated := make([]time.Time, len(cl.before))
+		for i, p := range cl.before {
+			pks[i], expired[i], updated[i] = p.pk, p.expiredJob, p.updatedAt
+		}
+		b.Queue(unclaimSQL, pks, expired, updated, cl.c.Job)
+	}
+	cl.nodes, cl.before = nil, nil
+}
+
+// nodeBefore is what a claim changes of a node besides its job and lease
+// (which were null: the node was free), as it was before.
+type nodeBefore struct {
+	pk         int64
+	expiredJob *int64
+	updatedAt  time.Time
+}
+
+// unclaimSQL puts nodes ($1) a claim of job $4 took in this transaction
+// back as they were: no job, no lease, their expired_job ($2), updated_at
+// ($3) and version before it.
+const unclaimSQL = `
+	UPDATE nodes SET current_job = NULL, lease_expires_at = NULL, expired_job = u.expired_job,
+		updated_at = u.updated_at, version = version - 1
+	FROM unnest($1::bigint[], $2::bigint[], $3::timestamptz[]) AS u(pk, expired_job, updated_at)
+	WHERE nodes.pk = u.pk AND nodes.current_job = $4`
 
 // refused is the answer to a claim of a job another principal owns: in
 // a group, errRunAlone (it changed nothing), alone the 403.
@@ -134,7 +170,7 @@ func (cl *claiming) record(b *pgx.Batch, actor registry.Actor) {
 }
 
 func (cl *claiming) shares() bool { return true }
-func (cl *claiming) reset()       { cl.nodes, cl.owned = nil, false }
+func (cl *claiming) reset()       { cl.nodes, cl.before, cl.owned = nil, nil, false }
 func (cl *claiming) kind() string { return "claim" }
 
 // shortClaim is the conflict of a claim of requested nodes whose pick
@@ -152,12 +188,13 @@ func shortClaim(found, requested int) error {
 // queueClaim queues the statement that picks c.Count free nodes matching
 // c.Filter, when owner owns c.Job (see queueOwn), (on, when not nil, narrows the match: to one host, or to one
 // class of a host, and may return CTEs its conditions read) and gives
-// them to c.Job; they are appended to out. It
+// them to c.Job; they are appended to out, and what the claim changed of
+// each to before (when not nil). It
 // locks up to c.Count rows that no one else is locking, lowest pk first,
 // and updates them only when it locked c.Count: with fewer, it updates and
 // returns nothing, and the rows it locked stay locked until the
 // transaction (or its savepoint) is rolled back.
-func queueClaim(b *pgx.Batch, c registry.Claim, owner string, on func(*query) string, out *[]registry.Node) {
+func queueClaim(b *pgx.Batch, c registry.Claim, owner string, on func(*query) string, out *[]registry.Node, before *[]nodeBefore) {
 	var q query
 	q.where(c.Filter)
 	q.add("EXISTS (SELECT 1 FROM jobs WHERE job = " + q.arg(c.Job) + " AND owner = " + q.arg(owner) + ")")
@@ -173,17 +210,29 @@ func queueClaim(b *pgx.Batch, c registry.Claim, owner string, on func(*query) st
 	// plan does not know the LIMIT).
 	sql := `
 		WITH ` + with + `picked AS MATERIALIZED (
-			SELECT pk FROM nodes WHERE ` + q.cond() + ` ORDER BY pk LIMIT ` + n + ` FOR UPDATE SKIP LOCKED
+			SELECT pk, expired_job, updated_at FROM nodes WHERE ` + q.cond() + ` ORDER BY pk LIMIT ` + n + ` FOR UPDATE SKIP LOCKED
 		)
 		UPDATE nodes SET current_job = ` + q.arg(c.Job) + `, expired_job = NULL,
 			lease_expires_at = now() + ` + q.arg(leaseSeconds(c.Lease)) + `::bigint * interval '1 second',
 			updated_at = now(), version = version + 1
 		WHERE pk = ANY(ARRAY(SELECT pk FROM picked)) AND (SELECT count(*) FROM picked) = ` + n + `
-		RETURNING ` + nodeColumns
+		RETURNING ` + nodeColumns + `,
+			(SELECT p.expired_job FROM picked p WHERE p.pk = nodes.pk), (SELECT p.updated_at FROM picked p WHERE p.pk = nodes.pk)`
 	b.Queue(sql, q.args...).Query(func(rows pgx.Rows) error {
-		var err error
-		*out, err = pgx.AppendRows(*out, rows, scanNode)
-		return err
+		for rows.Next() {
+			var n registry.Node
+			var p nodeBefore
+			if err := rows.Scan(append(nodeDests(&n), &p.expiredJob, &p.updatedAt)...); err != nil {
+				return err
+			}
+			p.pk = n.PK
+			n.State = n.DeriveState()
+			*out = append(*out, n.UTC())
+			if before != nil {
+				*before = append(*before, p)
+			}
+		}
+		return rows.Err()
 	})
 }
 

@@ -40,7 +40,7 @@ func ClaimStatement(c registry.Claim) (string, []any) {
 	if c.SameHost {
 		on = onFirstCandidate(c.Filter, c.Count)
 	}
-	queueClaim(b, c, "", on, new([]registry.Node))
+	queueClaim(b, c, "", on, new([]registry.Node), nil)
 	return b.QueuedQueries[0].SQL, b.QueuedQueries[0].Arguments
 }
 

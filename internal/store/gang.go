@@ -57,7 +57,7 @@ func (g *gangClaim) settle(ctx context.Context, tx *pipeTx, b *pgx.Batch, actor 
 // narrows the filter to.
 func (g *gangClaim) queueTry(b *pgx.Batch, on func(*query) string) {
 	b.Queue("savepoint host_try")
-	queueClaim(b, g.c, g.owner, on, &g.nodes)
+	queueClaim(b, g.c, g.owner, on, &g.nodes, nil)
 }
 
 // kept reports whether the last try took c.Count nodes (its savepoint is

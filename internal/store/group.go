@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -38,6 +39,15 @@ type txOp interface {
 	kind() string
 }
 
+// withdrawer is an operation that can be taken out of a group's
+// transaction once its statements ran: withdraw queues the statements
+// that undo what they changed, before the group's COMMIT. A claim is
+// (a caller that gave up must not find its nodes held); a release is
+// not (it commits whoever waits for it: freeing nodes is what it asked).
+type withdrawer interface {
+	withdraw(b *pgx.Batch)
+}
+
 // errRunAlone is what an operation's settle answers, in a group, when it
 // changed nothing and must run again alone after the group (a claim that
 // found too few nodes; alone, it says how many there are).
@@ -49,8 +59,11 @@ type groupOp struct {
 	ctx   context.Context
 	actor registry.Actor
 	err   error
-	alone bool          // to run again alone, in the caller's goroutine
-	done  chan struct{} // closed when a group is done with it
+	alone bool // to run again alone, in the caller's goroutine
+	// gone: withdrawn from its group's transaction, its caller having
+	// given up; it fails with its context's error.
+	gone bool
+	done chan struct{} // closed when a group is done with it
 }
 
 // run runs op, alone or in a group, and returns its error. A store in a
@@ -74,8 +87,8 @@ func (s *Store) runAlone(op *groupOp) {
 	case err == nil:
 	case keyLost(err):
 		err = keyTakenOver()
-	case op.ctx.Err() != nil:
-		err = op.ctx.Err() // the caller gave up: whatever else failed
+	case op.ctx.Err() != nil || errors.Is(err, errGroupCancelled):
+		err = cmp.Or(op.ctx.Err(), context.Canceled) // the caller gave up: whatever else failed
 	}
 	op.err = op.fail(err)
 }
@@ -99,21 +112,22 @@ func (op *groupOp) fail(err error) error {
 // way (then each of its operations runs alone), not the other writer.
 const groupLockTimeout = "100ms"
 
-// errGroupCancelled rolls a transaction back because the caller of one of
-// its operations gave up before the COMMIT was sent: that operation must
-// not commit. The others of a group run again, as a group.
+// errGroupCancelled rolls back the transaction of an operation alone
+// because its caller gave up before the COMMIT was sent: it must not
+// commit.
 var errGroupCancelled = errors.New("an operation's caller gave up")
 
-// runTx runs ops in one transaction of at most three round trips (see
-// pipeTx): BEGIN and every operation's statements, in order, each seeing
-// what the earlier ones changed; the change-log and audit rows of those
-// that changed something; a COMMIT. One operation alone sends its rows
-// with the COMMIT, may take more round trips to settle, and runs under
-// ctx, its caller's. A group runs under a context of its own (the
-// statement timeout bounds each round trip), waits at most
-// groupLockTimeout for a row lock, and commits nothing when the caller of
-// one of its operations gave up before the COMMIT was sent
-// (errGroupCancelled). An operation of a group that must run alone is
+// runTx runs ops in one transaction of two round trips (see pipeTx):
+// BEGIN and every operation's statements, in order, each seeing what the
+// earlier ones changed; then the change-log and audit rows of those that
+// changed something, with the COMMIT. One operation alone may take more
+// round trips to settle, runs under ctx, its caller's, and commits
+// nothing when its caller gave up (registry.Gone) before the COMMIT was
+// sent (errGroupCancelled). A group runs under a context of its own (the
+// statement timeout bounds each round trip) and waits at most
+// groupLockTimeout for a row lock; a claim of it whose caller gave up
+// once its statements ran is withdrawn (see withdrawer) and marked gone,
+// and the others commit. An operation of a group that must run alone is
 // marked so. It reports whether the COMMIT was sent.
 func (s *Store) runTx(ctx context.Context, ops []*groupOp) (committing bool, err error) {
 	alone := len(ops) == 1
@@ -126,6 +140,9 @@ func (s *Store) runTx(ctx context.Context, ops []*groupOp) (committing bool, err
 	outer := ctx
 	ctx = context.WithoutCancel(ctx)
 	err = s.pipelined(outer, func(tx *pipeTx) error {
+		if alone && cancelled(ops) {
+			return errGroupCancelled // nothing sent yet: nothing to undo
+		}
 		b := tx.batch()
 		if !alone {
 			b.Queue(`SET LOCAL lock_timeout = '` + groupLockTimeout + `'`)
@@ -136,12 +153,18 @@ func (s *Store) runTx(ctx context.Context, ops []*groupOp) (committing bool, err
 		if err := tx.send(ctx, b); err != nil {
 			return err
 		}
-		if cancelled(ops) {
+		if alone && cancelled(ops) {
 			return errGroupCancelled
 		}
 		b = tx.batch()
 		changed := false
 		for _, op := range ops {
+			if w, ok := op.txOp.(withdrawer); ok && !alone && registry.Gone(op.ctx) {
+				// Its caller gave up: the others commit, without it.
+				w.withdraw(b)
+				op.gone = true
+				continue
+			}
 			next, c, err := op.settle(ctx, tx, b, op.actor, alone)
 			if errors.Is(err, errRunAlone) {
 				op.alone = true
@@ -155,18 +178,7 @@ func (s *Store) runTx(ctx context.Context, ops []*groupOp) (committing bool, err
 		if !changed {
 			return nil // nothing changed; the transaction is rolled back
 		}
-		if !alone {
-			// The rows go in a round trip of their own, and the callers are
-			// asked again before the COMMIT: a caller that gave up meanwhile
-			// must not find its operation committed after it looked.
-			if err := tx.send(ctx, b); err != nil {
-				return err
-			}
-			if cancelled(ops) {
-				return errGroupCancelled
-			}
-			b = tx.batch()
-		} else if cancelled(ops) {
+		if alone && cancelled(ops) {
 			return errGroupCancelled
 		}
 		queueHolds(b, ops)
@@ -183,9 +195,10 @@ func keyLost(err error) bool {
 	return code == "RK001"
 }
 
-// cancelled reports whether the caller of one of ops gave up.
+// cancelled reports whether the caller of one of ops gave up (see
+// registry.Gone).
 func cancelled(ops []*groupOp) bool {
-	return slices.ContainsFunc(ops, func(op *groupOp) bool { return op.ctx.Err() != nil })
+	return slices.ContainsFunc(ops, func(op *groupOp) bool { return registry.Gone(op.ctx) })
 }
 
 // rolledBack reports whether err says the transaction did not commit:
@@ -223,9 +236,10 @@ func groupRunners(maxConns int32) int { return max(minRunners, int(maxConns)/2) 
 // COMMIT could have committed (rolledBack) runs each operation again
 // alone; one whose COMMIT's outcome is unknown fails each with that
 // error. An operation whose caller gives up while it waits in the queue
-// fails with its context's error and commits nothing; one whose caller
-// gives up while its group runs does too, and the group runs again
-// without it.
+// fails with its context's error and commits nothing; so does a claim
+// whose caller gives up while its group runs, up to the COMMIT (the group
+// withdraws it and commits the others). A release whose caller gave up
+// commits with its group.
 type group struct {
 	s *Store
 	// ctx is what groups run under: no caller's values or cancellation
@@ -328,7 +342,7 @@ func (g *group) runGroup(ops []*groupOp) {
 		if p := recover(); p != nil {
 			for _, op := range ops {
 				op.reset()
-				op.alone = false
+				op.alone, op.gone = false, false
 				op.err = fmt.Errorf("store: %s: a shared transaction panicked, its outcome unknown: %v", op.kind(), p)
 			}
 		}
@@ -336,57 +350,42 @@ func (g *group) runGroup(ops []*groupOp) {
 			close(op.done)
 		}
 	}()
-	live := slices.Clone(ops) // ops stays whole: each is told it is done
-	for {
-		// Those whose callers gave up are answered with their context's
-		// error; the rest run together, again after a roll-back that one
-		// who gave up meanwhile caused (errGroupCancelled).
-		live = slices.DeleteFunc(live, func(op *groupOp) bool {
-			if err := op.ctx.Err(); err != nil {
-				op.reset()
-				op.alone, op.err = false, op.fail(err)
-				return true
-			}
-			return false
-		})
-		if len(live) < 2 {
-			for _, op := range live {
-				op.alone = true
-			}
-			return
-		}
-		for _, op := range live {
+	// Those whose callers gave up already are answered with their
+	// context's error, having run nothing; the rest run together.
+	live := slices.DeleteFunc(slices.Clone(ops), func(op *groupOp) bool { // ops stays whole: each is told it is done
+		if registry.Gone(op.ctx) {
 			op.reset()
-			op.alone = false
+			op.alone, op.gone, op.err = false, false, op.fail(cmp.Or(op.ctx.Err(), context.Canceled))
+			return true
 		}
-		if !g.runOnce(live) {
-			return
+		return false
+	})
+	if len(live) < 2 {
+		for _, op := range live {
+			op.alone = true
 		}
+		return
 	}
-}
-
-// runOnce runs live in one transaction and settles them, reporting
-// whether it was rolled back because a caller gave up (they are to run
-// again without it).
-func (g *group) runOnce(live []*groupOp) (again bool) {
+	for _, op := range live {
+		op.reset()
+		op.alone, op.gone = false, false
+	}
 	committing, err := g.s.runTx(g.ctx, live)
-	if errors.Is(err, errGroupCancelled) {
-		if g.observe != nil {
-			g.observe(0, err)
-		}
-		return true
-	}
 	if err == nil {
 		n := 0
 		for _, op := range live {
-			if !op.alone {
+			switch {
+			case op.gone: // withdrawn: it committed nothing
+				op.reset()
+				op.err = op.fail(cmp.Or(op.ctx.Err(), context.Canceled))
+			case !op.alone:
 				n++
 			}
 		}
 		if g.observe != nil && n > 0 {
 			g.observe(n, nil)
 		}
-		return false
+		return
 	}
 	if g.observe != nil {
 		g.observe(0, err)
@@ -394,11 +393,11 @@ func (g *group) runOnce(live []*groupOp) (again bool) {
 	alone := !committing || rolledBack(err)
 	for _, op := range live {
 		op.reset()
+		op.gone = false
 		if alone {
 			op.alone = true // alone, a cancelled one fails with its context's error
 		} else {
 			op.alone, op.err = false, op.fail(err)
 		}
 	}
-	return false
 }

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/registryd/registryd/internal/pgtest"
 	"github.com/registryd/registryd/internal/registry"
 	"github.com/registryd/registryd/internal/store"
@@ -603,46 +605,74 @@ func TestGroupGivesWayInDeadlock(t *testing.T) {
 	}
 }
 
-// A claim whose caller gives up while its group is under way, before the
-// COMMIT is sent, commits nothing, and fails with its context's error; the
-// others of the group run again, together, and succeed. Here a trigger
-// makes the claim's update, or the group's records, slow while its
-// context runs out. Faults caught (each tried once): the group committed
-// with the abandoned claim in it; the callers asked only after the
-// statements, not again after the records (found by an outside tester:
-// the caller's next release missed the claim, which committed after it);
-// the others run again one by one (clients that abandon claims then cost
-// every honest scheduler beside them a transaction of its own).
+// A claim whose caller gives up while its group's statements run is
+// withdrawn from the group's transaction: it fails with its context's
+// error and leaves no trace (the node it took is back as it was, version
+// and updated_at included, with no change-log or audit row), and the
+// others commit in the same transaction. Once the records are on their
+// way with the COMMIT, the claim commits and its caller gets its nodes,
+// however late it looks (the API gives back what a departed client's
+// claim took). Here a trigger makes the claim's update, or the group's
+// records, slow while its context runs out. Faults caught (each tried
+// once): the group committed with the abandoned claim in it; the
+// withdrawal left the node's version moved; the group rolled back and
+// ran again (clients that abandon claims then cost every honest
+// scheduler beside them a transaction more).
 func TestGroupAbandonedClaimCommitsNothing(t *testing.T) {
 	t.Parallel()
-	for _, slow := range []struct{ name, trigger string }{
-		{"while its update runs", `BEFORE UPDATE ON nodes FOR EACH ROW WHEN (NEW.current_job = 666)`},
-		// The round trip of the group's records, before the COMMIT: a
-		// release the caller sends next must not miss the claim.
-		{"while the records are written", `BEFORE INSERT ON audit_log FOR EACH ROW WHEN (NEW.principal = 'sched-6')`},
+	for _, slow := range []struct {
+		name, trigger string
+		committed     bool // whether the abandoned claim commits
+		probe         bool // the caller is gone by its probe (registry.Gone), its context not done
+	}{
+		{"while its update runs", `BEFORE UPDATE ON nodes FOR EACH ROW WHEN (NEW.current_job = 666)`, false, false},
+		{"gone by its probe", `BEFORE UPDATE ON nodes FOR EACH ROW WHEN (NEW.current_job = 666)`, false, true},
+		{"while the records are written", `BEFORE INSERT ON audit_log FOR EACH ROW WHEN (NEW.principal = 'sched-6')`, true, false},
 	} {
 		t.Run(slow.name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			st, log := observedFleet(t, 1)
 			slowTrigger(t, st, `TRIGGER slow `+slow.trigger)
+			// Every node lost a job's lease once: a claim clears that, a
+			// withdrawal restores it.
+			if _, err := st.Pool().Exec(ctx, `UPDATE nodes SET expired_job = 99`); err != nil {
+				t.Fatal(err)
+			}
+			before := nodeStates(t, st)
+			changes, audits := lastIDs(t, st)
 			var abandoned error
 			errs := make([]error, 2)
 			claim := func(i int) func() {
 				return func() { _, errs[i] = st.ClaimNodes(ctx, scheduler(i), registry.Claim{Job: int64(30 + i), Count: 1}) }
 			}
+			want := error(context.DeadlineExceeded)
 			asGroup(t, st, func() {
 				cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 				defer cancel()
+				if slow.probe {
+					start := time.Now()
+					cctx = registry.WithGoneProbe(ctx, func() bool { return time.Since(start) > 200*time.Millisecond })
+					want = context.Canceled
+				}
 				_, abandoned = st.ClaimNodes(cctx, scheduler(6), registry.Claim{Job: 666, Count: 1})
 			}, claim(0), claim(1))
-			if !errors.Is(abandoned, context.DeadlineExceeded) {
-				t.Errorf("the abandoned claim: %v, want its context's deadline", abandoned)
-			}
 			for i, err := range errs {
 				if err != nil {
 					t.Errorf("claim %d beside the abandoned one: %v", i, err)
 				}
+			}
+			if n := log.grouped(); n != 2+btoi(slow.committed) {
+				t.Errorf("%d operations committed grouped, want %d, in one transaction", n, 2+btoi(slow.committed))
+			}
+			if slow.committed {
+				if abandoned != nil || heldByJob(t, st, 666) != 1 {
+					t.Errorf("the claim whose COMMIT was sent: %v, %d held; want it committed", abandoned, heldByJob(t, st, 666))
+				}
+				return
+			}
+			if !errors.Is(abandoned, want) {
+				t.Errorf("the abandoned claim: %v, want %v", abandoned, want)
 			}
 			if n := heldByJob(t, st, 666); n != 0 {
 				t.Errorf("%d nodes held by the abandoned claim's job, want 0", n)
@@ -650,11 +680,44 @@ func TestGroupAbandonedClaimCommitsNothing(t *testing.T) {
 			if held := heldNodes(t, st); held != 2 {
 				t.Errorf("%d nodes held, want the other two claims'", held)
 			}
-			if n := log.grouped(); n != 2 {
-				t.Errorf("%d operations committed grouped, want the other two, run again together", n)
+			if drift := hostFreeDrift(t, st); len(drift) > 0 {
+				t.Errorf("host_free after the withdrawal: %v", drift)
+			}
+			after := nodeStates(t, st)
+			for pk, was := range before {
+				if now := after[pk]; now != was && !strings.Contains(now, "job 3") {
+					t.Errorf("node %d: %s before, %s after; want the withdrawn claim's node as it was", pk, was, now)
+				}
+			}
+			var n int
+			if err := st.Pool().QueryRow(ctx, `SELECT (SELECT count(*) FROM node_changes WHERE row_id > $1 AND doc->>'current_job' = '666')
+				+ (SELECT count(*) FROM audit_log WHERE id > $2 AND principal = 'sched-6')`, changes, audits).Scan(&n); err != nil || n != 0 {
+				t.Errorf("%d change-log and audit rows of the withdrawn claim (%v), want none", n, err)
 			}
 		})
 	}
+}
+
+// nodeStates is each node's job, lease, expired job, version and
+// updated_at, by pk.
+func nodeStates(t *testing.T, st *store.Store) map[int64]string {
+	t.Helper()
+	rows, _ := st.Pool().Query(context.Background(), `SELECT pk, format('job %s lease %s expired %s version %s updated %s',
+		current_job, lease_expires_at, expired_job, version, updated_at) FROM nodes`)
+	m := map[int64]string{}
+	var pk int64
+	var state string
+	if _, err := pgx.ForEachRow(rows, []any{&pk, &state}, func() error { m[pk] = state; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // A panic while a group runs (here in its observer) ends neither the
@@ -825,5 +888,31 @@ func TestLoneAbandonedClaimKeepsConnection(t *testing.T) {
 	}
 	if n := heldByJob(t, st, 2); n != 0 {
 		t.Errorf("the abandoned claim's job holds %d nodes", n)
+	}
+}
+
+// A claim alone whose caller is gone by its probe (registry.Gone) before
+// it starts sends nothing: it fails with context.Canceled, having not
+// even tried to insert its job's row. Fault caught (tried once): the
+// probe asked only after the statements.
+func TestLoneClaimOfGoneCallerRunsNothing(t *testing.T) {
+	t.Parallel()
+	st, _ := observedFleet(t, 1)
+	// A sequence counts the attempts to insert a job's row: a roll-back
+	// does not undo nextval.
+	if _, err := st.Pool().Exec(context.Background(), `
+		CREATE SEQUENCE job_inserts;
+		CREATE FUNCTION count_job_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN PERFORM nextval('job_inserts'); RETURN NEW; END $$;
+		CREATE TRIGGER count_job_insert BEFORE INSERT ON jobs FOR EACH ROW EXECUTE FUNCTION count_job_insert()`); err != nil {
+		t.Fatal(err)
+	}
+	ctx := registry.WithGoneProbe(context.Background(), func() bool { return true })
+	if _, err := st.ClaimNodes(ctx, scheduler(1), registry.Claim{Job: 7, Count: 1}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("claim of a gone caller: %v, want context.Canceled", err)
+	}
+	var ran bool
+	if err := st.Pool().QueryRow(context.Background(), `SELECT is_called FROM job_inserts`).Scan(&ran); err != nil || ran {
+		t.Errorf("the claim of a gone caller ran its statements (%v)", err)
 	}
 }
