@@ -245,7 +245,7 @@ func TestAgentEndToEnd(t *testing.T) {
 		return len(ns) == 2 && ns[0].LastSeen != nil && ns[1].LastSeen != nil
 	})
 	for i, n := range ns {
-		if n.IP != "127.0.0.1" || n.Index != i || n.CPUMem != agentHostMem || n.GPUMem == nil || *n.GPUMem != 81559<<20 ||
+		if n.IP != "127.0.0.1" || n.Index != i || n.CPUMem != agentHostMem || n.GPUMem == nil || *n.GPUMem != 80<<30 ||
 			n.DriverVersion != "550.54.15" || n.HardwareGeneration == nil || *n.HardwareGeneration != hw.PK ||
 			n.Owner == nil || *n.Owner != "agent-host-1" || n.Source != "api" {
 			t.Errorf("node %d: %+v", i, n)
@@ -387,6 +387,13 @@ func TestAgentAdoptsAndReportsConflicts(t *testing.T) {
 	ra.await(t, "GPU 1 registered", func(rep agent.Report) bool { return ok(rep) && len(rep.Nodes) == 2 })
 	if ns := r.nodes(); len(ns) != 2 || *ns[1].Owner != "agent-host-1" {
 		t.Errorf("nodes: %+v", ns)
+	}
+	// The README's filter finds the imported H100 and the one the agent
+	// registered (81,559 MiB by nvidia-smi, 80 GiB as sold) alike.
+	code, body = call(t, "POST", "http://"+r.addr+"/v1/nodes/list", `{"min_gpu_mem":85899345920}`, r.admin)
+	var found []struct{ Source string }
+	if err := json.Unmarshal([]byte(body), &found); code != 200 || err != nil || len(found) != 2 || found[0].Source != "scp" || found[1].Source != "api" {
+		t.Errorf("min_gpu_mem 80 GiB: %d %s; want the imported node and the agent's", code, body)
 	}
 }
 

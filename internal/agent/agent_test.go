@@ -141,7 +141,7 @@ func TestTwoGPUs(t *testing.T) {
 	for pk, idx := range map[int64]int{1: 0, 2: 1} {
 		n, _ := b.api.get(pk)
 		wantSpec := registry.NodeSpec{IP: hostIP, Index: idx, CPUMem: hostMem, DriverVersion: "550.54.15",
-			HardwareGeneration: &hw, GPUMem: ptr(int64(81559) << 20)}
+			HardwareGeneration: &hw, GPUMem: ptr(int64(80) << 30)}
 		if diff := cmp.Diff(wantSpec, n.Spec()); diff != "" {
 			t.Errorf("node %d (-want +got):\n%s", pk, diff)
 		}
@@ -765,4 +765,38 @@ func TestRefreshSetsRightOthersChanges(t *testing.T) {
 	if n, _ := b.api.get(1); n.DriverVersion != "550.54.15" {
 		t.Errorf("driver %q", n.DriverVersion)
 	}
+}
+
+// Nodes an older agent registered with the driver's figure (81,559 MiB
+// for an H100 80GB) get the figure the GPU is sold with, which the
+// imports store, from the agent after its upgrade (its restart takes up
+// its nodes): a filter on gpu_mem then finds them with imported ones.
+// Fault caught (tried once): the agent reported what nvidia-smi said.
+func TestUpgradedAgentSetsNominalMemory(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.smi.GPUs(h100a, h100b)
+	b.passOK(t)
+	b.api.mu.Lock()
+	for _, pk := range []int64{1, 2} {
+		b.api.nodes[pk].GPUMem = ptr(int64(81559) << 20)
+	}
+	b.api.mu.Unlock()
+	b.restart(t)
+	if _, calls := b.passOK(t); !slices.Equal(calls[len(calls)-4:], []string{"get 1", "patch 1", "get 2", "patch 2"}) &&
+		!slices.Equal(calls[len(calls)-4:], []string{"get 1", "get 2", "patch 1", "patch 2"}) {
+		t.Errorf("calls after the upgrade: %v", calls)
+	}
+	for _, pk := range []int64{1, 2} {
+		if n, _ := b.api.get(pk); n.GPUMem == nil || *n.GPUMem != 80<<30 {
+			t.Errorf("node %d gpu_mem %v MiB, want 80 GiB", pk, ptrMiB(n.GPUMem))
+		}
+	}
+}
+
+func ptrMiB(b *int64) any {
+	if b == nil {
+		return nil
+	}
+	return *b >> 20
 }

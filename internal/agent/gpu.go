@@ -24,8 +24,10 @@ import (
 // GPU is one GPU as nvidia-smi reports it.
 type GPU struct {
 	Index int
-	// Memory is the GPU's memory in bytes; nil when nvidia-smi reports it
-	// as not available ([N/A]).
+	// Memory is the GPU's memory in bytes as it is sold, the figure the
+	// cloud imports store (registry.NominalGPUMemory of what nvidia-smi
+	// reports: 80 GiB for an H100 80GB HBM3 reporting 81,559 MiB); nil
+	// when nvidia-smi reports it as not available ([N/A]).
 	Memory *int64
 	// DriverVersion is the driver nvidia-smi reports for this GPU; "" when
 	// not available.
@@ -146,7 +148,7 @@ func notAvailable(v string) bool {
 //	nvidia-smi --query-gpu=index,memory.total,driver_version,name --format=csv,noheader,nounits
 //
 // one GPU a line: "0, 81559, 550.54.15, NVIDIA H100 80GB HBM3". Memory is
-// in MiB and returned in bytes. Values reported as not available ([N/A])
+// in MiB and returned in bytes, as the GPU is sold (GPU.Memory). Values reported as not available ([N/A])
 // become nil memory or an empty driver version or name; an index must be
 // there. Blank lines are skipped, fields trimmed; the name, the last
 // field, may itself contain commas. A line it cannot read, or an index
@@ -194,6 +196,10 @@ func ParseNvidiaSMI(out []byte) ([]GPU, error) {
 		}
 		if !notAvailable(fields[3]) && printable(fields[3]) {
 			g.Name = fields[3]
+		}
+		if g.Memory != nil {
+			nominal := registry.NominalGPUMemory(g.Name, *g.Memory)
+			g.Memory = &nominal
 		}
 		gpus = append(gpus, g)
 	}

@@ -24,7 +24,7 @@ func TestParseNvidiaSMI(t *testing.T) {
 		err  string
 	}{
 		{name: "two GPUs", out: "0, 81559, 550.54.15, NVIDIA H100 80GB HBM3\n1, 81559, 550.54.15, NVIDIA H100 80GB HBM3\n",
-			want: []GPU{{0, mib(81559), "550.54.15", "NVIDIA H100 80GB HBM3"}, {1, mib(81559), "550.54.15", "NVIDIA H100 80GB HBM3"}}},
+			want: []GPU{{0, mib(80 << 10), "550.54.15", "NVIDIA H100 80GB HBM3"}, {1, mib(80 << 10), "550.54.15", "NVIDIA H100 80GB HBM3"}}},
 		{name: "white space, CRLF, blank lines, out of order", out: "\r\n  1 ,40960,535.104.05 ,  NVIDIA A100-SXM4-40GB  \r\n\n0,40960,535.104.05,NVIDIA A100-SXM4-40GB\r\n",
 			want: []GPU{{0, mib(40960), "535.104.05", "NVIDIA A100-SXM4-40GB"}, {1, mib(40960), "535.104.05", "NVIDIA A100-SXM4-40GB"}}},
 		{name: "not available", out: "0, [N/A], [N/A], [N/A]\n1, [Not Supported], N/A, NVIDIA GH200 480GB\n",
@@ -70,7 +70,7 @@ func TestDiscoverGPUs(t *testing.T) {
 
 	smi.GPUs(agenttest.GPU{Index: 0, MiB: 81559, Driver: "550.54.15", Name: "NVIDIA H100 80GB HBM3"})
 	gpus, err := DiscoverGPUs(ctx, smi.Dir, 10*time.Second)
-	if err != nil || len(gpus) != 1 || *gpus[0].Memory != 81559<<20 {
+	if err != nil || len(gpus) != 1 || *gpus[0].Memory != 80<<30 {
 		t.Fatalf("%+v %v", gpus, err)
 	}
 

@@ -618,7 +618,7 @@ type Node struct {
 	// ExternalID The provider's id of the node's host, for nodes the sync worker imported (server-managed); null for nodes registered through the API.
 	ExternalID *string `json:"external_id"`
 
-	// GPUMem GPU memory in bytes; null when the node has no GPU.
+	// GPUMem GPU memory in bytes; null when the node has no GPU. The agent and the cloud imports report the memory the GPU is sold with (80 GiB for an H100 80GB, which its driver reports as 81,559 MiB), so one `min_gpu_mem` finds both.
 	//
 	// Example: 85899345920
 	GPUMem *int64 `json:"gpu_mem"`
