@@ -75,6 +75,8 @@ func (cl *claiming) withdraw(b *pgx.Batch) {
 	cl.nodes, cl.before = nil, nil
 }
 
+func (cl *claiming) job() int64 { return cl.c.Job }
+
 // nodeBefore is what a claim changes of a node besides its job and lease
 // (which were null: the node was free), as it was before.
 type nodeBefore struct {

@@ -133,3 +133,32 @@ var ShortClaim = shortClaim
 
 // FreezeLease stops l's renewals, as a frozen process stops renewing.
 func FreezeLease(l *Lease) { l.stop() }
+
+// RunClaimThenRelease runs, as one group, a claim c (under claimCtx) and
+// then a release r, in that order, as a group's queue holds them when the
+// release queued just before the claim of its job started (after
+// jobClaims let it go), and each op marked alone after. It answers each
+// one's error and nodes.
+func RunClaimThenRelease(s *Store, claimCtx context.Context, ca registry.Actor, c registry.Claim, ra registry.Actor, r registry.Release) (claimErr error, claimed []registry.Node, releaseErr error, released []registry.Node) {
+	if err := c.Normalize(); err != nil {
+		panic(err)
+	}
+	if err := r.Normalize(); err != nil {
+		panic(err)
+	}
+	free := true
+	c.Filter.Free = &free
+	cl := &claiming{c: c, owner: ca.Sub, caller: claimCtx}
+	rl := &releasing{r: r, by: ra.Sub, admin: ra.Role == registry.RoleAdmin}
+	ops := []*groupOp{
+		{txOp: cl, ctx: claimCtx, actor: ca, done: make(chan struct{})},
+		{txOp: rl, ctx: context.Background(), actor: ra, done: make(chan struct{})},
+	}
+	s.group.runGroup(ops)
+	for _, op := range ops {
+		if op.alone {
+			s.runAlone(op)
+		}
+	}
+	return ops[0].err, cl.nodes, ops[1].err, rl.released
+}

@@ -46,6 +46,21 @@ type txOp interface {
 // not (it commits whoever waits for it: freeing nodes is what it asked).
 type withdrawer interface {
 	withdraw(b *pgx.Batch)
+	// job is the job whose claim it is: a release of that job later in
+	// the group may take the claim's nodes in the same transaction, and
+	// the claim is then not withdrawn (see releasesLater).
+	job() int64
+}
+
+// releasesLater reports whether one of ops releases job: it would release
+// what a claim of job before it took, in the same transaction, so that
+// claim must commit (and be released) rather than be withdrawn, which
+// would leave a release of nodes nobody saw claimed.
+func releasesLater(ops []*groupOp, job int64) bool {
+	return slices.ContainsFunc(ops, func(op *groupOp) bool {
+		rl, ok := op.txOp.(*releasing)
+		return ok && rl.r.Job == job
+	})
 }
 
 // errRunAlone is what an operation's settle answers, in a group, when it
@@ -158,8 +173,8 @@ func (s *Store) runTx(ctx context.Context, ops []*groupOp) (committing bool, err
 		}
 		b = tx.batch()
 		changed := false
-		for _, op := range ops {
-			if w, ok := op.txOp.(withdrawer); ok && !alone && registry.Gone(op.ctx) {
+		for i, op := range ops {
+			if w, ok := op.txOp.(withdrawer); ok && !alone && registry.Gone(op.ctx) && !releasesLater(ops[i+1:], w.job()) {
 				// Its caller gave up: the others commit, without it.
 				w.withdraw(b)
 				op.gone = true

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -914,5 +915,66 @@ func TestLoneClaimOfGoneCallerRunsNothing(t *testing.T) {
 	var ran bool
 	if err := st.Pool().QueryRow(context.Background(), `SELECT is_called FROM job_inserts`).Scan(&ran); err != nil || ran {
 		t.Errorf("the claim of a gone caller ran its statements (%v)", err)
+	}
+}
+
+// A claim of job 5 whose caller goes once its statements ran, followed
+// in the same group by a release of job 5: the release takes the claim's
+// node in the same transaction, so the claim is not withdrawn (that would
+// leave a release of a node nobody saw claimed); both commit, with their
+// records, and the history reads claimed then released. Fault caught
+// (tried once, found by a review): the claim withdrawn, its undo matching
+// nothing, the node's expired_job lost and a lone 'released' record.
+func TestGoneClaimReleasedLaterInItsGroupCommits(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st, _ := observedFleet(t, 1)
+	changes, _ := lastIDs(t, st)
+	var looks atomic.Int32
+	cctx := registry.WithGoneProbe(ctx, func() bool { return looks.Add(1) > 1 }) // gone after the group's first look
+	cerr, claimed, rerr, released := store.RunClaimThenRelease(st, cctx, scheduler(1), registry.Claim{Job: 5, Count: 1},
+		scheduler(1), registry.Release{Job: 5})
+	if cerr != nil || rerr != nil || len(claimed) != 1 || len(released) != 1 || claimed[0].PK != released[0].PK {
+		t.Fatalf("claim %v (%d nodes), release %v (%d nodes); want the claim committed and released", cerr, len(claimed), rerr, len(released))
+	}
+	rows, _ := st.Pool().Query(ctx, `SELECT kind FROM node_changes WHERE row_id > $1 AND node_pk = $2 ORDER BY row_id`, changes, claimed[0].PK)
+	kinds, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || !slices.Equal(kinds, []string{"claimed", "released"}) {
+		t.Errorf("the node's history: %v (%v), want claimed then released", kinds, err)
+	}
+	if held := heldNodes(t, st); held != 0 {
+		t.Errorf("%d nodes held", held)
+	}
+}
+
+// A withdrawn claim run under an Idempotency-Key whose lease ran out does
+// not have its key checked before the group's COMMIT: it commits nothing
+// there, and the others commit together. Fault caught (tried once, found
+// by a review): its failed check rolled the group back and every other
+// claim ran again alone.
+func TestWithdrawnClaimsKeyIsNotChecked(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st, log := observedFleet(t, 1)
+	if _, err := st.Pool().Exec(ctx, `INSERT INTO idempotency_keys (principal, key, fingerprint, request_id, running_until, keep_until)
+		VALUES ('sched-6', 'k', '\x00', 'r1', now() - interval '1 second', now() + interval '1 hour')`); err != nil {
+		t.Fatal(err)
+	}
+	var abandoned error
+	errs := make([]error, 2)
+	claim := func(i int) func() {
+		return func() { _, errs[i] = st.ClaimNodes(ctx, scheduler(i), registry.Claim{Job: int64(30 + i), Count: 1}) }
+	}
+	asGroup(t, st, func() {
+		var looks atomic.Int32
+		cctx := registry.WithKeyHold(ctx, registry.KeyHold{Principal: "sched-6", Key: "k", RequestID: "r1"})
+		cctx = registry.WithGoneProbe(cctx, func() bool { return looks.Add(1) > 1 })
+		_, abandoned = st.ClaimNodes(cctx, scheduler(6), registry.Claim{Job: 666, Count: 1})
+	}, claim(0), claim(1))
+	if !errors.Is(abandoned, context.Canceled) || errs[0] != nil || errs[1] != nil {
+		t.Errorf("withdrawn: %v; the others: %v", abandoned, errs)
+	}
+	if n := log.grouped(); n != 2 {
+		t.Errorf("%d operations committed grouped, want the other 2", n)
 	}
 }

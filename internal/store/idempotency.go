@@ -120,11 +120,15 @@ func (s *Store) RequestChanges(ctx context.Context, principal, requestID string,
 	return pks, nil
 }
 
-// queueHolds queues, for each op run under an Idempotency-Key, the check
-// that the key is still its request's (registryd_hold_key, migration
-// 00017): the last statements before the COMMIT.
+// queueHolds queues, for each op that commits in this transaction (not
+// withdrawn, not to run alone after) run under an Idempotency-Key, the
+// check that the key is still its request's (registryd_hold_key,
+// migration 00017): the last statements before the COMMIT.
 func queueHolds(b *pgx.Batch, ops []*groupOp) {
 	for _, op := range ops {
+		if op.gone || op.alone {
+			continue // it commits nothing here: withdrawn, or to run alone after
+		}
 		if h, ok := registry.KeyHoldFrom(op.ctx); ok {
 			b.Queue(`SELECT registryd_hold_key($1, $2, $3)`, h.Principal, h.Key, h.RequestID)
 		}

@@ -105,7 +105,7 @@ func (h *Hub) page(ctx context.Context, after int64) (*page, error) {
 				return err
 			}
 			p.events[i] = &event{NodeEvent: e, frame: frame}
-			p.bytes += len(frame)
+			p.bytes += weight(e, frame)
 		}
 		if len(events) == h.opts.BackfillPage {
 			p = h.pages.put(p)

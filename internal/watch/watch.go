@@ -56,7 +56,8 @@ type Options struct {
 	// Retention is how long events stay resumable; default 24h.
 	Retention time.Duration
 	// MaxPending is how many bytes of encoded events a subscriber may have
-	// not yet taken before it is cut off; default 1 MiB.
+	// not yet taken before it is cut off; default 1 MiB. A renewed event
+	// counts the nodes it holds as well (see weight).
 	MaxPending int
 	// MaxStreams caps the subscriptions of this hub; default 1000.
 	MaxStreams int
@@ -346,6 +347,7 @@ func (h *Hub) fanOut(ctx context.Context) {
 			if events[0].ID > after+1 && h.checkGap(ctx, after) {
 				continue // a new epoch: start over in it
 			}
+			events = h.fit(events) // the rest is read again next
 			h.opts.Follower.Apply(events)
 			h.broadcast(events)
 		}
@@ -415,6 +417,21 @@ func (h *Hub) batch() int {
 	return min(500, max(8, h.opts.MaxPending/2/2048))
 }
 
+// fit is the longest prefix of events (one at least) that weighs at most
+// half of MaxPending, as batch counts them (2 KiB an event, a renewed one
+// its nodes' worth): a subscriber that keeps up is never cut off by one
+// broadcast.
+func (h *Hub) fit(events []registry.NodeEvent) []registry.NodeEvent {
+	total := 0
+	for i, e := range events {
+		total += max(2048, (heldNodeBytes+64)*len(e.Nodes))
+		if i > 0 && total > h.opts.MaxPending/2 {
+			return events[:i]
+		}
+	}
+	return events
+}
+
 // broadcast encodes events once, appends them to the shared window, cuts
 // off every subscriber now lagging by more than MaxPending bytes and wakes
 // the others.
@@ -443,7 +460,7 @@ func (h *Hub) broadcast(events []registry.NodeEvent) {
 		return
 	}
 	for _, e := range encoded {
-		h.head += int64(len(e.frame))
+		h.head += int64(weight(e.NodeEvent, e.frame))
 		e.end = h.head
 	}
 	h.window = append(h.window, encoded...)
@@ -463,6 +480,18 @@ func (h *Hub) broadcast(events []registry.NodeEvent) {
 		}
 		signal(s.wake)
 	}
+}
+
+// heldNodeBytes is about what a node of a renewed event costs the hub to
+// hold besides the event's encoding (its document, decoded).
+const heldNodeBytes = 512
+
+// weight is what an event counts for against MaxPending and the backfill
+// page cache's budget: its encoding, and for a renewed event the nodes it
+// holds, whose encoding is a few dozen bytes each (pk and version) while
+// the hub keeps each whole node for the watch filters.
+func weight(e registry.NodeEvent, frame []byte) int {
+	return len(frame) + heldNodeBytes*len(e.Nodes)
 }
 
 // Stream is one watcher's subscription as the HTTP layer uses it. It is

@@ -645,3 +645,52 @@ func pagesSize(h *Hub) int {
 	defer h.pages.mu.Unlock()
 	return h.pages.size
 }
+
+// Renewed events are a few bytes a node on the wire but hold every node
+// they renew: they count the nodes against MaxPending, so the window the
+// hub keeps for a subscriber that does not read stays bounded in nodes,
+// and fanOut broadcasts a burst of them in pieces of at most half the
+// bound, so a subscriber that reads is not cut off by one. Faults caught
+// (each tried once): a renewal counted by its encoding alone (the window
+// held the whole burst's nodes); a burst broadcast at once (the reading
+// subscriber cut off).
+func TestRenewalsCountTheirNodes(t *testing.T) {
+	t.Parallel()
+	st := &memStore{delay: 20 * time.Millisecond} // a query's time, in which a reader reads
+	enc := &encoder{}
+	const bound = 1 << 20
+	h := New(st, Options{Encode: enc.encode, MaxPending: bound, Poll: 10 * time.Millisecond})
+	run(t, h)
+	idle := subscribe(t, h, "idle")
+	reading := subscribe(t, h, "reader")
+	reader := receive(reading)
+	const renewals, nodes = 40, 64 // 64 nodes × 512 bytes: 32 KiB each, 1.3 MiB in all
+	st.mu.Lock()
+	for i := range renewals {
+		e := registry.NodeEvent{ID: int64(i + 1), Kind: registry.EventRenewed, Nodes: make([]registry.Node, nodes)}
+		for j := range e.Nodes {
+			e.Nodes[j] = registry.Node{PK: int64(j + 1)}
+		}
+		e.Node = e.Nodes[0]
+		st.events = append(st.events, e)
+	}
+	st.mu.Unlock()
+	reader.take(t, renewals)
+	if isDone(reading) {
+		t.Error("the subscriber that reads was cut off")
+	}
+	select {
+	case <-idle.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("a subscriber that never read was not cut off")
+	}
+	h.mu.Lock()
+	held := 0
+	for _, e := range h.window {
+		held += len(e.Nodes)
+	}
+	h.mu.Unlock()
+	if limit := bound/heldNodeBytes + nodes; held > limit {
+		t.Errorf("the hub keeps %d nodes of renewals for a bound of %d bytes (at most %d)", held, bound, limit)
+	}
+}
