@@ -183,12 +183,17 @@ func (f *fleet) watch(w http.ResponseWriter, r *http.Request) {
 	idle := time.NewTicker(50 * time.Millisecond)
 	defer idle.Stop()
 	for {
+		f.mu.Lock()
 		select {
-		case <-drop: // dropped: send nothing more, even what woke it
+		case <-drop:
+			// Dropped: send nothing more, even what woke it. Checked
+			// under f.mu, as dropStreams closes it: a write made after a
+			// drop is never sent on the dropped stream (so the client
+			// must resume to get it, and the test can count resumes).
+			f.mu.Unlock()
 			return
 		default:
 		}
-		f.mu.Lock()
 		var todo []fleetEvent
 		for _, ev := range f.log {
 			if ev.id > after {
