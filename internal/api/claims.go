@@ -124,13 +124,10 @@ func (s *Server) claimNodes(w http.ResponseWriter, r *http.Request) error {
 	if err := f.err(); err != nil {
 		return err
 	}
-	// A claim whose client left is not made, or is taken back up to its
-	// COMMIT (a retry with its Idempotency-Key runs it again): a look at
-	// the socket notices the client go sooner than the server's reader
-	// does under load.
-	if clientGone(r) {
-		return context.Canceled
-	}
+	// A claim whose client left is not started, or is taken back up to
+	// its COMMIT (a retry with its Idempotency-Key runs it again): the
+	// store asks this look at the socket, which notices the client go
+	// sooner than the server's reader does under load.
 	ctx := registry.WithGoneProbe(r.Context(), func() bool { return clientGone(r) })
 	start := time.Now()
 	nodes, err := s.store.ClaimNodes(ctx, actor(r), c)
