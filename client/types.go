@@ -12,12 +12,17 @@ import (
 type (
 	// Node is a worker node as every response carries it.
 	Node = oapi.Node
-	// NodeCreate is the six writable fields of a new node, all required
-	// (HardwareGeneration and GPUMem may be nil: null).
+	// NodeCreate is the writable fields of a new node: the first six
+	// required (HardwareGeneration and GPUMem may be nil: null), the
+	// topology (GPUModel, GPUUUID, Fabric, Labels) optional.
 	NodeCreate = oapi.NodeCreate
-	// NodeUpdate is a full update (PUT): the six writable fields. The
-	// read-only fields are best left nil (they may echo what was read).
+	// NodeUpdate is a full update (PUT): the six writable fields, and the
+	// topology fields, which stay as they are when nil (Labels replaces the
+	// node's own labels). The read-only fields are best left nil (they may
+	// echo what was read).
 	NodeUpdate = oapi.NodeUpdate
+	// NodeLabels are a node's labels, key to value.
+	NodeLabels = oapi.NodeLabels
 	// NodeFilter selects nodes for ListNodes; nil members do not filter.
 	NodeFilter = oapi.NodeFilter
 	// NodeClaim asks for Count free nodes for Job.
@@ -165,7 +170,9 @@ func States(states ...NodeState) *NodeStateFilter {
 func Ptr[T any](v T) *T { return &v }
 
 // NodePatch is a JSON merge patch of a node (PATCH): nil members stay as
-// they are. HardwareGeneration and GPUMem may also be cleared (Null).
+// they are. HardwareGeneration, GPUMem, GPUModel, GPUUUID and Fabric may
+// also be cleared (Null). Labels merge: each sets its label, and a nil
+// value removes one; other labels stay.
 type NodePatch struct {
 	IP                 *string
 	Index              *int32
@@ -173,6 +180,10 @@ type NodePatch struct {
 	DriverVersion      *string
 	HardwareGeneration Nullable[int64]
 	GPUMem             Nullable[int64]
+	GPUModel           Nullable[string]
+	GPUUUID            Nullable[string]
+	Fabric             Nullable[string]
+	Labels             map[string]*string
 }
 
 // Nullable is a member of a merge patch that may be set to null: the zero
@@ -202,6 +213,10 @@ func (p NodePatch) MarshalJSON() ([]byte, error) {
 	put("driver_version", p.DriverVersion != nil, p.DriverVersion)
 	put("hardware_generation", p.HardwareGeneration.set, p.HardwareGeneration.json())
 	put("gpu_mem", p.GPUMem.set, p.GPUMem.json())
+	put("gpu_model", p.GPUModel.set, p.GPUModel.json())
+	put("gpu_uuid", p.GPUUUID.set, p.GPUUUID.json())
+	put("fabric", p.Fabric.set, p.Fabric.json())
+	put("labels", p.Labels != nil, p.Labels)
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(false)

@@ -30,19 +30,22 @@ const defaultAgentState = "/var/lib/registryd-agent/state.json"
 // hosts, far from the database and the token keys, so none of the
 // server's settings are read or required.
 type agentConfig struct {
-	Server    *url.URL      // REGISTRY_SERVER: the registry's base URL
-	Token     string        // REGISTRY_TOKEN
-	TokenFile string        // REGISTRY_TOKEN_FILE: read for every request
-	IP        string        // REGISTRY_AGENT_IP; empty: the route to the server's
-	Interval  time.Duration // REGISTRY_AGENT_INTERVAL
-	StatePath string        // REGISTRY_AGENT_STATE
-	Path      string        // PATH, where nvidia-smi is looked up
-	LogLevel  slog.Level    // REGISTRY_LOG_LEVEL
-	LogFormat string        // REGISTRY_LOG_FORMAT
+	Server    *url.URL        // REGISTRY_SERVER: the registry's base URL
+	Token     string          // REGISTRY_TOKEN
+	TokenFile string          // REGISTRY_TOKEN_FILE: read for every request
+	IP        string          // REGISTRY_AGENT_IP; empty: the route to the server's
+	Interval  time.Duration   // REGISTRY_AGENT_INTERVAL
+	Fabric    string          // REGISTRY_AGENT_FABRIC
+	Labels    registry.Labels // REGISTRY_AGENT_LABELS
+	StatePath string          // REGISTRY_AGENT_STATE
+	Path      string          // PATH, where nvidia-smi is looked up
+	LogLevel  slog.Level      // REGISTRY_LOG_LEVEL
+	LogFormat string          // REGISTRY_LOG_FORMAT
 
 	// Tests only; not from the environment.
 	memInfo                string
 	backoffMin, backoffMax time.Duration
+	refresh                time.Duration
 	afterPass              func(agent.Report)
 }
 
@@ -114,6 +117,20 @@ func loadAgentConfig(rawenv func(string) string) (agentConfig, error) {
 		}
 		c.IP = ip
 	}
+	if v := getenv("REGISTRY_AGENT_FABRIC"); v != "" {
+		spec := registry.NodeSpec{IP: "127.0.0.1", Fabric: &v}
+		for _, fe := range registry.FieldsOf(spec.Normalize()) {
+			errs = append(errs, fmt.Sprintf("REGISTRY_AGENT_FABRIC=%q: %s", v, fe.Message))
+		}
+		c.Fabric = v
+	}
+	if v := getenv("REGISTRY_AGENT_LABELS"); v != "" {
+		labels, err := parseAgentLabels(v)
+		if err != nil {
+			errs = append(errs, fmt.Sprintf("REGISTRY_AGENT_LABELS: %v", err))
+		}
+		c.Labels = labels
+	}
 	c.Interval = envDuration(getenv, "REGISTRY_AGENT_INTERVAL", 0, minAgentInterval, maxAgentInterval,
 		fmt.Sprintf("want a duration between %s and %s, such as 10s", minAgentInterval, maxAgentInterval), &errs)
 	if fi, err := os.Stat(c.StatePath); err == nil && fi.IsDir() {
@@ -123,6 +140,29 @@ func loadAgentConfig(rawenv func(string) string) (agentConfig, error) {
 		return c, fmt.Errorf("configuration: %s", strings.Join(errs, "; "))
 	}
 	return c, nil
+}
+
+// parseAgentLabels reads REGISTRY_AGENT_LABELS: key=value pairs
+// separated by commas (blanks around them ignored), at most
+// registry.MaxLabels, none under registry.ReservedDomain.
+func parseAgentLabels(text string) (registry.Labels, error) {
+	set := map[string]*string{}
+	for part := range strings.SplitSeq(text, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(part, "=")
+		if !ok {
+			return registry.Labels{}, fmt.Errorf("%q is not key=value", part)
+		}
+		k, v = strings.TrimSpace(k), strings.TrimSpace(v)
+		if _, dup := set[k]; dup {
+			return registry.Labels{}, fmt.Errorf("label %q is given twice", k)
+		}
+		set[k] = &v
+	}
+	return registry.LabelPatch{Set: true, Values: set}.Apply(registry.Labels{})
 }
 
 // parseServerURL reads REGISTRY_SERVER: an http or https URL of the
@@ -191,9 +231,12 @@ func runAgent(ctx context.Context, cfg agentConfig, once bool, stdout, stderr io
 		IP:         cfg.IP,
 		Interval:   cfg.Interval,
 		StatePath:  cfg.StatePath,
+		Fabric:     cfg.Fabric,
+		Labels:     cfg.Labels,
 		Path:       cfg.Path,
 		MemInfo:    cfg.memInfo,
 		BackoffMin: cfg.backoffMin,
+		Refresh:    cfg.refresh,
 		BackoffMax: cfg.backoffMax,
 		Logger:     logger,
 		AfterPass:  cfg.afterPass,

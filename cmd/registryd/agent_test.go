@@ -40,6 +40,7 @@ type agentRig struct {
 	smi      *agenttest.NvidiaSMI
 	agentEnv map[string]string
 	memInfo  string
+	refresh  time.Duration // how often the agent reads its nodes again; its default when 0
 }
 
 const agentHostMem = int64(256) << 30
@@ -126,6 +127,7 @@ func (r *agentRig) startAgent() *runningAgent {
 	}
 	ra := &runningAgent{passes: make(chan agent.Report, 1000), logs: &apitest.Buffer{}}
 	cfg.Interval, cfg.backoffMin, cfg.backoffMax = 100*time.Millisecond, 50*time.Millisecond, 400*time.Millisecond
+	cfg.refresh = r.refresh
 	cfg.memInfo = r.memInfo
 	cfg.afterPass = func(rep agent.Report) {
 		select {
@@ -174,16 +176,36 @@ func (ra *runningAgent) await(t *testing.T, what string, cond func(agent.Report)
 
 // node is a node as the API answers it.
 type node struct {
-	PK                 int64   `json:"pk"`
-	IP                 string  `json:"ip"`
-	Index              int     `json:"index"`
-	CPUMem             int64   `json:"cpu_mem"`
-	DriverVersion      string  `json:"driver_version"`
-	HardwareGeneration *int64  `json:"hardware_generation"`
-	GPUMem             *int64  `json:"gpu_mem"`
-	LastSeen           *string `json:"last_seen"`
-	Owner              *string `json:"owner"`
-	Source             string  `json:"source"`
+	PK                 int64             `json:"pk"`
+	IP                 string            `json:"ip"`
+	Index              int               `json:"index"`
+	CPUMem             int64             `json:"cpu_mem"`
+	DriverVersion      string            `json:"driver_version"`
+	HardwareGeneration *int64            `json:"hardware_generation"`
+	GPUMem             *int64            `json:"gpu_mem"`
+	LastSeen           *string           `json:"last_seen"`
+	Owner              *string           `json:"owner"`
+	Source             string            `json:"source"`
+	GPUModel           *string           `json:"gpu_model"`
+	GPUUUID            *string           `json:"gpu_uuid"`
+	Fabric             *string           `json:"fabric"`
+	Labels             map[string]string `json:"labels"`
+}
+
+// insertNode runs an INSERT of a node (RETURNING pk) straight on the
+// database, as an import would leave one, and answers the pk.
+func (r *agentRig) insertNode(sql string) int64 {
+	r.t.Helper()
+	conn, err := pgx.Connect(context.Background(), r.db)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var pk int64
+	if err := conn.QueryRow(context.Background(), sql).Scan(&pk); err != nil {
+		r.t.Fatal(err)
+	}
+	return pk
 }
 
 // nodes lists every node, as an admin.
@@ -340,17 +362,8 @@ func TestAgentEndToEnd(t *testing.T) {
 func TestAgentAdoptsAndReportsConflicts(t *testing.T) {
 	t.Parallel()
 	r := newAgentRig(t)
-	conn, err := pgx.Connect(context.Background(), r.db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var imported int64
-	err = conn.QueryRow(context.Background(), `INSERT INTO nodes (ip, gpu_index, cpu_mem, driver_version, gpu_mem, source, external_id, provider_state)
-		VALUES ('127.0.0.1', 0, 1099511627776, '', 85899345920, 'scp', 'host-1', 'running') RETURNING pk`).Scan(&imported)
-	conn.Close(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
+	imported := r.insertNode(`INSERT INTO nodes (ip, gpu_index, cpu_mem, driver_version, gpu_mem, source, external_id, provider_state)
+		VALUES ('127.0.0.1', 0, 1099511627776, '', 85899345920, 'scp', 'host-1', 'running') RETURNING pk`)
 	// Another agent holds GPU 1's pair.
 	other := r.mint("agent-someone-else")
 	code, body := call(t, "POST", "http://"+r.addr+"/v1/nodes/create",
@@ -395,6 +408,47 @@ func TestAgentAdoptsAndReportsConflicts(t *testing.T) {
 	if err := json.Unmarshal([]byte(body), &found); code != 200 || err != nil || len(found) != 2 || found[0].Source != "scp" || found[1].Source != "api" {
 		t.Errorf("min_gpu_mem 80 GiB: %d %s; want the imported node and the agent's", code, body)
 	}
+}
+
+// The agent reports what nvidia-smi names (gpu_model, gpu_uuid), its
+// REGISTRY_AGENT_FABRIC and REGISTRY_AGENT_LABELS; it sets its labels
+// without removing an admin's, and on an imported host it keeps the
+// provider's fabric and labels.
+func TestAgentReportsTopology(t *testing.T) {
+	t.Parallel()
+	r := newAgentRig(t)
+	imported := r.insertNode(`INSERT INTO nodes (ip, gpu_index, cpu_mem, driver_version, gpu_mem, source,
+		external_id, provider_state, gpu_model, fabric, labels)
+		VALUES ('127.0.0.1', 1, 1099511627776, '', 85899345920, 'scp', 'host-1', 'running', 'H100', 'fab-7',
+			'{"scp.registryd.io/region": "kr-west1"}') RETURNING pk`)
+	r.refresh = 200 * time.Millisecond // the agent reads its nodes again soon
+	r.agentEnv["REGISTRY_AGENT_FABRIC"] = "ib-local"
+	r.agentEnv["REGISTRY_AGENT_LABELS"] = "rack=r12, team=ml"
+	g0, g1 := gpu0, gpu1
+	g0.UUID, g1.UUID = "GPU-0000", "GPU-1111"
+	r.smi.GPUs(g0, g1)
+	ra := r.startAgent()
+	ns := r.awaitNodes(ra, "both nodes with their topology", func(ns []node) bool {
+		return len(ns) == 2 && ns[0].GPUUUID != nil && ns[1].GPUUUID != nil
+	})
+	byIndex := map[int]node{ns[0].Index: ns[0], ns[1].Index: ns[1]}
+	own, adopted := byIndex[0], byIndex[1]
+	if *own.GPUModel != "NVIDIA H100 80GB HBM3" || *own.GPUUUID != "GPU-0000" || *own.Fabric != "ib-local" ||
+		fmt.Sprint(own.Labels) != "map[rack:r12 team:ml]" {
+		t.Errorf("the agent's node: %+v", own)
+	}
+	if adopted.PK != imported || *adopted.GPUModel != "NVIDIA H100 80GB HBM3" || *adopted.GPUUUID != "GPU-1111" ||
+		*adopted.Fabric != "fab-7" || fmt.Sprint(adopted.Labels) != "map[rack:r12 scp.registryd.io/region:kr-west1 team:ml]" {
+		t.Errorf("the adopted node: %+v; want the provider's fabric and labels beside the agent's", adopted)
+	}
+	// An admin's label stays; one the agent's differs from is set back.
+	if code, body := call(t, "PATCH", fmt.Sprintf("http://%s/v1/nodes/%d", r.addr, own.PK),
+		`{"labels":{"owner-team":"infra","rack":"moved"}}`, r.admin); code != 200 {
+		t.Fatalf("patch: %d %s", code, body)
+	}
+	r.awaitNodes(ra, "the agent's label set back", func(ns []node) bool {
+		return ns[1].PK == own.PK && fmt.Sprint(ns[1].Labels) == "map[owner-team:infra rack:r12 team:ml]"
+	})
 }
 
 // A token rotated through REGISTRY_TOKEN_FILE is picked up without a
@@ -490,6 +544,11 @@ func TestAgentCommand(t *testing.T) {
 		{with("REGISTRY_AGENT_INTERVAL", "100ms"), "REGISTRY_AGENT_INTERVAL"},
 		{with("REGISTRY_AGENT_INTERVAL", "2h"), "REGISTRY_AGENT_INTERVAL"},
 		{with("REGISTRY_AGENT_STATE", dir), "REGISTRY_AGENT_STATE"},
+		{with("REGISTRY_AGENT_FABRIC", " ib-1"), "REGISTRY_AGENT_FABRIC"},
+		{with("REGISTRY_AGENT_LABELS", "rack"), `REGISTRY_AGENT_LABELS: "rack" is not key=value`},
+		{with("REGISTRY_AGENT_LABELS", "a=1,a=2"), `label "a" is given twice`},
+		{with("REGISTRY_AGENT_LABELS", "Bad Key=1"), `label key "Bad Key"`},
+		{with("REGISTRY_AGENT_LABELS", "scp.registryd.io/region=x"), "is set by the import"},
 		{with("REGISTRY_LOG_LEVEL", "loud"), "REGISTRY_LOG_LEVEL"},
 		{with("REGISTRY_LOG_FORMAT", "xml"), "REGISTRY_LOG_FORMAT"},
 	} {

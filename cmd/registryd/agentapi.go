@@ -82,6 +82,10 @@ func nodeOf(n client.Node) registry.Node {
 		DriverVersion:      n.DriverVersion,
 		HardwareGeneration: n.HardwareGeneration,
 		GPUMem:             n.GPUMem,
+		GPUModel:           n.GPUModel,
+		GPUUUID:            n.GPUUUID,
+		Fabric:             n.Fabric,
+		Labels:             labelsOf(n.Labels),
 		LastSeen:           n.LastSeen,
 		CurrentJob:         n.CurrentJob,
 		Owner:              n.Owner,
@@ -97,9 +101,22 @@ func nodeOf(n client.Node) registry.Node {
 	}
 }
 
+// labelsOf is the server's labels as the registry's type; the server
+// only sends valid ones.
+func labelsOf(m client.NodeLabels) registry.Labels {
+	l, _ := registry.MakeLabels(m)
+	return l
+}
+
 func (a agentAPI) CreateNode(ctx context.Context, s registry.NodeSpec) (registry.Node, bool, error) {
+	var labels *client.NodeLabels
+	if s.Labels.Len() > 0 {
+		m := client.NodeLabels(s.Labels.Map())
+		labels = &m
+	}
 	n, adopted, err := a.c.CreateNode(ctx, client.NodeCreate{IP: s.IP, Index: int32(s.Index), CPUMem: s.CPUMem,
-		DriverVersion: s.DriverVersion, HardwareGeneration: s.HardwareGeneration, GPUMem: s.GPUMem})
+		DriverVersion: s.DriverVersion, HardwareGeneration: s.HardwareGeneration, GPUMem: s.GPUMem,
+		GPUModel: s.GPUModel, GPUUUID: s.GPUUUID, Fabric: s.Fabric, Labels: labels})
 	if err != nil {
 		return registry.Node{}, false, domainError(err)
 	}
@@ -130,6 +147,12 @@ func (a agentAPI) PatchNodeAs(ctx context.Context, pk int64, p registry.NodePatc
 	}
 	cp.HardwareGeneration = nullable(p.HardwareGeneration)
 	cp.GPUMem = nullable(p.GPUMem)
+	cp.GPUModel = nullable(p.GPUModel)
+	cp.GPUUUID = nullable(p.GPUUUID)
+	cp.Fabric = nullable(p.Fabric)
+	if p.Labels.Set {
+		cp.Labels = p.Labels.Values
+	}
 	n, err := a.c.PatchNode(ctx, pk, cp, client.AsNode(pk))
 	if err != nil {
 		return registry.Node{}, domainError(err)
@@ -137,12 +160,12 @@ func (a agentAPI) PatchNodeAs(ctx context.Context, pk int64, p registry.NodePatc
 	return nodeOf(n), nil
 }
 
-func nullable(o registry.Optional[int64]) client.Nullable[int64] {
+func nullable[T any](o registry.Optional[T]) client.Nullable[T] {
 	switch {
 	case !o.Set:
-		return client.Nullable[int64]{}
+		return client.Nullable[T]{}
 	case o.Null:
-		return client.Null[int64]()
+		return client.Null[T]()
 	default:
 		return client.Value(o.Value)
 	}

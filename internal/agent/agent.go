@@ -88,6 +88,12 @@ type Config struct {
 	Server *url.URL
 	// IP is this host's address in the registry (REGISTRY_AGENT_IP).
 	IP string
+	// Fabric, when not "", is this host's fabric (REGISTRY_AGENT_FABRIC):
+	// set on its nodes unless their cloud import names one.
+	Fabric string
+	// Labels are set on this host's nodes (REGISTRY_AGENT_LABELS); the
+	// nodes' other labels stay.
+	Labels registry.Labels
 	// Interval is the time between passes (REGISTRY_AGENT_INTERVAL); 10s
 	// when zero.
 	Interval time.Duration
@@ -347,8 +353,13 @@ func (a *Agent) discover(ctx context.Context) (want map[Key]desired, down bool, 
 		return nil, false, fmt.Errorf("discover GPUs: %w", err)
 	}
 	want = map[Key]desired{}
+	var fabric *string
+	if a.cfg.Fabric != "" {
+		fabric = &a.cfg.Fabric
+	}
 	if len(gpus) == 0 {
-		want[Key{IP: ip, Index: 0}] = desired{NodeSpec: registry.NodeSpec{IP: ip, Index: 0, CPUMem: mem}}
+		want[Key{IP: ip, Index: 0}] = desired{NodeSpec: registry.NodeSpec{IP: ip, Index: 0, CPUMem: mem,
+			Fabric: fabric, Labels: a.cfg.Labels}}
 		return want, false, nil
 	}
 	for _, g := range gpus {
@@ -363,7 +374,9 @@ func (a *Agent) discover(ctx context.Context) (want map[Key]desired, down bool, 
 			a.warnOnce(fmt.Sprintf("nvidia-smi reports no driver version for GPU %d", g.Index))
 		}
 		want[Key{IP: ip, Index: g.Index}] = desired{NodeSpec: registry.NodeSpec{IP: ip, Index: g.Index, CPUMem: mem,
-			DriverVersion: g.DriverVersion, HardwareGeneration: hw, GPUMem: g.Memory}, hardwareUnknown: hw == nil}
+			DriverVersion: g.DriverVersion, HardwareGeneration: hw, GPUMem: g.Memory,
+			GPUModel: nonEmpty(g.Name), GPUUUID: nonEmpty(g.UUID), Fabric: fabric, Labels: a.cfg.Labels},
+			hardwareUnknown: hw == nil}
 	}
 	return want, false, nil
 }
@@ -596,10 +609,43 @@ func (a *Agent) retire(ctx context.Context, k Key) error {
 // leaves them alone (the import would only set them back). A GPU model
 // that names no generation leaves the node's generation as it is (an
 // admin may have set one by hand); a CPU-only host has none.
+//
+// What nvidia-smi names (gpu_model, gpu_uuid) is the agent's on every node
+// it owns; its labels are set, never removed (an admin's stay); its fabric
+// is set where no cloud import names one, and never cleared (an admin may
+// have set one).
 func patchFor(n registry.Node, want desired) (p registry.NodePatch, fields []string) {
 	if n.DriverVersion != want.DriverVersion {
 		p.DriverVersion = registry.Optional[string]{Set: true, Value: want.DriverVersion}
 		fields = append(fields, "driver_version")
+	}
+	// On a node registered through the API the agent's word is the whole
+	// truth (a GPU gone clears its model); on an imported one it only adds
+	// what it knows.
+	set := func(field string, o *registry.Optional[string], cur, want *string) {
+		switch {
+		case want == nil && cur != nil && n.Source == "api" && field != "fabric":
+			*o = registry.Optional[string]{Set: true, Null: true}
+		case want == nil || cur != nil && *cur == *want:
+			return
+		default:
+			*o = registry.Optional[string]{Set: true, Value: *want}
+		}
+		fields = append(fields, field)
+	}
+	set("gpu_model", &p.GPUModel, n.GPUModel, want.GPUModel)
+	set("gpu_uuid", &p.GPUUUID, n.GPUUUID, want.GPUUUID)
+	if n.Source == "api" || n.Fabric == nil {
+		set("fabric", &p.Fabric, n.Fabric, want.Fabric)
+	}
+	for k, v := range want.Labels.All() {
+		if cur, ok := n.Labels.Get(k); !ok || cur != v {
+			if p.Labels.Values == nil {
+				p.Labels = registry.LabelPatch{Set: true, Values: map[string]*string{}}
+				fields = append(fields, "labels")
+			}
+			p.Labels.Values[k] = &v
+		}
 	}
 	if n.Source != "api" {
 		return p, fields
@@ -617,6 +663,13 @@ func patchFor(n registry.Node, want desired) (p registry.NodePatch, fields []str
 		fields = append(fields, "hardware_generation")
 	}
 	return p, fields
+}
+
+func nonEmpty(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
 }
 
 func equalPtr(a, b *int64) bool { return (a == nil) == (b == nil) && (a == nil || *a == *b) }

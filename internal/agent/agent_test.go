@@ -141,7 +141,7 @@ func TestTwoGPUs(t *testing.T) {
 	for pk, idx := range map[int64]int{1: 0, 2: 1} {
 		n, _ := b.api.get(pk)
 		wantSpec := registry.NodeSpec{IP: hostIP, Index: idx, CPUMem: hostMem, DriverVersion: "550.54.15",
-			HardwareGeneration: &hw, GPUMem: ptr(int64(80) << 30)}
+			HardwareGeneration: &hw, GPUMem: ptr(int64(80) << 30), GPUModel: ptr("NVIDIA H100 80GB HBM3")}
 		if diff := cmp.Diff(wantSpec, n.Spec()); diff != "" {
 			t.Errorf("node %d (-want +got):\n%s", pk, diff)
 		}
@@ -149,7 +149,7 @@ func TestTwoGPUs(t *testing.T) {
 			t.Errorf("node %d was registered but not heartbeated", pk)
 		}
 	}
-	if got := b.smi.Args(); got != "--query-gpu=index,memory.total,driver_version,name --format=csv,noheader,nounits" {
+	if got := b.smi.Args(); got != "--query-gpu=index,memory.total,driver_version,uuid,name --format=csv,noheader,nounits" {
 		t.Errorf("nvidia-smi called with %q", got)
 	}
 	// Then only heartbeats: the generation is remembered, nothing changes.
@@ -799,4 +799,49 @@ func ptrMiB(b *int64) any {
 		return nil
 	}
 	return *b >> 20
+}
+
+// The agent's share of the topology: what nvidia-smi names, on every node
+// it owns; its labels set (never others removed); its fabric only where no
+// cloud import names one.
+func TestPatchForTopology(t *testing.T) {
+	labels := func(m map[string]string) registry.Labels {
+		l, err := registry.MakeLabels(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	str := func(s string) *string { return &s }
+	want := desired{NodeSpec: registry.NodeSpec{GPUModel: str("NVIDIA H100 80GB HBM3"), GPUUUID: str("GPU-1"),
+		Fabric: str("ib-local"), Labels: labels(map[string]string{"rack": "r12", "team": "ml"})}}
+	for _, tc := range []struct {
+		name string
+		n    registry.Node
+		want []string
+	}{
+		{"a new api node", registry.Node{Source: "api"}, []string{"gpu_model", "gpu_uuid", "fabric", "labels"}},
+		{"all in place, an admin's label beside", registry.Node{Source: "api", GPUModel: str("NVIDIA H100 80GB HBM3"), GPUUUID: str("GPU-1"),
+			Fabric: str("ib-local"), Labels: labels(map[string]string{"rack": "r12", "team": "ml", "x": "y"})}, nil},
+		{"an imported host's fabric stays", registry.Node{Source: "scp", GPUModel: str("H100"), GPUUUID: str("GPU-1"),
+			Fabric: str("fab-7"), Labels: labels(map[string]string{"rack": "r12", "team": "ml"})}, []string{"gpu_model"}},
+		{"an imported host without one takes the agent's", registry.Node{Source: "scp", GPUModel: str("NVIDIA H100 80GB HBM3"),
+			GPUUUID: str("GPU-1"), Labels: labels(map[string]string{"rack": "r12", "team": "ml"})}, []string{"fabric"}},
+		{"one label changed", registry.Node{Source: "api", GPUModel: str("NVIDIA H100 80GB HBM3"), GPUUUID: str("GPU-1"),
+			Fabric: str("ib-local"), Labels: labels(map[string]string{"rack": "moved", "team": "ml"})}, []string{"labels"}},
+	} {
+		p, fields := patchFor(tc.n, want)
+		if !slices.Equal(fields, tc.want) {
+			t.Errorf("%s: patches %v, want %v", tc.name, fields, tc.want)
+		}
+		if slices.Contains(fields, "labels") {
+			got, err := p.Labels.Apply(tc.n.Labels)
+			if err != nil || got.Map()["rack"] != "r12" || got.Map()["team"] != "ml" {
+				t.Errorf("%s: labels become %v (%v)", tc.name, got, err)
+			}
+			if tc.name == "one label changed" && len(p.Labels.Values) != 1 {
+				t.Errorf("%s: the patch sets %v, want only the changed label", tc.name, p.Labels.Values)
+			}
+		}
+	}
 }

@@ -158,6 +158,26 @@ func (f *fakeAPI) CreateNode(_ context.Context, spec registry.NodeSpec) (registr
 		if n.Source != "api" && n.Owner == nil {
 			owner := f.sub
 			n.Owner, n.DriverVersion = &owner, spec.DriverVersion
+			// As the server adopts: the agent's GPU names win, its labels
+			// join, its fabric fills in.
+			if spec.GPUModel != nil {
+				n.GPUModel = spec.GPUModel
+			}
+			if spec.GPUUUID != nil {
+				n.GPUUUID = spec.GPUUUID
+			}
+			if n.Fabric == nil {
+				n.Fabric = spec.Fabric
+			}
+			own := registry.LabelPatch{Set: true, Values: map[string]*string{}}
+			for k, v := range spec.Labels.All() {
+				own.Values[k] = &v
+			}
+			labels, err := own.Apply(n.Labels)
+			if err != nil {
+				return registry.Node{}, false, err
+			}
+			n.Labels = labels
 			return *n, true, nil
 		}
 		return registry.Node{}, false, &registry.Error{Kind: registry.ErrConflict, ExistingPK: n.PK,
@@ -166,7 +186,8 @@ func (f *fakeAPI) CreateNode(_ context.Context, spec registry.NodeSpec) (registr
 	f.nextPK++
 	owner := f.sub
 	n := registry.Node{PK: f.nextPK, IP: spec.IP, Index: spec.Index, CPUMem: spec.CPUMem, DriverVersion: spec.DriverVersion,
-		HardwareGeneration: spec.HardwareGeneration, GPUMem: spec.GPUMem, Owner: &owner, Source: "api", Schedulable: true}
+		HardwareGeneration: spec.HardwareGeneration, GPUMem: spec.GPUMem, Owner: &owner, Source: "api", Schedulable: true,
+		GPUModel: spec.GPUModel, GPUUUID: spec.GPUUUID, Fabric: spec.Fabric, Labels: spec.Labels}
 	f.nodes[n.PK] = &n
 	return n, false, nil
 }
@@ -194,11 +215,15 @@ func (f *fakeAPI) PatchNodeAs(_ context.Context, pk int64, p registry.NodePatch)
 	if err != nil {
 		return registry.Node{}, err
 	}
-	spec := p.Apply(n.Spec())
+	spec, err := p.Apply(n.Spec())
+	if err != nil {
+		return registry.Node{}, err
+	}
 	if err := f.checkHardware(spec.HardwareGeneration); err != nil {
 		return registry.Node{}, err
 	}
 	n.CPUMem, n.DriverVersion, n.HardwareGeneration, n.GPUMem = spec.CPUMem, spec.DriverVersion, spec.HardwareGeneration, spec.GPUMem
+	n.GPUModel, n.GPUUUID, n.Fabric, n.Labels = spec.GPUModel, spec.GPUUUID, spec.Fabric, spec.Labels
 	return *n, nil
 }
 

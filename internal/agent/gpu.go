@@ -32,6 +32,8 @@ type GPU struct {
 	// DriverVersion is the driver nvidia-smi reports for this GPU; "" when
 	// not available.
 	DriverVersion string
+	// UUID is the GPU's own id (GPU-…); "" when not available.
+	UUID string
 	// Name is the GPU's product name (e.g. "NVIDIA H100 80GB HBM3"); ""
 	// when not available.
 	Name string
@@ -39,7 +41,8 @@ type GPU struct {
 
 // nvidiaSMIArgs is the query the agent runs: one CSV line per GPU, without
 // header or units, memory in MiB.
-var nvidiaSMIArgs = []string{"--query-gpu=index,memory.total,driver_version,name", "--format=csv,noheader,nounits"}
+// The name comes last: it is the one field that may hold a comma.
+var nvidiaSMIArgs = []string{"--query-gpu=index,memory.total,driver_version,uuid,name", "--format=csv,noheader,nounits"}
 
 // nvidia-smi's exit status when it finds no GPU ("No devices were found").
 const nvidiaSMINoDevices = 6
@@ -164,9 +167,9 @@ func ParseNvidiaSMI(out []byte) ([]GPU, error) {
 		if line == "" {
 			continue
 		}
-		fields := strings.SplitN(line, ",", 4)
-		if len(fields) != 4 {
-			return nil, fmt.Errorf("line %d: want 4 comma-separated fields (index, memory.total, driver_version, name), got %d: %s", n, len(fields), firstLine([]byte(line)))
+		fields := strings.SplitN(line, ",", 5)
+		if len(fields) != 5 {
+			return nil, fmt.Errorf("line %d: want 5 comma-separated fields (index, memory.total, driver_version, uuid, name), got %d: %s", n, len(fields), firstLine([]byte(line)))
 		}
 		for i := range fields {
 			fields[i] = strings.TrimSpace(fields[i])
@@ -194,8 +197,14 @@ func ParseNvidiaSMI(out []byte) ([]GPU, error) {
 			}
 			g.DriverVersion = fields[2]
 		}
-		if !notAvailable(fields[3]) && printable(fields[3]) {
-			g.Name = fields[3]
+		if !notAvailable(fields[3]) {
+			if !printable(fields[3]) || len(fields[3]) > registry.MaxGPUUUID {
+				return nil, fmt.Errorf("line %d: uuid %s is not a GPU's id", n, strconv.Quote(fields[3]))
+			}
+			g.UUID = fields[3]
+		}
+		if !notAvailable(fields[4]) && printable(fields[4]) {
+			g.Name = fields[4]
 		}
 		if g.Memory != nil {
 			nominal := registry.NominalGPUMemory(g.Name, *g.Memory)

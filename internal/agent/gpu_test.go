@@ -23,26 +23,27 @@ func TestParseNvidiaSMI(t *testing.T) {
 		want []GPU
 		err  string
 	}{
-		{name: "two GPUs", out: "0, 81559, 550.54.15, NVIDIA H100 80GB HBM3\n1, 81559, 550.54.15, NVIDIA H100 80GB HBM3\n",
-			want: []GPU{{0, mib(80 << 10), "550.54.15", "NVIDIA H100 80GB HBM3"}, {1, mib(80 << 10), "550.54.15", "NVIDIA H100 80GB HBM3"}}},
-		{name: "white space, CRLF, blank lines, out of order", out: "\r\n  1 ,40960,535.104.05 ,  NVIDIA A100-SXM4-40GB  \r\n\n0,40960,535.104.05,NVIDIA A100-SXM4-40GB\r\n",
-			want: []GPU{{0, mib(40960), "535.104.05", "NVIDIA A100-SXM4-40GB"}, {1, mib(40960), "535.104.05", "NVIDIA A100-SXM4-40GB"}}},
-		{name: "not available", out: "0, [N/A], [N/A], [N/A]\n1, [Not Supported], N/A, NVIDIA GH200 480GB\n",
+		{name: "two GPUs", out: "0, 81559, 550.54.15, GPU-a0, NVIDIA H100 80GB HBM3\n1, 81559, 550.54.15, GPU-a1, NVIDIA H100 80GB HBM3\n",
+			want: []GPU{{0, mib(80 << 10), "550.54.15", "GPU-a0", "NVIDIA H100 80GB HBM3"}, {1, mib(80 << 10), "550.54.15", "GPU-a1", "NVIDIA H100 80GB HBM3"}}},
+		{name: "white space, CRLF, blank lines, out of order", out: "\r\n  1 ,40960,535.104.05 , GPU-b1 ,  NVIDIA A100-SXM4-40GB  \r\n\n0,40960,535.104.05,GPU-b0,NVIDIA A100-SXM4-40GB\r\n",
+			want: []GPU{{0, mib(40960), "535.104.05", "GPU-b0", "NVIDIA A100-SXM4-40GB"}, {1, mib(40960), "535.104.05", "GPU-b1", "NVIDIA A100-SXM4-40GB"}}},
+		{name: "not available", out: "0, [N/A], [N/A], [N/A], [N/A]\n1, [Not Supported], N/A, [N/A], NVIDIA GH200 480GB\n",
 			want: []GPU{{Index: 0}, {Index: 1, Name: "NVIDIA GH200 480GB"}}},
-		{name: "a driver per GPU", out: "0, 24576, 550.54.15, NVIDIA L4\n1, 24576, 560.28.03, NVIDIA L4\n",
-			want: []GPU{{0, mib(24576), "550.54.15", "NVIDIA L4"}, {1, mib(24576), "560.28.03", "NVIDIA L4"}}},
-		{name: "a comma in the name", out: "0, 1024, 1.0, Odd, GPU\n", want: []GPU{{0, mib(1024), "1.0", "Odd, GPU"}}},
+		{name: "a driver per GPU", out: "0, 24576, 550.54.15, GPU-c0, NVIDIA L4\n1, 24576, 560.28.03, GPU-c1, NVIDIA L4\n",
+			want: []GPU{{0, mib(24576), "550.54.15", "GPU-c0", "NVIDIA L4"}, {1, mib(24576), "560.28.03", "GPU-c1", "NVIDIA L4"}}},
+		{name: "a comma in the name", out: "0, 1024, 1.0, GPU-d, Odd, GPU\n", want: []GPU{{0, mib(1024), "1.0", "GPU-d", "Odd, GPU"}}},
 		{name: "empty", out: "", want: nil},
-		{name: "too few fields", out: "0, 81559, 550.54.15\n", err: "line 1: want 4 comma-separated fields"},
-		{name: "index not a number", out: "0, 1, 1, A\nGPU-1, 1, 1, A\n", err: `line 2: index "GPU-1" is not a GPU index`},
-		{name: "index not available", out: "[N/A], 1, 1, A\n", err: `index "[N/A]"`},
-		{name: "negative index", out: "-1, 1, 1, A\n", err: `index "-1"`},
-		{name: "index twice", out: "0, 1, 1, A\n0, 1, 1, A\n", err: "line 2: GPU index 0 is listed twice"},
-		{name: "memory not a number", out: "0, 80 GiB, 1, A\n", err: `memory.total "80 GiB"`},
-		{name: "negative memory", out: "0, -1, 1, A\n", err: `memory.total "-1"`},
-		{name: "memory beyond int64 bytes", out: "0, 8796093022208, 1, A\n", err: "memory.total"},
-		{name: "control character in driver", out: "0, 1, 5\x01, A\n", err: "driver_version"},
-		{name: "driver too long", out: "0, 1, " + strings.Repeat("9", 129) + ", A\n", err: "driver_version"},
+		{name: "too few fields", out: "0, 81559, 550.54.15, NVIDIA H100\n", err: "line 1: want 5 comma-separated fields"},
+		{name: "index not a number", out: "0, 1, 1, U, A\nGPU-1, 1, 1, U, A\n", err: `line 2: index "GPU-1" is not a GPU index`},
+		{name: "index not available", out: "[N/A], 1, 1, U, A\n", err: `index "[N/A]"`},
+		{name: "negative index", out: "-1, 1, 1, U, A\n", err: `index "-1"`},
+		{name: "index twice", out: "0, 1, 1, U, A\n0, 1, 1, U, A\n", err: "line 2: GPU index 0 is listed twice"},
+		{name: "memory not a number", out: "0, 80 GiB, 1, U, A\n", err: `memory.total "80 GiB"`},
+		{name: "negative memory", out: "0, -1, 1, U, A\n", err: `memory.total "-1"`},
+		{name: "memory beyond int64 bytes", out: "0, 8796093022208, 1, U, A\n", err: "memory.total"},
+		{name: "control character in driver", out: "0, 1, 5\x01, U, A\n", err: "driver_version"},
+		{name: "driver too long", out: "0, 1, " + strings.Repeat("9", 129) + ", U, A\n", err: "driver_version"},
+		{name: "control character in uuid", out: "0, 1, 1, GPU-\x02, A\n", err: "uuid"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -86,7 +87,7 @@ func TestDiscoverGPUs(t *testing.T) {
 		t.Errorf("unreadable answer: %v", err)
 	}
 	// An answer beyond the bound is refused, not read into memory.
-	smi.Answer(strings.Repeat("0, 1, 1, A\n", maxNvidiaSMIOutput/10), "", 0)
+	smi.Answer(strings.Repeat("0, 1, 1, U, A\n", maxNvidiaSMIOutput/10), "", 0)
 	if _, err = DiscoverGPUs(ctx, smi.Dir, 10*time.Second); err == nil || !strings.Contains(err.Error(), "more than") {
 		t.Errorf("huge answer: %v", err)
 	}

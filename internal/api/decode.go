@@ -284,6 +284,47 @@ func (f *fields) bool(name string) registry.Optional[bool] {
 	return registry.Optional[bool]{}
 }
 
+// labels reads a node's labels member: an object of label values. In a
+// merge (replace false) a null value removes its label. null for the
+// whole member removes every label the writer may remove.
+func (f *fields) labels(name string, replace bool) registry.LabelPatch {
+	v, ok := f.raw(name)
+	if !ok {
+		return registry.LabelPatch{}
+	}
+	p := registry.LabelPatch{Set: true, Replace: replace, Values: map[string]*string{}}
+	if isNull(v) {
+		p.Replace = true
+		return p
+	}
+	what := "must be an object of label values (strings)"
+	if !replace {
+		what = "must be an object of label values (strings, or null to remove a label)"
+	}
+	err := jsonscan.Object(v, bodyScan, func(m jsonscan.Member) error {
+		if isNull(m.Value) && !replace {
+			p.Values[m.Name] = nil
+			return nil
+		}
+		var s string
+		if m.Text != nil || len(m.Value) == 0 || m.Value[0] != '"' || json.Unmarshal(m.Value, &s) != nil {
+			return errBadLabel
+		}
+		p.Values[m.Name] = &s
+		return nil
+	})
+	if err != nil {
+		if e, ok := errors.AsType[*jsonscan.Error](err); ok && e.Kind == jsonscan.Duplicate {
+			what = "names label " + strconv.Quote(e.Name) + " more than once"
+		}
+		f.errs.Add(name, "%s", what)
+		return registry.LabelPatch{}
+	}
+	return p
+}
+
+var errBadLabel = errors.New("not a label value")
+
 // time reads an RFC 3339 timestamp member (nullable).
 func (f *fields) time(name string) registry.Optional[time.Time] {
 	o := f.stamp(name)

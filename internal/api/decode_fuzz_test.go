@@ -72,12 +72,8 @@ func decodeNode(body []byte) error {
 	if err != nil {
 		return err
 	}
-	fl := newFields(obj)
-	p := readNodePatch(fl)
-	fl.require(nodeWritable...)
-	spec := p.Apply(registry.NodeSpec{})
-	fl.check(spec.Normalize())
-	if err := fl.err(); err != nil {
+	spec, err := readNodeCreate(obj)
+	if err != nil {
 		return err
 	}
 	if spec.Index < 0 || spec.CPUMem < 0 || (spec.GPUMem != nil && *spec.GPUMem < 0) {

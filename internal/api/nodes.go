@@ -16,9 +16,15 @@ var (
 	nodeWritable = []string{"ip", "index", "cpu_mem", "driver_version", "hardware_generation", "gpu_mem"}
 )
 
-// readNodePatch reads the writable fields that are present.
-func readNodePatch(f *fields) registry.NodePatch {
+// readNodePatch reads the writable fields that are present; full is a
+// write that replaces the node's own labels (create, PUT) rather than
+// merging them (PATCH).
+func readNodePatch(f *fields, full bool) registry.NodePatch {
 	return registry.NodePatch{
+		GPUModel:           f.string("gpu_model", true),
+		GPUUUID:            f.string("gpu_uuid", true),
+		Fabric:             f.string("fabric", true),
+		Labels:             f.labels("labels", full),
 		IP:                 f.string("ip", false),
 		Index:              f.int("index"),
 		CPUMem:             f.int64("cpu_mem", false),
@@ -53,13 +59,8 @@ func (s *Server) createNode(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	f := newFields(obj)
-	p := readNodePatch(f)
-	f.require(nodeWritable...)
-	spec := p.Apply(registry.NodeSpec{})
-	f.check(spec.Normalize()) // report every bad field at once
-	// A create carries no read-only fields: there is nothing to echo yet.
-	if err := f.err(); err != nil {
+	spec, err := readNodeCreate(obj)
+	if err != nil {
 		return err
 	}
 	if err := mayUseIP(r, spec.IP); err != nil {
@@ -76,6 +77,19 @@ func (s *Server) createNode(w http.ResponseWriter, r *http.Request) error {
 		return writeJSON(w, http.StatusOK, n)
 	}
 	return writeJSON(w, http.StatusCreated, n)
+}
+
+// readNodeCreate reads and validates the body of a create, reporting every
+// bad field at once. A create carries no read-only fields: there is
+// nothing to echo yet.
+func readNodeCreate(obj object) (registry.NodeSpec, error) {
+	f := newFields(obj)
+	p := readNodePatch(f, true)
+	f.require(nodeWritable...)
+	spec, err := p.Apply(registry.NodeSpec{})
+	f.check(err)
+	f.check(spec.Normalize())
+	return spec, f.err()
 }
 
 func (s *Server) getNode(w http.ResponseWriter, r *http.Request) error {
@@ -103,7 +117,9 @@ func (s *Server) getNode(w http.ResponseWriter, r *http.Request) error {
 }
 
 // updateNode is PUT: every writable field must be present (the nullable ones
-// possibly null); read-only fields may be echoed unchanged.
+// possibly null), but for the topology fields (gpu_model, gpu_uuid, fabric,
+// labels), which clients older than them do not send and which stay as they
+// are when absent; read-only fields may be echoed unchanged.
 func (s *Server) updateNode(w http.ResponseWriter, r *http.Request) error {
 	return s.writeNode(w, r, true)
 }
@@ -127,7 +143,7 @@ func (s *Server) writeNode(w http.ResponseWriter, r *http.Request, full bool) er
 		return err
 	}
 	f := newFields(obj)
-	p := readNodePatch(f)
+	p := readNodePatch(f, full)
 	echo := readNodeEcho(f)
 	if full {
 		f.require(nodeWritable...)
@@ -154,7 +170,7 @@ func (s *Server) writeNode(w http.ResponseWriter, r *http.Request, full bool) er
 		if err := echo.Check(cur); err != nil {
 			return registry.NodeSpec{}, err
 		}
-		return p.Apply(cur.Spec()), nil
+		return p.Apply(cur.Spec())
 	})
 	if err != nil {
 		return err
@@ -246,6 +262,12 @@ func readFilterFields(f *fields) registry.NodeFilter {
 	if o := f.string("source", false); o.Set {
 		nf.Source = &o.Value
 	}
+	if o := f.string("fabric", false); o.Set {
+		nf.Fabric = &o.Value
+	}
+	if o := f.string("selector", false); o.Set {
+		nf.Selector = readSelector(&f.errs, "selector", o.Value)
+	}
 	if o := f.int64("after", false); o.Set {
 		nf.After = o.Value
 	}
@@ -259,6 +281,17 @@ func readFilterFields(f *fields) registry.NodeFilter {
 		}
 	}
 	return nf
+}
+
+// readSelector parses a label selector, recording an error that names
+// field and the position at fault.
+func readSelector(fe *registry.FieldErrors, field, text string) registry.Selector {
+	sel, err := registry.ParseSelector(text)
+	if err != nil {
+		fe.Add(field, "is not a valid label selector: %s", err.Error())
+		return registry.Unparsed
+	}
+	return sel
 }
 
 // seconds converts a count of seconds to a duration, saturating where a

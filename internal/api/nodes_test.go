@@ -41,6 +41,7 @@ func TestCreateNode(t *testing.T) {
 		"driver_version": "550.54.15", "hardware_generation": float64(hw), "gpu_mem": float64(85899345920),
 		"last_seen": nil, "current_job": nil, "owner": nil, "source": "api", "schedulable": true, "external_id": nil, "provider_state": nil,
 		"lease_expires_at": nil, "state": "free", "cordon_reason": nil, "version": float64(1),
+		"gpu_model": nil, "gpu_uuid": nil, "fabric": nil, "labels": map[string]any{},
 	}
 	delete(n, "created_at")
 	delete(n, "updated_at")

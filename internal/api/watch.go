@@ -61,7 +61,7 @@ func (f watchFilter) match(n registry.Node) bool { return f.Match(n, time.Now())
 
 // watchParams are the query parameters of watch; all but last_event_id
 // are filters.
-var watchParams = []string{"hardware_generation", "source", "ip", "index", "node", "state", "last_event_id"}
+var watchParams = []string{"hardware_generation", "source", "ip", "index", "node", "state", "fabric", "selector", "last_event_id"}
 
 // readWatchFilter reads the filters of the query into a NodeFilter and
 // validates them with the same Normalize as list and claim.
@@ -102,6 +102,10 @@ func readWatchFilter(q url.Values) (watchFilter, error) {
 	nf.PK = intParam("node")
 	nf.Source = strParam("source")
 	nf.IP = strParam("ip")
+	nf.Fabric = strParam("fabric")
+	if v := strParam("selector"); v != nil {
+		nf.Selector = readSelector(&fe, "selector", *v)
+	}
 	if v := strParam("state"); v != nil {
 		// Comma-separated: state=cordoned,draining.
 		for name := range strings.SplitSeq(*v, ",") {

@@ -338,18 +338,20 @@ func newer(cur, n registry.Node) registry.Node {
 // the store scans it takes (see docs/design.md).
 type packed struct {
 	n   registry.Node
-	opt [4]string    // owner, cordon_reason, external_id, provider_state
+	opt [7]string    // owner, cordon_reason, external_id, provider_state, gpu_model, gpu_uuid, fabric
 	i64 [3]int64     // hardware_generation, gpu_mem, current_job
 	ts  [2]time.Time // last_seen, lease_expires_at, in UTC (no location pointer)
 }
 
 // pack returns a copy of n that shares nothing with n and takes two
-// objects, neither pointing outside the pair. It is never modified: a
-// change packs a new copy.
+// objects, neither pointing outside the pair but for its labels, an
+// interned immutable text the nodes of a host share (registry.Labels). It
+// is never modified: a change packs a new copy.
 func pack(n registry.Node) *registry.Node {
 	p := &packed{n: n}
 	fields := []*string{&p.n.IP, &p.n.DriverVersion, &p.n.Source, (*string)(&p.n.State)}
-	for i, dst := range [...]**string{&p.n.Owner, &p.n.CordonReason, &p.n.ExternalID, &p.n.ProviderState} {
+	for i, dst := range [...]**string{&p.n.Owner, &p.n.CordonReason, &p.n.ExternalID, &p.n.ProviderState,
+		&p.n.GPUModel, &p.n.GPUUUID, &p.n.Fabric} {
 		if *dst != nil {
 			p.opt[i] = **dst
 			*dst = &p.opt[i]

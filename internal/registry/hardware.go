@@ -104,6 +104,11 @@ type NodeFilter struct {
 	Index              *int
 	SeenWithin         *time.Duration
 	Source             *string
+	// Fabric selects the nodes of one fabric.
+	Fabric *string
+	// Selector selects nodes by their labels; nil or empty does not
+	// filter. Readers parse it from text with ParseSelector.
+	Selector Selector
 	// PK selects one node by its pk (watch's node parameter).
 	PK    *int64
 	After int64
@@ -152,6 +157,12 @@ func (f *NodeFilter) Normalize() error {
 	if f.Source != nil && !slices.Contains(Sources, *f.Source) {
 		fe.Add("source", "must be one of %s", strings.Join(Sources, ", "))
 	}
+	if f.Fabric != nil && (*f.Fabric == "" || len(*f.Fabric) > 4*MaxFabric) {
+		fe.Add("fabric", "must be a fabric's name")
+	}
+	if msg := f.Selector.check(); msg != "" {
+		fe.Add("selector", "%s", msg)
+	}
 	if f.PK != nil && *f.PK <= 0 {
 		fe.Add("node", "must be a node pk (a positive integer)")
 	}
@@ -191,6 +202,8 @@ func (f *NodeFilter) Match(n Node, now time.Time) bool {
 		(f.SeenWithin == nil || n.LastSeen != nil && !n.LastSeen.Before(now.Add(-*f.SeenWithin))) &&
 		(f.Source == nil || n.Source == *f.Source) &&
 		(f.PK == nil || n.PK == *f.PK) &&
+		(f.Fabric == nil || n.Fabric != nil && *n.Fabric == *f.Fabric) &&
+		f.Selector.Matches(n.Labels) &&
 		(len(f.State) == 0 || slices.Contains(f.State, n.State))
 }
 

@@ -53,6 +53,13 @@ type ImportUpdate struct {
 	Schedulable bool
 	State       string
 	ExternalID  string
+	// The topology the node ends with: the provider's fabric when it
+	// names one; its GPU model unless an agent that owns the node already
+	// reported one (nvidia-smi's name is the more exact); the node's own
+	// labels with the provider's reserved ones.
+	GPUModel *string
+	Fabric   *string
+	Labels   Labels
 }
 
 // Writes reports whether the decision changes the node.
@@ -84,7 +91,14 @@ func (p ImportPlan) Decide(n Node) ImportDecision {
 				Conflict: fmt.Sprintf("%s index %d is already imported from %s (node %d)", k.IP, k.Index, n.Source, n.PK)}
 		}
 		u := ImportUpdate{PK: n.PK, CPUMem: in.CPUMem, GPUMem: in.GPUMem, HW: HardwareOf(p.HW, in.GPUModel),
-			Schedulable: in.Running, State: in.State, ExternalID: in.ExternalID}
+			Schedulable: in.Running, State: in.State, ExternalID: in.ExternalID,
+			GPUModel: n.GPUModel, Fabric: n.Fabric, Labels: n.Labels.WithReserved(in.Labels)}
+		if in.GPUModel != "" && (n.Owner == nil || n.GPUModel == nil) {
+			u.GPUModel = &in.GPUModel
+		}
+		if in.Fabric != "" {
+			u.Fabric = &in.Fabric
+		}
 		if u.Same(n, p.Source) {
 			return ImportDecision{Kind: ImportUnchanged}
 		}
@@ -108,7 +122,8 @@ func (u ImportUpdate) Same(cur Node, source string) bool {
 	return cur.Source == source && cur.CPUMem == u.CPUMem && sameInt64(cur.GPUMem, u.GPUMem) &&
 		sameInt64(cur.HardwareGeneration, u.HW) && cur.Schedulable == u.Schedulable &&
 		cur.ProviderState != nil && *cur.ProviderState == u.State &&
-		cur.ExternalID != nil && *cur.ExternalID == u.ExternalID
+		cur.ExternalID != nil && *cur.ExternalID == u.ExternalID &&
+		samePtr(cur.GPUModel, u.GPUModel) && samePtr(cur.Fabric, u.Fabric) && cur.Labels == u.Labels
 }
 
 // UnderAny reports whether id is one of ids or below one ("c" covers "c/w").
@@ -134,9 +149,4 @@ func HardwareOf(hw map[string]int64, model string) *int64 {
 	return &pk
 }
 
-func sameInt64(a, b *int64) bool {
-	if a == nil || b == nil {
-		return a == b
-	}
-	return *a == *b
-}
+func sameInt64(a, b *int64) bool { return samePtr(a, b) }

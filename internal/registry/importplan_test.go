@@ -4,10 +4,24 @@ import "testing"
 
 func TestImportPlanDecide(t *testing.T) {
 	gpu, hw := ptr[int64](80), int64(3)
-	want := ImportedNode{ExternalID: "h1", IP: "10.0.0.1", Index: 0, CPUMem: 100, GPUMem: gpu, GPUModel: "H100", State: "RUNNING", Running: true}
+	region := mustLabels(t, map[string]string{"scp.registryd.io/region": "kr-west1"})
+	want := ImportedNode{ExternalID: "h1", IP: "10.0.0.1", Index: 0, CPUMem: 100, GPUMem: gpu, GPUModel: "H100", State: "RUNNING", Running: true,
+		Fabric: "fab-1", Labels: region}
 	p := ImportPlan{Source: "scp", Want: map[ImportKey]ImportedNode{{"10.0.0.1", 0}: want}, Skipped: []string{"h9"}, HW: map[string]int64{"H100": hw}}
 	current := Node{PK: 1, IP: "10.0.0.1", Index: 0, CPUMem: 100, GPUMem: gpu, HardwareGeneration: &hw, Source: "scp",
-		Schedulable: true, ProviderState: ptr("RUNNING"), ExternalID: ptr("h1")}
+		Schedulable: true, ProviderState: ptr("RUNNING"), ExternalID: ptr("h1"),
+		GPUModel: ptr("H100"), Fabric: ptr("fab-1"), Labels: region}
+	// What an agent owns stays: its GPU model (the driver's exact name)
+	// and the node's own labels.
+	agents := current
+	agents.Owner, agents.GPUModel = ptr("agent-1"), ptr("NVIDIA H100 80GB HBM3")
+	agents.Labels = mustLabels(t, map[string]string{"scp.registryd.io/region": "kr-west1", "team": "ml"})
+	unowned := current
+	unowned.GPUModel = ptr("NVIDIA H100 80GB HBM3")
+	moved := current
+	moved.Fabric = ptr("fab-0")
+	relabelled := agents
+	relabelled.Labels = mustLabels(t, map[string]string{"scp.registryd.io/region": "old", "scp.registryd.io/gone": "x", "team": "ml"})
 	changed := current
 	changed.CPUMem = 50
 	other := current
@@ -30,6 +44,10 @@ func TestImportPlanDecide(t *testing.T) {
 		writes bool
 	}{
 		{"holds what the provider says", current, ImportUnchanged, false},
+		{"an agent's model and labels stay", agents, ImportUnchanged, false},
+		{"an unowned node's model follows the provider", unowned, ImportUpdateNode, true},
+		{"the host moved to another fabric", moved, ImportUpdateNode, true},
+		{"the provider's labels changed", relabelled, ImportUpdateNode, true},
 		{"a field differs", changed, ImportUpdateNode, true},
 		{"an admin's node at the pair is taken over", api, ImportUpdateNode, true},
 		{"another provider's pair", other, ImportConflict, false},
@@ -46,6 +64,12 @@ func TestImportPlanDecide(t *testing.T) {
 	}
 	if d := p.Decide(changed); d.Update.PK != 1 || d.Update.CPUMem != 100 || *d.Update.HW != hw || !d.Update.Schedulable {
 		t.Errorf("update %+v", d.Update)
+	}
+	if d := p.Decide(relabelled); d.Update.Labels != agents.Labels || *d.Update.GPUModel != *agents.GPUModel {
+		t.Errorf("relabelled: %+v; want the provider's labels beside the agent's, its model kept", d.Update)
+	}
+	if d := p.Decide(moved); *d.Update.Fabric != "fab-1" {
+		t.Errorf("moved: %+v", d.Update)
 	}
 	var res ImportResult
 	for _, n := range []Node{current, other, skipped, busy, markedGone} {

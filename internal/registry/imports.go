@@ -8,7 +8,9 @@ type ImportedNode struct {
 	Index      int
 	CPUMem     int64
 	GPUMem     *int64 // nil for CPU-only hosts
-	GPUModel   string // hardware generation name; "" for CPU-only hosts
+	GPUModel   string // hardware generation name, and gpu_model; "" for CPU-only hosts
+	Fabric     string // the host's fabric; "" when the provider names none
+	Labels     Labels // the provider's labels, all reserved (ProviderLabelPrefix)
 	State      string // the provider's word for the host's state
 	Running    bool   // only running hosts are schedulable
 }

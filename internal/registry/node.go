@@ -4,6 +4,7 @@ import (
 	"math"
 	"net/netip"
 	"strconv"
+	"strings"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -25,15 +26,28 @@ const (
 // store, one property in openapi.yaml; a test holds the three together).
 // Times are in UTC as the store hands nodes out (see UTC).
 type Node struct {
-	PK                 int64      `json:"pk"`
-	IP                 string     `json:"ip"` // canonical text form
-	Index              int        `json:"index"`
-	CPUMem             int64      `json:"cpu_mem"`
-	DriverVersion      string     `json:"driver_version"`
-	HardwareGeneration *int64     `json:"hardware_generation"`
-	GPUMem             *int64     `json:"gpu_mem"`
-	LastSeen           *time.Time `json:"last_seen"`   // server-managed
-	CurrentJob         *int64     `json:"current_job"` // server-managed
+	PK                 int64  `json:"pk"`
+	IP                 string `json:"ip"` // canonical text form
+	Index              int    `json:"index"`
+	CPUMem             int64  `json:"cpu_mem"`
+	DriverVersion      string `json:"driver_version"`
+	HardwareGeneration *int64 `json:"hardware_generation"`
+	GPUMem             *int64 `json:"gpu_mem"`
+	// GPUModel is the GPU's product name (NVIDIA H100 80GB HBM3), as the
+	// agent or the import reports it; nil for CPU-only hosts or unknown.
+	GPUModel *string `json:"gpu_model"`
+	// GPUUUID is the GPU's own id as its driver reports it (GPU-…); nil
+	// when unknown.
+	GPUUUID *string `json:"gpu_uuid"`
+	// Fabric is the interconnect domain (RDMA, InfiniBand) the host is
+	// wired into: nodes of one fabric can run one multi-host job. Nodes of
+	// one host share it. nil when unknown.
+	Fabric *string `json:"fabric"`
+	// Labels are the node's labels; keys under ReservedDomain belong to
+	// its provider's import.
+	Labels     Labels     `json:"labels"`
+	LastSeen   *time.Time `json:"last_seen"`   // server-managed
+	CurrentJob *int64     `json:"current_job"` // server-managed
 	// LeaseExpiresAt is when the claim on the node ends by itself, for a
 	// claim made with a lease; nil otherwise. Server-managed.
 	LeaseExpiresAt *time.Time `json:"lease_expires_at"`
@@ -82,7 +96,7 @@ func (n Node) UTC() Node {
 	return n
 }
 
-// Spec returns the node's six writable fields.
+// Spec returns the node's writable fields.
 func (n Node) Spec() NodeSpec {
 	return NodeSpec{
 		IP:                 n.IP,
@@ -91,6 +105,10 @@ func (n Node) Spec() NodeSpec {
 		DriverVersion:      n.DriverVersion,
 		HardwareGeneration: n.HardwareGeneration,
 		GPUMem:             n.GPUMem,
+		GPUModel:           n.GPUModel,
+		GPUUUID:            n.GPUUUID,
+		Fabric:             n.Fabric,
+		Labels:             n.Labels,
 	}
 }
 
@@ -102,6 +120,33 @@ type NodeSpec struct {
 	DriverVersion      string
 	HardwareGeneration *int64
 	GPUMem             *int64
+	GPUModel           *string
+	GPUUUID            *string
+	Fabric             *string
+	Labels             Labels
+}
+
+// Limits of the topology fields, in characters.
+const (
+	MaxGPUModel = MaxHardwareNameLen
+	MaxGPUUUID  = 100
+	MaxFabric   = 200
+)
+
+// Same reports whether s and o are the same spec.
+func (s NodeSpec) Same(o NodeSpec) bool {
+	return s.IP == o.IP && s.Index == o.Index && s.CPUMem == o.CPUMem &&
+		s.DriverVersion == o.DriverVersion &&
+		samePtr(s.HardwareGeneration, o.HardwareGeneration) && samePtr(s.GPUMem, o.GPUMem) &&
+		samePtr(s.GPUModel, o.GPUModel) && samePtr(s.GPUUUID, o.GPUUUID) &&
+		samePtr(s.Fabric, o.Fabric) && s.Labels == o.Labels
+}
+
+func samePtr[T comparable](a, b *T) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
 }
 
 // Normalize validates the spec and rewrites IP to its canonical form. The
@@ -128,7 +173,26 @@ func (s *NodeSpec) Normalize() error {
 	if s.GPUMem != nil && *s.GPUMem < 0 {
 		fe.Add("gpu_mem", "must not be negative")
 	}
+	checkName(&fe, "gpu_model", s.GPUModel, MaxGPUModel)
+	checkName(&fe, "gpu_uuid", s.GPUUUID, MaxGPUUUID)
+	checkName(&fe, "fabric", s.Fabric, MaxFabric)
 	return fe.Err()
+}
+
+// checkName holds an optional name to non-empty text without surrounding
+// blanks: null, not "", says a node has none.
+func checkName(fe *FieldErrors, field string, v *string, max int) {
+	switch {
+	case v == nil:
+	case *v == "":
+		fe.Add(field, "must not be empty; send null when there is none")
+	case strings.TrimSpace(*v) != *v:
+		fe.Add(field, "must not start or end with whitespace")
+	default:
+		if msg := checkText(*v, max); msg != "" {
+			fe.Add(field, "%s", msg)
+		}
+	}
 }
 
 // CanonicalIP parses an IPv4 or IPv6 address and returns its canonical text
@@ -193,11 +257,17 @@ type NodePatch struct {
 	DriverVersion      Optional[string]
 	HardwareGeneration Optional[int64]
 	GPUMem             Optional[int64]
+	GPUModel           Optional[string]
+	GPUUUID            Optional[string]
+	Fabric             Optional[string]
+	Labels             LabelPatch
 }
 
 // Apply returns s with the patch applied. Decoders refuse null for the
 // non-nullable fields, so Apply only has to honour null where it clears.
-func (p NodePatch) Apply(s NodeSpec) NodeSpec {
+// The error is an ErrInvalid *Error naming labels, whose patch may be
+// refused (see LabelPatch).
+func (p NodePatch) Apply(s NodeSpec) (NodeSpec, error) {
 	if p.IP.Set {
 		s.IP = p.IP.Value
 	}
@@ -212,10 +282,20 @@ func (p NodePatch) Apply(s NodeSpec) NodeSpec {
 	}
 	s.HardwareGeneration = applyNullable(p.HardwareGeneration, s.HardwareGeneration)
 	s.GPUMem = applyNullable(p.GPUMem, s.GPUMem)
-	return s
+	s.GPUModel = applyNullable(p.GPUModel, s.GPUModel)
+	s.GPUUUID = applyNullable(p.GPUUUID, s.GPUUUID)
+	s.Fabric = applyNullable(p.Fabric, s.Fabric)
+	labels, err := p.Labels.Apply(s.Labels)
+	if err != nil {
+		var fe FieldErrors
+		fe.Add("labels", "%s", err.Error())
+		return s, fe.Err()
+	}
+	s.Labels = labels
+	return s, nil
 }
 
-func applyNullable(o Optional[int64], cur *int64) *int64 {
+func applyNullable[T any](o Optional[T], cur *T) *T {
 	switch {
 	case !o.Set:
 		return cur

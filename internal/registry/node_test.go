@@ -108,13 +108,48 @@ func TestNodeEchoCheck(t *testing.T) {
 func TestNodePatchApply(t *testing.T) {
 	hw, mem := int64(3), int64(80)
 	base := NodeSpec{IP: "10.0.0.1", Index: 1, CPUMem: 2, DriverVersion: "d", HardwareGeneration: &hw, GPUMem: &mem}
-	got := NodePatch{}.Apply(base)
-	if got != base {
-		t.Errorf("empty patch changed the spec: %+v", got)
+	got, err := NodePatch{}.Apply(base)
+	if err != nil || got != base {
+		t.Errorf("empty patch changed the spec: %+v, %v", got, err)
 	}
-	got = NodePatch{GPUMem: Optional[int64]{Set: true, Null: true}, CPUMem: Optional[int64]{Set: true, Value: 9}}.Apply(base)
-	if got.GPUMem != nil || got.CPUMem != 9 || got.HardwareGeneration != &hw {
-		t.Errorf("patched: %+v", got)
+	got, err = NodePatch{GPUMem: Optional[int64]{Set: true, Null: true}, CPUMem: Optional[int64]{Set: true, Value: 9},
+		Fabric: Optional[string]{Set: true, Value: "ib-1"}}.Apply(base)
+	if err != nil || got.GPUMem != nil || got.CPUMem != 9 || got.HardwareGeneration != &hw || *got.Fabric != "ib-1" {
+		t.Errorf("patched: %+v, %v", got, err)
+	}
+	v := "x"
+	_, err = NodePatch{Labels: LabelPatch{Set: true, Values: map[string]*string{"scp.registryd.io/a": &v}}}.Apply(base)
+	if fe := FieldsOf(err); len(fe) != 1 || fe[0].Field != "labels" {
+		t.Errorf("a reserved label set by a patch: %v; want a labels field error", err)
+	}
+}
+
+func TestNodeSpecTopologyFields(t *testing.T) {
+	empty, blank, long := "", " ib-1", strings.Repeat("x", MaxFabric+1)
+	for _, c := range []struct {
+		spec  NodeSpec
+		field string
+	}{
+		{NodeSpec{Fabric: &empty}, "fabric"},
+		{NodeSpec{Fabric: &blank}, "fabric"},
+		{NodeSpec{Fabric: &long}, "fabric"},
+		{NodeSpec{GPUModel: &empty}, "gpu_model"},
+		{NodeSpec{GPUUUID: &long}, "gpu_uuid"},
+	} {
+		c.spec.IP, c.spec.DriverVersion = "10.0.0.1", "d"
+		if fe := FieldsOf(c.spec.Normalize()); len(fe) != 1 || fe[0].Field != c.field {
+			t.Errorf("%+v: %v; want one error on %s", c.spec, fe, c.field)
+		}
+	}
+	a := NodeSpec{IP: "10.0.0.1", Fabric: new("f"), Labels: mustLabels(t, map[string]string{"k": "v"})}
+	b := a
+	b.Fabric = new("f")
+	if !a.Same(b) {
+		t.Error("equal specs differ")
+	}
+	b.Labels = Labels{}
+	if a.Same(b) {
+		t.Error("specs of different labels are the same")
 	}
 }
 
@@ -126,7 +161,9 @@ func TestNodeDocument(t *testing.T) {
 	owner, ext, state := "agent-gpu-1", "host-1", "RUNNING"
 	n := Node{PK: 1, IP: "2001:db8::7", Index: 0, CPUMem: 2199023255552, DriverVersion: "550.54.15",
 		HardwareGeneration: &hw, GPUMem: &gpu, LastSeen: &at, CurrentJob: &job, Owner: &owner, Source: "scp",
-		Schedulable: true, ExternalID: &ext, ProviderState: &state, CreatedAt: at, UpdatedAt: at, Version: 3}
+		Schedulable: true, ExternalID: &ext, ProviderState: &state, CreatedAt: at, UpdatedAt: at, Version: 3,
+		GPUModel: new("NVIDIA H100 80GB HBM3"), GPUUUID: new("GPU-5f1c"), Fabric: new("fab-7"),
+		Labels: mustLabels(t, map[string]string{"team": "ml", "scp.registryd.io/region": "kr-west1"})}
 	lease, reason := at.Add(time.Hour), "fan"
 	n.LeaseExpiresAt, n.CordonReason = &lease, &reason
 	n.State = n.DeriveState()
@@ -135,7 +172,8 @@ func TestNodeDocument(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := `{"pk":1,"ip":"2001:db8::7","index":0,"cpu_mem":2199023255552,"driver_version":"550.54.15",` +
-		`"hardware_generation":1,"gpu_mem":85899345920,"last_seen":"2026-11-29T16:04:08.228713Z","current_job":7,` +
+		`"hardware_generation":1,"gpu_mem":85899345920,"gpu_model":"NVIDIA H100 80GB HBM3","gpu_uuid":"GPU-5f1c",` +
+		`"fabric":"fab-7","labels":{"scp.registryd.io/region":"kr-west1","team":"ml"},"last_seen":"2026-11-29T16:04:08.228713Z","current_job":7,` +
 		`"lease_expires_at":"2026-11-29T17:04:08.228713Z","owner":"agent-gpu-1","source":"scp","schedulable":true,` +
 		`"state":"draining","cordon_reason":"fan","external_id":"host-1","provider_state":"RUNNING",` +
 		`"created_at":"2026-11-29T16:04:08.228713Z","updated_at":"2026-11-29T16:04:08.228713Z","version":3}`
@@ -144,7 +182,7 @@ func TestNodeDocument(t *testing.T) {
 	}
 	b, _ = json.Marshal(Node{})
 	if want := `{"pk":0,"ip":"","index":0,"cpu_mem":0,"driver_version":"","hardware_generation":null,"gpu_mem":null,` +
-		`"last_seen":null,"current_job":null,"lease_expires_at":null,"owner":null,"source":"","schedulable":false,` +
+		`"gpu_model":null,"gpu_uuid":null,"fabric":null,"labels":{},"last_seen":null,"current_job":null,"lease_expires_at":null,"owner":null,"source":"","schedulable":false,` +
 		`"state":"","cordon_reason":null,"external_id":null,` +
 		`"provider_state":null,"created_at":"0001-01-01T00:00:00Z","updated_at":"0001-01-01T00:00:00Z","version":0}`; string(b) != want {
 		t.Errorf("empty document\n got %s\nwant %s", b, want)

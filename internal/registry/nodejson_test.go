@@ -49,8 +49,21 @@ func randomNode(r *rand.Rand) Node {
 		LeaseExpiresAt: timep(), Owner: strp(), Source: str(), Schedulable: r.IntN(2) == 0,
 		State: State(str()), CordonReason: strp(), Lost: r.IntN(2) == 0, ExternalID: strp(),
 		ProviderState: strp(), CreatedAt: tm(), UpdatedAt: tm(), Version: r.Int64(),
+		GPUModel: strp(), GPUUUID: strp(), Fabric: strp(), Labels: labelSets[r.IntN(len(labelSets))],
 	}
 }
+
+var labelSets = func() []Labels {
+	var sets []Labels
+	for _, m := range []map[string]string{nil, {"a": ""}, {"team": "ml", "scp.registryd.io/region": "kr-west1", "z.y/x": "A-1_b.2"}} {
+		l, err := MakeLabels(m)
+		if err != nil {
+			panic(err)
+		}
+		sets = append(sets, l)
+	}
+	return sets
+}()
 
 func TestAppendJSONMatchesEncodingJSON(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))

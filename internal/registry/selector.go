@@ -126,9 +126,12 @@ type Selector []Requirement
 
 // Matches reports whether labels satisfy every requirement. A key that
 // is absent satisfies != and notin, as in Kubernetes.
-func (s Selector) Matches(labels map[string]string) bool {
+func (s Selector) Matches(labels Labels) bool { return s.matchesWith(labels.Get) }
+
+// matchesWith is Matches with the labels' lookup given.
+func (s Selector) matchesWith(get func(key string) (string, bool)) bool {
 	for _, r := range s {
-		v, ok := labels[r.Key]
+		v, ok := get(r.Key)
 		var hold bool
 		switch r.Op {
 		case OpEquals:
@@ -149,6 +152,36 @@ func (s Selector) Matches(labels map[string]string) bool {
 		}
 	}
 	return true
+}
+
+// Unparsed stands for a selector whose text did not parse, in a filter
+// whose reader has already reported why: it is still a criterion (a
+// cordon by it does not select by omission), and Normalize refuses it.
+var Unparsed = Selector{{Op: OpExists}}
+
+// check reports what makes s a selector ParseSelector could not have
+// returned ("" when nothing): for selectors built by hand.
+func (s Selector) check() string {
+	for _, r := range s {
+		if msg := CheckLabelKey(r.Key); msg != "" {
+			return "names a label key that " + msg
+		}
+		want := map[SelectorOp]bool{OpEquals: true, OpNotEquals: true}[r.Op]
+		switch {
+		case want && len(r.Values) != 1,
+			(r.Op == OpIn || r.Op == OpNotIn) && len(r.Values) == 0,
+			(r.Op == OpExists || r.Op == OpNotExists) && len(r.Values) != 0:
+			return "has a requirement on " + r.Key + " with the wrong number of values"
+		case !want && r.Op != OpIn && r.Op != OpNotIn && r.Op != OpExists && r.Op != OpNotExists:
+			return "has an unknown operator " + string(r.Op)
+		}
+		for _, v := range r.Values {
+			if msg := CheckLabelValue(v); msg != "" {
+				return "has a value that " + msg
+			}
+		}
+	}
+	return ""
 }
 
 // String is the selector in its canonical text: requirements in the

@@ -90,7 +90,7 @@ func TestParseSelectorErrors(t *testing.T) {
 }
 
 func TestSelectorMatches(t *testing.T) {
-	labels := map[string]string{"gpu": "h100", "tier": "", "scp.registryd.io/region": "kr-west1"}
+	labels := mustLabels(t, map[string]string{"gpu": "h100", "tier": "", "scp.registryd.io/region": "kr-west1"})
 	for text, want := range map[string]bool{
 		"":                      true,
 		"gpu=h100":              true,
@@ -157,12 +157,56 @@ func FuzzParseSelector(f *testing.F) {
 		if err != nil || !cmp.Equal(sel, again) {
 			t.Fatalf("%q printed as %q reads back as %v, %v", text, sel.String(), again, err)
 		}
-		labels := map[string]string{}
+		m := map[string]string{}
 		for _, r := range sel {
 			if len(r.Values) > 0 {
-				labels[r.Key] = r.Values[0]
+				m[r.Key] = r.Values[0]
 			}
 		}
-		_ = sel.Matches(labels)
+		labels, err := MakeLabels(m)
+		if err != nil {
+			return // more labels than a node may have
+		}
+		if got, want := sel.Matches(labels), matchesMap(sel, m); got != want {
+			t.Fatalf("%q on %v: Matches %v, the map says %v", text, m, got, want)
+		}
 	})
+}
+
+// matchesMap is Selector.Matches over a map: the lookups Labels.Get makes
+// must agree with a map's.
+func matchesMap(sel Selector, m map[string]string) bool {
+	return sel.matchesWith(func(k string) (string, bool) { v, ok := m[k]; return v, ok })
+}
+
+func mustLabels(t testing.TB, m map[string]string) Labels {
+	t.Helper()
+	l, err := MakeLabels(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// A filter's selector built by hand is held to what ParseSelector makes;
+// Unparsed is always refused, so a filter whose text failed stays an error.
+func TestFilterChecksSelector(t *testing.T) {
+	for _, sel := range []Selector{
+		Unparsed,
+		{{Key: "Bad Key", Op: OpExists}},
+		{{Key: "a", Op: OpEquals}},
+		{{Key: "a", Op: OpIn}},
+		{{Key: "a", Op: OpExists, Values: []string{"x"}}},
+		{{Key: "a", Op: "~", Values: []string{"x"}}},
+		{{Key: "a", Op: OpEquals, Values: []string{"-x"}}},
+	} {
+		f := NodeFilter{Selector: sel}
+		if fe := FieldsOf(f.Normalize()); len(fe) != 1 || fe[0].Field != "selector" {
+			t.Errorf("%+v: %v; want a selector error", sel, fe)
+		}
+	}
+	f := NodeFilter{Selector: Selector{{Key: "a", Op: OpIn, Values: []string{"1", "2"}}, {Key: "b", Op: OpNotExists}}}
+	if err := f.Normalize(); err != nil {
+		t.Errorf("a valid selector: %v", err)
+	}
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -40,6 +42,10 @@ func TestListAgreesWithMatch(t *testing.T) {
 			spec.HardwareGeneration, spec.GPUMem = &h1.PK, ptr(int64(i)<<30)
 		case 1:
 			spec.HardwareGeneration, spec.GPUMem = &h2.PK, ptr(int64(0))
+		}
+		if i < 8 {
+			spec.Fabric = ptr(fmt.Sprintf("ib-%d", i/4))
+			spec.Labels = mustLabels(t, map[string]string{"team": []string{"a", "b", ""}[i%3], "zone": fmt.Sprint(i / 4)})
 		}
 		n, _, err := st.CreateNode(ctx, sys, spec)
 		if err != nil {
@@ -104,6 +110,18 @@ func TestListAgreesWithMatch(t *testing.T) {
 		{State: []registry.State{registry.StateLost, registry.StateGone}, Source: ptr("scp")},
 		{State: []registry.State{registry.StateBusy, registry.StateLost}, Free: ptr(false)},
 		{State: []registry.State{registry.StateFree, registry.StateCordoned}, Free: ptr(true)},
+		{Fabric: ptr("ib-0")},
+		{Fabric: ptr("ib-1"), Free: ptr(true)},
+		{Fabric: ptr("ib-9")},
+		{Selector: mustSelector(t, "team=a")},
+		{Selector: mustSelector(t, "team=")},
+		{Selector: mustSelector(t, "team!=a")},
+		{Selector: mustSelector(t, "team in (a,b)")},
+		{Selector: mustSelector(t, "team notin (a,b)")},
+		{Selector: mustSelector(t, "team")},
+		{Selector: mustSelector(t, "!team")},
+		{Selector: mustSelector(t, "zone=1,team!=b")},
+		{Selector: mustSelector(t, "zone=1"), Fabric: ptr("ib-0")},
 	} {
 		list, err := st.ListNodes(ctx, f)
 		if err != nil {
@@ -220,7 +238,86 @@ func describe(f registry.NodeFilter) string {
 	if f.PK != nil {
 		add("pk", *f.PK)
 	}
+	if f.Fabric != nil {
+		add("fabric", *f.Fabric)
+	}
+	if f.Selector != nil {
+		add("selector", f.Selector.String())
+	}
 	return s
+}
+
+func mustSelector(t testing.TB, text string) registry.Selector {
+	t.Helper()
+	sel, err := registry.ParseSelector(text)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sel
+}
+
+func mustLabels(t testing.TB, m map[string]string) registry.Labels {
+	t.Helper()
+	l, err := registry.MakeLabels(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// Random selectors over a small vocabulary select, through the store's
+// SQL, exactly the nodes Selector.Matches does.
+func TestSelectorSQLAgreesWithMatch(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st := pgtest.Open(t, pgtest.New(t), store.Options{})
+	r := rand.New(rand.NewPCG(7, 11))
+	keys := []string{"a", "b", "x.io/c"}
+	values := []string{"", "1", "2"}
+	var all []registry.Node
+	for i := range 24 {
+		m := map[string]string{}
+		for _, k := range keys {
+			if r.IntN(3) > 0 {
+				m[k] = values[r.IntN(len(values))]
+			}
+		}
+		n, _, err := st.CreateNode(ctx, sys, registry.NodeSpec{IP: fmt.Sprintf("10.1.0.%d", i), DriverVersion: "d", Labels: mustLabels(t, m)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, n)
+	}
+	ops := []string{"%s=%s", "%s!=%s", "%s in (%s,1)", "%s notin (%s)", "%s", "!%s"}
+	for range 300 {
+		var parts []string
+		for range 1 + r.IntN(3) {
+			op := ops[r.IntN(len(ops))]
+			k, v := keys[r.IntN(len(keys))], values[r.IntN(len(values))]
+			if strings.Count(op, "%s") == 1 {
+				parts = append(parts, fmt.Sprintf(op, k))
+			} else {
+				parts = append(parts, fmt.Sprintf(op, k, v))
+			}
+		}
+		f := registry.NodeFilter{Selector: mustSelector(t, strings.Join(parts, ","))}
+		list, err := st.ListNodes(ctx, f)
+		if err != nil {
+			t.Fatalf("%s: %v", f.Selector, err)
+		}
+		var got, want []int64
+		for _, n := range list {
+			got = append(got, n.PK)
+		}
+		for _, n := range all {
+			if f.Match(n, time.Now()) {
+				want = append(want, n.PK)
+			}
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("selector %s: the store lists %v, Match says %v", f.Selector, got, want)
+		}
+	}
 }
 
 // The store validates the filters it is given, whoever calls it.

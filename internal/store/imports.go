@@ -147,7 +147,8 @@ func (s *Store) stageImport(ctx context.Context, nodes []registry.ImportedNode, 
 	if _, err := s.db.Exec(ctx, `
 		CREATE TEMPORARY TABLE import_want (
 			seq integer NOT NULL, ip inet NOT NULL, idx integer NOT NULL, cpu bigint NOT NULL, gpu bigint, hw bigint,
-			run boolean NOT NULL, state text NOT NULL, ext text NOT NULL
+			run boolean NOT NULL, state text NOT NULL, ext text NOT NULL,
+			model text, fab text, labels jsonb NOT NULL, nres integer NOT NULL
 		) ON COMMIT DROP`); err != nil {
 		return err
 	}
@@ -155,12 +156,13 @@ func (s *Store) stageImport(ctx context.Context, nodes []registry.ImportedNode, 
 	var ip netip.Addr
 	lastIP := ""
 	_, err := s.db.CopyFrom(ctx, pgx.Identifier{"import_want"},
-		[]string{"seq", "ip", "idx", "cpu", "gpu", "hw", "run", "state", "ext"},
+		[]string{"seq", "ip", "idx", "cpu", "gpu", "hw", "run", "state", "ext", "model", "fab", "labels", "nres"},
 		pgx.CopyFromFunc(func() ([]any, error) {
 			if i++; i == len(want) {
 				return nil, nil
 			}
 			n := nodes[want[i]]
+			labels := registry.Labels{}.WithReserved(n.Labels)
 			if n.IP != lastIP { // a host's GPUs share their address
 				var err error
 				if ip, err = netip.ParseAddr(n.IP); err != nil {
@@ -169,7 +171,8 @@ func (s *Store) stageImport(ctx context.Context, nodes []registry.ImportedNode, 
 				lastIP = n.IP
 			}
 			return []any{want[i], ip, int32(n.Index), n.CPUMem, n.GPUMem, registry.HardwareOf(hw, n.GPUModel),
-				n.Running, n.State, n.ExternalID}, nil
+				n.Running, n.State, n.ExternalID, nonEmpty(n.GPUModel), nonEmpty(n.Fabric), labels.String(),
+				int32(labels.Len())}, nil
 		}))
 	if err != nil {
 		return err
@@ -178,6 +181,14 @@ func (s *Store) stageImport(ctx context.Context, nodes []registry.ImportedNode, 
 	// plan needs to know the inventory's size.
 	_, err = s.db.Exec(ctx, `ANALYZE import_want`)
 	return err
+}
+
+// nonEmpty is s, or nil for "".
+func nonEmpty(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
 }
 
 // compareImport returns the inventory's pairs no node holds (positions in
@@ -195,7 +206,14 @@ func (s *Store) compareImport(ctx context.Context, source string) (inserts []int
 		WHERE n.pk IS NULL
 		   OR (n.source = $1 AND n.cpu_mem = w.cpu AND n.gpu_mem IS NOT DISTINCT FROM w.gpu
 		       AND n.hardware_generation IS NOT DISTINCT FROM w.hw AND n.schedulable = w.run
-		       AND n.provider_state = w.state AND n.external_id = w.ext) IS NOT TRUE
+		       AND n.provider_state = w.state AND n.external_id = w.ext
+		       AND (w.fab IS NULL OR n.fabric = w.fab)
+		       AND (w.model IS NULL OR n.gpu_model = w.model OR n.owner IS NOT NULL AND n.gpu_model IS NOT NULL)
+		       -- The provider's labels and no other reserved ones: every
+		       -- reserved key has registryd.io/ in it (a few own ones may
+		       -- too, which only makes the node a candidate).
+		       AND (n.labels = w.labels OR n.labels @> w.labels AND w.nres =
+		            (SELECT count(*) FROM jsonb_object_keys(n.labels) k WHERE k LIKE '%registryd.io/%'))) IS NOT TRUE
 		UNION ALL
 		SELECT -1, n.pk FROM nodes n
 		WHERE n.source = $1 AND NOT EXISTS (SELECT FROM import_want w WHERE w.ip = n.ip AND w.idx = n.gpu_index)`, source)
@@ -342,10 +360,14 @@ func (s *Store) importInsert(ctx context.Context, actor registry.Actor, source s
 	run := make([]bool, len(at))
 	state := make([]string, len(at))
 	ext := make([]string, len(at))
+	model := make([]*string, len(at))
+	fab := make([]*string, len(at))
+	labels := make([]string, len(at))
 	for i, j := range at {
 		n := nodes[j]
 		ips[i], idxs[i], cpu[i], gpu[i], hws[i] = n.IP, int32(n.Index), n.CPUMem, n.GPUMem, registry.HardwareOf(hw, n.GPUModel)
 		run[i], state[i], ext[i] = n.Running, n.State, n.ExternalID
+		model[i], fab[i], labels[i] = nonEmpty(n.GPUModel), nonEmpty(n.Fabric), registry.Labels{}.WithReserved(n.Labels).String()
 	}
 	// A pair registered through the API since the comparison conflicts;
 	// the next pass merges it. Such a race is rare, and an INSERT that may
@@ -355,12 +377,13 @@ func (s *Store) importInsert(ctx context.Context, actor registry.Actor, source s
 	// CONFLICT only when a pair turned out to be taken.
 	insert := `
 		INSERT INTO nodes (ip, gpu_index, cpu_mem, driver_version, hardware_generation, gpu_mem,
-			source, schedulable, provider_state, external_id)
-		SELECT u.ip, u.idx, u.cpu, '', u.hw, u.gpu, $1, u.run, u.state, u.ext
-		FROM unnest($2::inet[], $3::int[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bool[], $8::text[], $9::text[])
-			AS u(ip, idx, cpu, hw, gpu, run, state, ext)
+			source, schedulable, provider_state, external_id, gpu_model, fabric, labels)
+		SELECT u.ip, u.idx, u.cpu, '', u.hw, u.gpu, $1, u.run, u.state, u.ext, u.model, u.fab, u.labels
+		FROM unnest($2::inet[], $3::int[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bool[], $8::text[], $9::text[],
+			$10::text[], $11::text[], $12::jsonb[])
+			AS u(ip, idx, cpu, hw, gpu, run, state, ext, model, fab, labels)
 		%s RETURNING ` + newNodeColumns
-	args := []any{source, ips, idxs, cpu, hws, gpu, run, state, ext}
+	args := []any{source, ips, idxs, cpu, hws, gpu, run, state, ext, model, fab, labels}
 	if _, err := s.db.Exec(ctx, `SAVEPOINT import_insert`); err != nil {
 		return err
 	}
@@ -392,17 +415,23 @@ func (s *Store) importUpdate(ctx context.Context, actor registry.Actor, source s
 	run := make([]bool, len(ups))
 	state := make([]string, len(ups))
 	ext := make([]string, len(ups))
+	model := make([]*string, len(ups))
+	fab := make([]*string, len(ups))
+	labels := make([]string, len(ups))
 	for i, u := range ups {
 		pks[i], cpu[i], gpu[i], hws[i], run[i], state[i], ext[i] = u.PK, u.CPUMem, u.GPUMem, u.HW, u.Schedulable, u.State, u.ExternalID
+		model[i], fab[i], labels[i] = u.GPUModel, u.Fabric, u.Labels.String()
 	}
 	// The rows are locked (importChanges); the update is in pk order too.
 	updated, err := collectRows(ctx, s.db, scanNode, `
 		UPDATE nodes n SET cpu_mem = u.cpu, gpu_mem = u.gpu, hardware_generation = u.hw, schedulable = u.run,
-			provider_state = u.state, external_id = u.ext, source = $1, updated_at = now(), version = n.version + 1
-		FROM unnest($2::bigint[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bool[], $7::text[], $8::text[])
-			AS u(pk, cpu, gpu, hw, run, state, ext)
+			provider_state = u.state, external_id = u.ext, source = $1, gpu_model = u.model, fabric = u.fab,
+			labels = u.labels, updated_at = now(), version = n.version + 1
+		FROM unnest($2::bigint[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bool[], $7::text[], $8::text[],
+			$9::text[], $10::text[], $11::jsonb[])
+			AS u(pk, cpu, gpu, hw, run, state, ext, model, fab, labels)
 		WHERE n.pk = u.pk
-		RETURNING `+qualified("n"), source, pks, cpu, gpu, hws, run, state, ext)
+		RETURNING `+qualified("n"), source, pks, cpu, gpu, hws, run, state, ext, model, fab, labels)
 	if err != nil {
 		return err
 	}

@@ -133,7 +133,8 @@ func TestApplyImportNoticesEveryField(t *testing.T) {
 	base := func() registry.ImportedNode {
 		mem := int64(80) << 30
 		return registry.ImportedNode{ExternalID: "h", IP: "10.8.0.1", CPUMem: 1 << 40, GPUMem: &mem,
-			GPUModel: "H100", State: "RUNNING", Running: true}
+			GPUModel: "H100", State: "RUNNING", Running: true, Fabric: "fab-1",
+			Labels: mustLabels(t, map[string]string{"scp.registryd.io/region": "kr-west1", "scp.registryd.io/pool": "p1"})}
 	}
 	cases := []struct {
 		name   string
@@ -148,6 +149,20 @@ func TestApplyImportNoticesEveryField(t *testing.T) {
 		{name: "stopped", change: func(n *registry.ImportedNode) { n.Running = false }},
 		{name: "state", change: func(n *registry.ImportedNode) { n.State = "REBOOTING" }},
 		{name: "external id", change: func(n *registry.ImportedNode) { n.ExternalID = "h2" }},
+		{name: "fabric", change: func(n *registry.ImportedNode) { n.Fabric = "fab-2" }},
+		{name: "a label's value", change: func(n *registry.ImportedNode) {
+			n.Labels = mustLabels(t, map[string]string{"scp.registryd.io/region": "kr-east1", "scp.registryd.io/pool": "p1"})
+		}},
+		{name: "a label gone", change: func(n *registry.ImportedNode) {
+			n.Labels = mustLabels(t, map[string]string{"scp.registryd.io/region": "kr-west1"})
+		}},
+		{name: "a label more", change: func(n *registry.ImportedNode) {
+			n.Labels = mustLabels(t, map[string]string{"scp.registryd.io/region": "kr-west1", "scp.registryd.io/pool": "p1", "scp.registryd.io/x": ""})
+		}},
+		{name: "gpu model stored", sql: "UPDATE nodes SET gpu_model = 'X'"},
+		{name: "no fabric stored", sql: "UPDATE nodes SET fabric = NULL"},
+		{name: "a stale import label stored", sql: `UPDATE nodes SET labels = labels || '{"scp.registryd.io/old": "x", "team": "ml"}'`},
+		{name: "an import label lost", sql: `UPDATE nodes SET labels = labels - 'scp.registryd.io/pool' || '{"notregistryd.io/a": "b"}'`},
 		{name: "no gpu memory stored", sql: "UPDATE nodes SET gpu_mem = NULL"},
 		{name: "no generation stored", sql: "UPDATE nodes SET hardware_generation = NULL"},
 		{name: "no provider state stored", sql: "UPDATE nodes SET provider_state = NULL"},
@@ -182,6 +197,47 @@ func TestApplyImportNoticesEveryField(t *testing.T) {
 				t.Errorf("the pass after: %+v, want the node unchanged", res)
 			}
 		})
+	}
+}
+
+// What a pass leaves alone does not make a node a candidate: labels of
+// the node's own (an admin's, an agent's), and the GPU model and fabric
+// an owning agent reported where the provider names none.
+func TestApplyImportKeepsOwnTopology(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st := pgtest.Open(t, pgtest.New(t), store.Options{})
+	n := registry.ImportedNode{ExternalID: "h", IP: "10.8.0.1", CPUMem: 1 << 40, GPUModel: "H100", State: "RUNNING", Running: true,
+		Labels: mustLabels(t, map[string]string{"scp.registryd.io/region": "kr-west1"})}
+	if _, err := st.ApplyImport(ctx, syncSCP, "scp", []registry.ImportedNode{n}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Pool().Exec(ctx, `UPDATE nodes SET owner = 'agent-1', gpu_model = 'NVIDIA H100 80GB HBM3', fabric = 'ib-local',
+		labels = labels || '{"team": "ml", "x.registryd.iox/y": "z"}'`); err != nil {
+		t.Fatal(err)
+	}
+	res, err := st.ApplyImport(ctx, syncSCP, "scp", []registry.ImportedNode{n}, nil)
+	if err != nil || res.Unchanged != 1 || res.Updated != 0 {
+		t.Fatalf("%+v %v; want the node unchanged", res, err)
+	}
+	nodes, err := st.ListNodes(ctx, registry.NodeFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := nodes[0]; *got.GPUModel != "NVIDIA H100 80GB HBM3" || *got.Fabric != "ib-local" ||
+		got.Labels.String() != `{"scp.registryd.io/region":"kr-west1","team":"ml","x.registryd.iox/y":"z"}` {
+		t.Errorf("after the pass: %+v", got)
+	}
+	// The provider names a fabric and a new region: they win, the own
+	// labels stay.
+	n.Fabric, n.Labels = "fab-9", mustLabels(t, map[string]string{"scp.registryd.io/region": "kr-east1"})
+	if res, err := st.ApplyImport(ctx, syncSCP, "scp", []registry.ImportedNode{n}, nil); err != nil || res.Updated != 1 {
+		t.Fatalf("%+v %v", res, err)
+	}
+	nodes, _ = st.ListNodes(ctx, registry.NodeFilter{})
+	if got := nodes[0]; *got.Fabric != "fab-9" || *got.GPUModel != "NVIDIA H100 80GB HBM3" ||
+		got.Labels.String() != `{"scp.registryd.io/region":"kr-east1","team":"ml","x.registryd.iox/y":"z"}` {
+		t.Errorf("after the provider's change: %+v", got)
 	}
 }
 

@@ -38,10 +38,12 @@ func (s *Store) CreateNode(ctx context.Context, actor registry.Actor, spec regis
 		}
 		var err error
 		n, err = collectOne(ctx, tx.db, scanNode, `
-			INSERT INTO nodes (ip, gpu_index, cpu_mem, driver_version, hardware_generation, gpu_mem, owner)
-			VALUES ($1::inet, $2, $3, $4, $5, $6, $7)
+			INSERT INTO nodes (ip, gpu_index, cpu_mem, driver_version, hardware_generation, gpu_mem, owner,
+				gpu_model, gpu_uuid, fabric, labels)
+			VALUES ($1::inet, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::jsonb)
 			RETURNING `+nodeColumns,
-			spec.IP, spec.Index, spec.CPUMem, spec.DriverVersion, spec.HardwareGeneration, spec.GPUMem, owner)
+			spec.IP, spec.Index, spec.CPUMem, spec.DriverVersion, spec.HardwareGeneration, spec.GPUMem, owner,
+			spec.GPUModel, spec.GPUUUID, spec.Fabric, spec.Labels.String())
 		if err != nil {
 			return err
 		}
@@ -74,7 +76,10 @@ func (s *Store) adoptable(ctx context.Context, spec registry.NodeSpec) (*registr
 }
 
 // adopt makes the registering agent the owner of an imported node. What the
-// provider knows (memory, hardware) stays; the agent's driver_version wins.
+// provider knows (memory, hardware, fabric, its labels) stays; the agent's
+// driver_version and GPU names (gpu_model, gpu_uuid: the driver's are the
+// more exact) win, its labels are added, and its fabric fills in one the
+// provider left unknown.
 func (s *Store) adopt(ctx context.Context, actor registry.Actor, cur registry.Node, spec registry.NodeSpec, out *registry.Node) error {
 	// The body's hardware generation is not used, but bad input is still
 	// refused rather than ignored.
@@ -89,9 +94,23 @@ func (s *Store) adopt(ctx context.Context, actor registry.Actor, cur registry.No
 			return fe.Err()
 		}
 	}
+	// The agent's own labels join the node's; the provider's stay.
+	own := registry.LabelPatch{Set: true, Values: map[string]*string{}}
+	for k, v := range spec.Labels.All() {
+		own.Values[k] = &v
+	}
+	labels, err := own.Apply(cur.Labels)
+	if err != nil {
+		var fe registry.FieldErrors
+		fe.Add("labels", "%s", err.Error())
+		return fe.Err()
+	}
 	n, err := collectOne(ctx, s.db, scanNode, `
-		UPDATE nodes SET owner = $2, driver_version = $3, updated_at = now(), version = version + 1
-		WHERE pk = $1 RETURNING `+nodeColumns, cur.PK, actor.Sub, spec.DriverVersion)
+		UPDATE nodes SET owner = $2, driver_version = $3, gpu_uuid = coalesce($4, gpu_uuid),
+			gpu_model = coalesce($5, gpu_model), fabric = coalesce(fabric, $6), labels = $7::jsonb,
+			updated_at = now(), version = version + 1
+		WHERE pk = $1 RETURNING `+nodeColumns, cur.PK, actor.Sub, spec.DriverVersion,
+		spec.GPUUUID, spec.GPUModel, spec.Fabric, labels.String())
 	if err != nil {
 		return err
 	}
@@ -178,16 +197,18 @@ func (s *Store) UpdateNode(ctx context.Context, actor registry.Actor, pk int64, 
 		if err := spec.Normalize(); err != nil {
 			return err
 		}
-		if sameSpec(spec, cur.Spec()) {
+		if spec.Same(cur.Spec()) {
 			out = cur
 			return nil
 		}
 		if out, err = collectOne(ctx, tx.db, scanNode, `
 			UPDATE nodes SET ip = $2::inet, gpu_index = $3, cpu_mem = $4, driver_version = $5,
-				hardware_generation = $6, gpu_mem = $7, updated_at = now(), version = version + 1
+				hardware_generation = $6, gpu_mem = $7, gpu_model = $8, gpu_uuid = $9, fabric = $10,
+				labels = $11::jsonb, updated_at = now(), version = version + 1
 			WHERE pk = $1
 			RETURNING `+nodeColumns,
-			pk, spec.IP, spec.Index, spec.CPUMem, spec.DriverVersion, spec.HardwareGeneration, spec.GPUMem); err != nil {
+			pk, spec.IP, spec.Index, spec.CPUMem, spec.DriverVersion, spec.HardwareGeneration, spec.GPUMem,
+			spec.GPUModel, spec.GPUUUID, spec.Fabric, spec.Labels.String()); err != nil {
 			return err
 		}
 		if err := tx.recordChanges(ctx, "updated", out); err != nil {
@@ -202,19 +223,6 @@ func (s *Store) UpdateNode(ctx context.Context, actor registry.Actor, pk int64, 
 		return registry.Node{}, fmt.Errorf("store: update node %d: %w", pk, s.nodeWriteError(ctx, err, spec))
 	}
 	return out, nil
-}
-
-func sameSpec(a, b registry.NodeSpec) bool {
-	return a.IP == b.IP && a.Index == b.Index && a.CPUMem == b.CPUMem &&
-		a.DriverVersion == b.DriverVersion &&
-		sameInt(a.HardwareGeneration, b.HardwareGeneration) && sameInt(a.GPUMem, b.GPUMem)
-}
-
-func sameInt(a, b *int64) bool {
-	if a == nil || b == nil {
-		return a == b
-	}
-	return *a == *b
 }
 
 // DeleteNode removes node pk, audits it and returns it as it was. check,

@@ -76,8 +76,34 @@ func (q *query) where(f registry.NodeFilter) {
 	if f.PK != nil {
 		q.add("pk = " + q.arg(*f.PK))
 	}
+	if f.Fabric != nil {
+		q.add("fabric = " + q.arg(*f.Fabric))
+	}
+	for _, r := range f.Selector {
+		q.add(q.requirement(r))
+	}
 	if f.SeenWithin != nil {
 		q.add("EXISTS (SELECT 1 FROM node_liveness l WHERE l.node_pk = nodes.pk AND l.last_seen >= now() - " + q.arg(*f.SeenWithin) + "::interval)")
+	}
+}
+
+// requirement is a selector requirement in SQL, with Selector.Matches'
+// meaning: an absent label satisfies != and notin.
+func (q *query) requirement(r registry.Requirement) string {
+	key := q.arg(r.Key)
+	switch r.Op {
+	case registry.OpEquals:
+		return "labels ->> " + key + "::text = " + q.arg(r.Values[0]) + "::text"
+	case registry.OpNotEquals:
+		return "(labels ->> " + key + "::text) IS DISTINCT FROM " + q.arg(r.Values[0]) + "::text"
+	case registry.OpIn:
+		return "labels ->> " + key + "::text = ANY(" + q.arg(r.Values) + "::text[])"
+	case registry.OpNotIn:
+		return "NOT coalesce(labels ->> " + key + "::text = ANY(" + q.arg(r.Values) + "::text[]), false)"
+	case registry.OpExists:
+		return "labels ? " + key + "::text"
+	default: // OpNotExists
+		return "NOT labels ? " + key + "::text"
 	}
 }
 

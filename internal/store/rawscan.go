@@ -21,7 +21,7 @@ import (
 
 // nodeBacking holds what a decoded node's pointer fields point at.
 type nodeBacking struct {
-	opt [4]string    // owner, cordon_reason, external_id, provider_state
+	opt [7]string    // owner, cordon_reason, external_id, provider_state, gpu_model, gpu_uuid, fabric
 	i64 [3]int64     // hardware_generation, gpu_mem, current_job
 	ts  [2]time.Time // last_seen, lease_expires_at
 }
@@ -29,6 +29,9 @@ type nodeBacking struct {
 // nodeDecoder decodes the rows of one query.
 type nodeDecoder struct {
 	backings []nodeBacking // the unused rest of the current chunk
+	// labels are the label sets read so far, by their stored text: the
+	// nodes of a page share a few.
+	labels map[string]registry.Labels
 }
 
 // errUndecodable is a value decodeNode does not read (an infinite time, a
@@ -38,14 +41,22 @@ var errUndecodable = errors.New("store: value not decodable")
 
 // rawDecodable reports whether rows of this shape can be decoded by
 // decodeNode: nodeFields' columns, of their types, every one but text in
-// the binary format (text is the same bytes in both).
+// the binary format but text (the same bytes in both) and jsonb (text).
 func rawDecodable(fds []pgconn.FieldDescription) bool {
 	if len(fds) != len(nodeFields) {
 		return false
 	}
 	for i, fd := range fds {
-		if fd.DataTypeOID != nodeFields[i].oid ||
-			fd.Format != pgx.BinaryFormatCode && fd.DataTypeOID != pgtype.TextOID {
+		var ok bool
+		switch fd.DataTypeOID {
+		case pgtype.TextOID:
+			ok = true // the same bytes in both formats
+		case pgtype.JSONBOID:
+			ok = fd.Format == pgx.TextFormatCode // pgx asks for jsonb as text
+		default:
+			ok = fd.Format == pgx.BinaryFormatCode
+		}
+		if fd.DataTypeOID != nodeFields[i].oid || !ok {
 			return false
 		}
 	}
@@ -76,7 +87,7 @@ func (d *nodeDecoder) scanNodeRow(rows pgx.Rows, raw bool, n *registry.Node, des
 // decodedFields is how many of nodeFields decodeNode reads, by position.
 // A column added to nodeFields stops the build here until decodeNode reads
 // it too.
-const decodedFields = 20
+const decodedFields = 24
 
 var _ [len(nodeFields) - decodedFields]struct{}
 var _ [decodedFields - len(nodeFields)]struct{}
@@ -106,24 +117,53 @@ func (d *nodeDecoder) decodeNode(vals [][]byte, n *registry.Node) error {
 	n.DriverVersion = r.str(vals[4])
 	n.HardwareGeneration = r.optInt(vals[5], 0)
 	n.GPUMem = r.optInt(vals[6], 1)
-	n.LastSeen = r.optTime(vals[7], 0)
-	n.CurrentJob = r.optInt(vals[8], 2)
-	n.LeaseExpiresAt = r.optTime(vals[9], 1)
-	n.Owner = r.optStr(vals[10], 0)
-	n.Source = r.str(vals[11])
-	n.Schedulable = r.bool(vals[12])
-	n.Lost = r.bool(vals[13])
-	n.CordonReason = r.optStr(vals[14], 1)
-	n.ExternalID = r.optStr(vals[15], 2)
-	n.ProviderState = r.optStr(vals[16], 3)
-	n.CreatedAt = r.time(vals[17])
-	n.UpdatedAt = r.time(vals[18])
-	n.Version = r.int8(vals[19])
+	n.GPUModel = r.optStr(vals[7], 4)
+	n.GPUUUID = r.optStr(vals[8], 5)
+	n.Fabric = r.optStr(vals[9], 6)
+	n.Labels = d.labelsOf(&r, vals[10])
+	n.LastSeen = r.optTime(vals[11], 0)
+	n.CurrentJob = r.optInt(vals[12], 2)
+	n.LeaseExpiresAt = r.optTime(vals[13], 1)
+	n.Owner = r.optStr(vals[14], 0)
+	n.Source = r.str(vals[15])
+	n.Schedulable = r.bool(vals[16])
+	n.Lost = r.bool(vals[17])
+	n.CordonReason = r.optStr(vals[18], 1)
+	n.ExternalID = r.optStr(vals[19], 2)
+	n.ProviderState = r.optStr(vals[20], 3)
+	n.CreatedAt = r.time(vals[21])
+	n.UpdatedAt = r.time(vals[22])
+	n.Version = r.int8(vals[23])
 	if r.err != nil {
 		return r.err
 	}
 	d.backings = d.backings[1:]
 	return nil
+}
+
+// labelsOf decodes the text of a jsonb of labels, reusing the set of an
+// earlier row with the same text.
+func (d *nodeDecoder) labelsOf(r *rowDecoder, text []byte) registry.Labels {
+	if text == nil {
+		r.fail()
+		return registry.Labels{}
+	}
+	if string(text) == "{}" {
+		return registry.Labels{}
+	}
+	if l, ok := d.labels[string(text)]; ok {
+		return l
+	}
+	l, err := registry.ParseLabels(text)
+	if err != nil {
+		r.fail()
+		return registry.Labels{}
+	}
+	if d.labels == nil {
+		d.labels = map[string]registry.Labels{}
+	}
+	d.labels[string(text)] = l
+	return l
 }
 
 // rowDecoder decodes one row's values; the first value it cannot decode

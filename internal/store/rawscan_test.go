@@ -47,7 +47,10 @@ func TestDecodeNodeMatchesScan(t *testing.T) {
 	exec(`UPDATE nodes SET hardware_generation = $2, gpu_mem = 80 << 30, current_job = 42,
 		lease_expires_at = '2026-12-02 10:11:12.345678+00', owner = 'agent-ü', source = 'scp',
 		cordon_reason = 'fan "3" <bad> & hot', external_id = 'i-0abc', provider_state = 'RUNNING',
-		lost = true, schedulable = false WHERE pk = $1`, pks[1], hw.PK)
+		lost = true, schedulable = false, gpu_model = 'NVIDIA H100 80GB HBM3', gpu_uuid = 'GPU-ü',
+		fabric = 'ib "a"', labels = '{"z": "1", "a.io/b": "", "team": "ml"}' WHERE pk = $1`, pks[1], hw.PK)
+	// Rows with one label set share it (the decoder reads it once).
+	exec(`UPDATE nodes SET labels = '{"team": "ml", "z": "1", "a.io/b": ""}', fabric = 'f' WHERE pk = ANY($1)`, []int64{pks[5], pks[6]})
 	exec(`INSERT INTO node_liveness (node_pk, last_seen) VALUES ($1, '2026-12-02 10:00:00.000001+00')`, pks[1])
 	// 2: empty strings, not NULL.
 	exec(`UPDATE nodes SET driver_version = '', owner = '', external_id = '', provider_state = '' WHERE pk = $1`, pks[2])
@@ -81,6 +84,9 @@ func TestDecodeNodeMatchesScan(t *testing.T) {
 		if got, want := string(decoded[i].AppendJSON(nil)), string(scanned[i].AppendJSON(nil)); got != want {
 			t.Errorf("row %d documents differ:\n%s\n%s", i, got, want)
 		}
+	}
+	if decoded[1].Labels.String() != `{"a.io/b":"","team":"ml","z":"1"}` || decoded[5].Labels != decoded[1].Labels {
+		t.Errorf("labels decoded as %s and %s", decoded[1].Labels, decoded[5].Labels)
 	}
 	if decoded[2].Owner == nil || *decoded[2].Owner != "" {
 		t.Errorf("an empty owner decoded as %v, want a pointer to \"\"", decoded[2].Owner)

@@ -457,6 +457,11 @@ type EchoUpdatedAt = time.Time
 // EchoVersion Read-only and best left out; accepted only when it equals the node's `version` now. A different value means the node changed since it was read (400); send `If-Match` to be answered 412 instead.
 type EchoVersion = int64
 
+// FabricFilter Only nodes of this fabric (`fabric` equal to it).
+//
+// Example: ib-pod-a
+type FabricFilter = string
+
 // FieldError defines model for FieldError.
 type FieldError struct {
 	// Field The request body member (or watch query parameter) at fault. A name the client chose that is longer than 64 bytes is cut to at most 64 bytes and ends in `…`.
@@ -592,7 +597,7 @@ type LeaseRenewal struct {
 // LeaseRenewalKind Example: renewed
 type LeaseRenewalKind string
 
-// Node A worker node: one GPU of a host, or a CPU-only host, as every response carries it. Responses carry every field below and may gain more later. Only `ip`, `index`, `cpu_mem`, `driver_version`, `hardware_generation` and `gpu_mem` are writable (see `NodeCreate`, `NodeUpdate`, `NodePatch`); the others are read-only (server-managed). This schema describes responses only, so it marks nothing `readOnly`: every field is always there.
+// Node A worker node: one GPU of a host, or a CPU-only host, as every response carries it. Responses carry every field below and may gain more later. Only `ip`, `index`, `cpu_mem`, `driver_version`, `hardware_generation`, `gpu_mem`, `gpu_model`, `gpu_uuid`, `fabric` and `labels` are writable (see `NodeCreate`, `NodeUpdate`, `NodePatch`); the others are read-only (server-managed). This schema describes responses only, so it marks nothing `readOnly`: every field is always there.
 type Node struct {
 	// CordonReason Why an admin cordoned the node (server-managed); null while it is not cordoned.
 	CordonReason *string `json:"cordon_reason"`
@@ -618,10 +623,25 @@ type Node struct {
 	// ExternalID The provider's id of the node's host, for nodes the sync worker imported (server-managed); null for nodes registered through the API.
 	ExternalID *string `json:"external_id"`
 
+	// Fabric The interconnect domain (InfiniBand, RoCE) the node's host is wired into: a multi-host job's nodes must share one. The nodes of a host share it. Imported nodes take their cloud's fabric (an SCP cluster fabric's id, an E2E training cluster); null when unknown.
+	//
+	// Example: ib-pod-a
+	Fabric *NodeFabric `json:"fabric"`
+
 	// GPUMem GPU memory in bytes; null when the node has no GPU. The agent and the cloud imports report the memory the GPU is sold with (80 GiB for an H100 80GB, which its driver reports as 81,559 MiB), so one `min_gpu_mem` finds both.
 	//
 	// Example: 85899345920
 	GPUMem *int64 `json:"gpu_mem"`
+
+	// GPUModel The GPU's product name as its driver (the agent) or its cloud (the import) names it; null when unknown or for a CPU-only host. The import fills it in on a node an agent owns only while it is null.
+	//
+	// Example: NVIDIA H100 80GB HBM3
+	GPUModel *NodeGPUModel `json:"gpu_model"`
+
+	// GPUUUID The GPU's own id as its driver reports it; null when unknown.
+	//
+	// Example: GPU-5f1c8e0a-7b9d-4c1e-9a63-2d1f0b7c9e42
+	GPUUUID *NodeGPUUUID `json:"gpu_uuid"`
 
 	// HardwareGeneration Primary key of the node's hardware generation, or null.
 	//
@@ -637,6 +657,11 @@ type Node struct {
 	//
 	// Example: 10.0.0.7
 	IP string `json:"ip"`
+
+	// Labels The node's labels, in Kubernetes label syntax: a key is an optional DNS-subdomain prefix and `/`, then a name of 1 to 63 characters of letters, digits, `-`, `_` and `.` that begins and ends with a letter or digit; a value is empty or such a name. At most 32 labels of its own per node; keys under `registryd.io` (`scp.registryd.io/region`, `e2e.registryd.io/plan`) are set only by the node's cloud import and do not count. Select nodes by labels with `selector`.
+	//
+	// Example: {"scp.registryd.io/region":"kr-west1","team":"research"}
+	Labels NodeLabels `json:"labels"`
 
 	// LastSeen When the node last acted (server-managed); null when it never has.
 	//
@@ -702,6 +727,11 @@ type NodeClaim struct {
 	// Example: 8
 	Count *int `json:"count,omitempty"`
 
+	// Fabric Only nodes of this fabric (`fabric` equal to it).
+	//
+	// Example: ib-pod-a
+	Fabric *FabricFilter `json:"fabric,omitempty"`
+
 	// Free May only be true (false is a 400): a claim always takes free nodes (`state` free).
 	Free *NodeClaimFree `json:"free,omitempty"`
 
@@ -736,6 +766,11 @@ type NodeClaim struct {
 	// SeenWithin Only nodes seen within this many seconds (at most 100 years).
 	SeenWithin *int64 `json:"seen_within,omitempty"`
 
+	// Selector Only nodes whose labels match this Kubernetes label selector: requirements separated by commas, all of which must hold: `k=v` (or `k==v`), `k!=v`, `k in (a,b)`, `k notin (a,b)`, `k` (the label exists) and `!k` (it does not). A node without the label passes `!=` and `notin`. A selector that does not parse is a 400 that names `selector` and the position (1-based) at fault.
+	//
+	// Example: team=research,scp.registryd.io/region in (kr-west1,kr-east1)
+	Selector *SelectorFilter `json:"selector,omitempty"`
+
 	// Source Where a node came from (server-managed): `api` when it was registered through this API, `scp` or `e2e` when the sync worker imported it from Samsung SDS Cloud or E2E Networks. As a filter (list, claim, watch), only nodes from this source. More sources may appear later.
 	//
 	// Example: api
@@ -754,6 +789,11 @@ type NodeClaimFree bool
 type NodeCordon struct {
 	// CurrentJob Only nodes held by this job (a job's pk, positive).
 	CurrentJob *int64 `json:"current_job,omitempty"`
+
+	// Fabric Only nodes of this fabric (`fabric` equal to it).
+	//
+	// Example: ib-pod-a
+	Fabric *FabricFilter `json:"fabric,omitempty"`
 
 	// Free Only free nodes (true) or only nodes that are not free (false).
 	Free *bool `json:"free,omitempty"`
@@ -786,6 +826,11 @@ type NodeCordon struct {
 	// SeenWithin Only nodes seen within this many seconds (at most 100 years).
 	SeenWithin *int64 `json:"seen_within,omitempty"`
 
+	// Selector Only nodes whose labels match this Kubernetes label selector: requirements separated by commas, all of which must hold: `k=v` (or `k==v`), `k!=v`, `k in (a,b)`, `k notin (a,b)`, `k` (the label exists) and `!k` (it does not). A node without the label passes `!=` and `notin`. A selector that does not parse is a 400 that names `selector` and the position (1-based) at fault.
+	//
+	// Example: team=research,scp.registryd.io/region in (kr-west1,kr-east1)
+	Selector *SelectorFilter `json:"selector,omitempty"`
+
 	// Source Where a node came from (server-managed): `api` when it was registered through this API, `scp` or `e2e` when the sync worker imported it from Samsung SDS Cloud or E2E Networks. As a filter (list, claim, watch), only nodes from this source. More sources may appear later.
 	//
 	// Example: api
@@ -797,9 +842,9 @@ type NodeCordon struct {
 	State *NodeStateFilter `json:"state,omitempty"`
 }
 
-// NodeCreate The six writable fields of a new node, all required.
+// NodeCreate The writable fields of a new node: the first six are required; `gpu_model`, `gpu_uuid` and `fabric` are null and `labels` empty when left out. Labels under `registryd.io` are the imports' own (400).
 //
-// Example: {"cpu_mem":549755813888,"driver_version":"550.54.15","gpu_mem":85899345920,"hardware_generation":null,"index":0,"ip":"10.0.0.7"}
+// Example: {"cpu_mem":549755813888,"driver_version":"550.54.15","fabric":"ib-pod-a","gpu_mem":85899345920,"gpu_model":"NVIDIA H100 80GB HBM3","hardware_generation":null,"index":0,"ip":"10.0.0.7","labels":{"team":"research"}}
 type NodeCreate struct {
 	// CPUMem CPU memory in bytes. Not null.
 	//
@@ -811,10 +856,25 @@ type NodeCreate struct {
 	// Example: 550.54.15
 	DriverVersion NodeDriverVersion `json:"driver_version"`
 
+	// Fabric The interconnect domain (InfiniBand, RoCE) the node's host is wired into: a multi-host job's nodes must share one. The nodes of a host share it. Imported nodes take their cloud's fabric (an SCP cluster fabric's id, an E2E training cluster); null when unknown.
+	//
+	// Example: ib-pod-a
+	Fabric *NodeFabric `json:"fabric,omitempty"`
+
 	// GPUMem GPU memory in bytes, or null when the node has no GPU.
 	//
 	// Example: 85899345920
 	GPUMem *NodeGPUMem `json:"gpu_mem"`
+
+	// GPUModel The GPU's product name as its driver (the agent) or its cloud (the import) names it; null when unknown or for a CPU-only host. The import fills it in on a node an agent owns only while it is null.
+	//
+	// Example: NVIDIA H100 80GB HBM3
+	GPUModel *NodeGPUModel `json:"gpu_model,omitempty"`
+
+	// GPUUUID The GPU's own id as its driver reports it; null when unknown.
+	//
+	// Example: GPU-5f1c8e0a-7b9d-4c1e-9a63-2d1f0b7c9e42
+	GPUUUID *NodeGPUUUID `json:"gpu_uuid,omitempty"`
 
 	// HardwareGeneration Primary key of an existing hardware generation (a pk that does not exist is a 400), or null for none.
 	//
@@ -830,6 +890,11 @@ type NodeCreate struct {
 	//
 	// Example: 10.0.0.7
 	IP NodeIP `json:"ip"`
+
+	// Labels The node's labels, in Kubernetes label syntax: a key is an optional DNS-subdomain prefix and `/`, then a name of 1 to 63 characters of letters, digits, `-`, `_` and `.` that begins and ends with a letter or digit; a value is empty or such a name. At most 32 labels of its own per node; keys under `registryd.io` (`scp.registryd.io/region`, `e2e.registryd.io/plan`) are set only by the node's cloud import and do not count. Select nodes by labels with `selector`.
+	//
+	// Example: {"scp.registryd.io/region":"kr-west1","team":"research"}
+	Labels *NodeLabels `json:"labels,omitempty"`
 }
 
 // NodeDriverVersion Driver version: valid UTF-8, at most 128 characters, no control characters. Not null; may be empty.
@@ -858,6 +923,11 @@ type NodeEvent struct {
 // Example: updated
 type NodeEventKind string
 
+// NodeFabric The interconnect domain (InfiniBand, RoCE) the node's host is wired into: a multi-host job's nodes must share one. The nodes of a host share it. Imported nodes take their cloud's fabric (an SCP cluster fabric's id, an E2E training cluster); null when unknown.
+//
+// Example: ib-pod-a
+type NodeFabric = string
+
 // NodeFilter Filters for listing nodes; every member is optional and none may be null. The filters are ANDed.
 type NodeFilter struct {
 	// After Only nodes whose pk is greater than this; for keyset paging.
@@ -865,6 +935,11 @@ type NodeFilter struct {
 
 	// CurrentJob Only nodes held by this job (a job's pk, positive).
 	CurrentJob *int64 `json:"current_job,omitempty"`
+
+	// Fabric Only nodes of this fabric (`fabric` equal to it).
+	//
+	// Example: ib-pod-a
+	Fabric *FabricFilter `json:"fabric,omitempty"`
 
 	// Free true for free nodes (`state` free), the ones a claim could take. false for every other node: gone, lost, draining, cordoned or busy.
 	Free *bool `json:"free,omitempty"`
@@ -890,6 +965,11 @@ type NodeFilter struct {
 	// SeenWithin Only nodes seen within this many seconds (at most 100 years).
 	SeenWithin *int64 `json:"seen_within,omitempty"`
 
+	// Selector Only nodes whose labels match this Kubernetes label selector: requirements separated by commas, all of which must hold: `k=v` (or `k==v`), `k!=v`, `k in (a,b)`, `k notin (a,b)`, `k` (the label exists) and `!k` (it does not). A node without the label passes `!=` and `notin`. A selector that does not parse is a 400 that names `selector` and the position (1-based) at fault.
+	//
+	// Example: team=research,scp.registryd.io/region in (kr-west1,kr-east1)
+	Selector *SelectorFilter `json:"selector,omitempty"`
+
 	// Source Where a node came from (server-managed): `api` when it was registered through this API, `scp` or `e2e` when the sync worker imported it from Samsung SDS Cloud or E2E Networks. As a filter (list, claim, watch), only nodes from this source. More sources may appear later.
 	//
 	// Example: api
@@ -906,6 +986,16 @@ type NodeFilter struct {
 // Example: 85899345920
 type NodeGPUMem = int64
 
+// NodeGPUModel The GPU's product name as its driver (the agent) or its cloud (the import) names it; null when unknown or for a CPU-only host. The import fills it in on a node an agent owns only while it is null.
+//
+// Example: NVIDIA H100 80GB HBM3
+type NodeGPUModel = string
+
+// NodeGPUUUID The GPU's own id as its driver reports it; null when unknown.
+//
+// Example: GPU-5f1c8e0a-7b9d-4c1e-9a63-2d1f0b7c9e42
+type NodeGPUUUID = string
+
 // NodeHardwareGeneration Primary key of an existing hardware generation (a pk that does not exist is a 400), or null for none.
 //
 // Example: 1
@@ -921,9 +1011,24 @@ type NodeIP = string
 // Example: 0
 type NodeIndex = int32
 
-// NodePatch A JSON merge patch (RFC 7396) of a node: every member is optional; absent members stay, null clears `hardware_generation` or `gpu_mem`. Read-only fields are best left out, and may be echoed as for PUT.
+// NodeLabels The node's labels, in Kubernetes label syntax: a key is an optional DNS-subdomain prefix and `/`, then a name of 1 to 63 characters of letters, digits, `-`, `_` and `.` that begins and ends with a letter or digit; a value is empty or such a name. At most 32 labels of its own per node; keys under `registryd.io` (`scp.registryd.io/region`, `e2e.registryd.io/plan`) are set only by the node's cloud import and do not count. Select nodes by labels with `selector`.
 //
-// Example: {"driver_version":"555.42.02"}
+// Example: {"scp.registryd.io/region":"kr-west1","team":"research"}
+type NodeLabels map[string]string
+
+// NodeLabelsMerge Labels to set (a value) or remove (null); the node's other labels stay. Labels under `registryd.io` may only be echoed unchanged. null for the whole member removes every label of its own.
+//
+// Example: {"stale":null,"team":"research"}
+type NodeLabelsMerge map[string]*string
+
+// NodeLabelsReplace The node's labels of its own (see `NodeLabels`), replacing those it has; labels under `registryd.io` may be echoed unchanged, and stay whether echoed or not. null removes every label of its own.
+//
+// Example: {"team":"research"}
+type NodeLabelsReplace map[string]string
+
+// NodePatch A JSON merge patch (RFC 7396) of a node: every member is optional; absent members stay, null clears `hardware_generation`, `gpu_mem`, `gpu_model`, `gpu_uuid` or `fabric`. `labels` merges: each member sets a label, a null member removes one, and `labels: null` removes every label but those under `registryd.io`, which only the node's import sets. Read-only fields are best left out, and may be echoed as for PUT.
+//
+// Example: {"labels":{"stale":null,"team":"research"}}
 type NodePatch struct {
 	// CordonReason Read-only and best left out; accepted only when it equals the stored value (cordon and uncordon change it).
 	CordonReason *EchoCordonReason `json:"cordon_reason,omitempty"`
@@ -947,10 +1052,25 @@ type NodePatch struct {
 	// ExternalID Read-only and best left out; accepted only when it equals the stored value.
 	ExternalID *EchoExternalID `json:"external_id,omitempty"`
 
+	// Fabric The interconnect domain (InfiniBand, RoCE) the node's host is wired into: a multi-host job's nodes must share one. The nodes of a host share it. Imported nodes take their cloud's fabric (an SCP cluster fabric's id, an E2E training cluster); null when unknown.
+	//
+	// Example: ib-pod-a
+	Fabric *NodeFabric `json:"fabric,omitempty"`
+
 	// GPUMem GPU memory in bytes, or null when the node has no GPU.
 	//
 	// Example: 85899345920
 	GPUMem *NodeGPUMem `json:"gpu_mem,omitempty"`
+
+	// GPUModel The GPU's product name as its driver (the agent) or its cloud (the import) names it; null when unknown or for a CPU-only host. The import fills it in on a node an agent owns only while it is null.
+	//
+	// Example: NVIDIA H100 80GB HBM3
+	GPUModel *NodeGPUModel `json:"gpu_model,omitempty"`
+
+	// GPUUUID The GPU's own id as its driver reports it; null when unknown.
+	//
+	// Example: GPU-5f1c8e0a-7b9d-4c1e-9a63-2d1f0b7c9e42
+	GPUUUID *NodeGPUUUID `json:"gpu_uuid,omitempty"`
 
 	// HardwareGeneration Primary key of an existing hardware generation (a pk that does not exist is a 400), or null for none.
 	//
@@ -966,6 +1086,11 @@ type NodePatch struct {
 	//
 	// Example: 10.0.0.7
 	IP *NodeIP `json:"ip,omitempty"`
+
+	// Labels Labels to set (a value) or remove (null); the node's other labels stay. Labels under `registryd.io` may only be echoed unchanged. null for the whole member removes every label of its own.
+	//
+	// Example: {"stale":null,"team":"research"}
+	Labels *NodeLabelsMerge `json:"labels,omitempty"`
 
 	// LastSeen Read-only and server-managed. Accepted when it is null (read before the first heartbeat) or, once the node has been seen, a time not later than the stored `last_seen` (heartbeats move it on after a read). Best left out.
 	LastSeen *EchoLastSeen `json:"last_seen,omitempty"`
@@ -1047,7 +1172,7 @@ type NodeUncordon struct {
 	Nodes []int64 `json:"nodes"`
 }
 
-// NodeUpdate A full update (PUT): the six writable fields are required. The read-only fields are best left out; they may be echoed back with the values last read, and a different value is a 400 (`last_seen` may be older than the stored one; `created_at` and `updated_at` count at the precision sent).
+// NodeUpdate A full update (PUT): the six writable fields `ip` to `gpu_mem` are required. `gpu_model`, `gpu_uuid`, `fabric` and `labels` stay as they are when left out (clients older than them do not send them); `labels`, when sent, replaces the node's labels but for those under `registryd.io`, which its import sets: they may be echoed unchanged or left out, and stay either way. The read-only fields are best left out; they may be echoed back with the values last read, and a different value is a 400 (`last_seen` may be older than the stored one; `created_at` and `updated_at` count at the precision sent).
 //
 // Example: {"cpu_mem":549755813888,"driver_version":"555.42.02","gpu_mem":85899345920,"hardware_generation":null,"index":0,"ip":"10.0.0.7"}
 type NodeUpdate struct {
@@ -1073,10 +1198,25 @@ type NodeUpdate struct {
 	// ExternalID Read-only and best left out; accepted only when it equals the stored value.
 	ExternalID *EchoExternalID `json:"external_id,omitempty"`
 
+	// Fabric The interconnect domain (InfiniBand, RoCE) the node's host is wired into: a multi-host job's nodes must share one. The nodes of a host share it. Imported nodes take their cloud's fabric (an SCP cluster fabric's id, an E2E training cluster); null when unknown.
+	//
+	// Example: ib-pod-a
+	Fabric *NodeFabric `json:"fabric,omitempty"`
+
 	// GPUMem GPU memory in bytes, or null when the node has no GPU.
 	//
 	// Example: 85899345920
 	GPUMem *NodeGPUMem `json:"gpu_mem"`
+
+	// GPUModel The GPU's product name as its driver (the agent) or its cloud (the import) names it; null when unknown or for a CPU-only host. The import fills it in on a node an agent owns only while it is null.
+	//
+	// Example: NVIDIA H100 80GB HBM3
+	GPUModel *NodeGPUModel `json:"gpu_model,omitempty"`
+
+	// GPUUUID The GPU's own id as its driver reports it; null when unknown.
+	//
+	// Example: GPU-5f1c8e0a-7b9d-4c1e-9a63-2d1f0b7c9e42
+	GPUUUID *NodeGPUUUID `json:"gpu_uuid,omitempty"`
 
 	// HardwareGeneration Primary key of an existing hardware generation (a pk that does not exist is a 400), or null for none.
 	//
@@ -1092,6 +1232,11 @@ type NodeUpdate struct {
 	//
 	// Example: 10.0.0.7
 	IP NodeIP `json:"ip"`
+
+	// Labels The node's labels of its own (see `NodeLabels`), replacing those it has; labels under `registryd.io` may be echoed unchanged, and stay whether echoed or not. null removes every label of its own.
+	//
+	// Example: {"team":"research"}
+	Labels *NodeLabelsReplace `json:"labels,omitempty"`
 
 	// LastSeen Read-only and server-managed. Accepted when it is null (read before the first heartbeat) or, once the node has been seen, a time not later than the stored `last_seen` (heartbeats move it on after a read). Best left out.
 	LastSeen *EchoLastSeen `json:"last_seen,omitempty"`
@@ -1282,6 +1427,11 @@ type RevokeRequest struct {
 	Until *time.Time `json:"until,omitempty"`
 }
 
+// SelectorFilter Only nodes whose labels match this Kubernetes label selector: requirements separated by commas, all of which must hold: `k=v` (or `k==v`), `k!=v`, `k in (a,b)`, `k notin (a,b)`, `k` (the label exists) and `!k` (it does not). A node without the label passes `!=` and `notin`. A selector that does not parse is a 400 that names `selector` and the position (1-based) at fault.
+//
+// Example: team=research,scp.registryd.io/region in (kr-west1,kr-east1)
+type SelectorFilter = string
+
 // Source Where a node came from (server-managed): `api` when it was registered through this API, `scp` or `e2e` when the sync worker imported it from Samsung SDS Cloud or E2E Networks. As a filter (list, claim, watch), only nodes from this source. More sources may appear later.
 //
 // Example: api
@@ -1347,6 +1497,11 @@ type NodeID = int64
 // NodePK defines model for NodePK.
 type NodePK = int64
 
+// WatchFabric Only nodes of this fabric (`fabric` equal to it).
+//
+// Example: ib-pod-a
+type WatchFabric = FabricFilter
+
 // WatchHardwareGeneration defines model for WatchHardwareGeneration.
 type WatchHardwareGeneration = int64
 
@@ -1358,6 +1513,11 @@ type WatchIndex = int32
 
 // WatchNode defines model for WatchNode.
 type WatchNode = int64
+
+// WatchSelector Only nodes whose labels match this Kubernetes label selector: requirements separated by commas, all of which must hold: `k=v` (or `k==v`), `k!=v`, `k in (a,b)`, `k notin (a,b)`, `k` (the label exists) and `!k` (it does not). A node without the label passes `!=` and `notin`. A selector that does not parse is a 400 that names `selector` and the position (1-based) at fault.
+//
+// Example: team=research,scp.registryd.io/region in (kr-west1,kr-east1)
+type WatchSelector = SelectorFilter
 
 // WatchSource Where a node came from (server-managed): `api` when it was registered through this API, `scp` or `e2e` when the sync worker imported it from Samsung SDS Cloud or E2E Networks. As a filter (list, claim, watch), only nodes from this source. More sources may appear later.
 //
@@ -1579,6 +1739,12 @@ type WatchNodesParams struct {
 	// State Only events whose node is, after the change, in one of these states: one `NodeState`, or several separated by commas (`cordoned,draining`). Any other value is a 400. A change that takes a node out of these states (a claim of a free node, for `state=free`) is not sent to that watch.
 	State *WatchState `form:"state,omitempty" json:"state,omitempty"`
 
+	// Fabric Only events whose node is in this fabric.
+	Fabric *WatchFabric `form:"fabric,omitempty" json:"fabric,omitempty"`
+
+	// Selector Only events whose node's labels match this label selector (see `SelectorFilter`; URL-encode it). A change of a node's labels that takes it out of the selector is not sent to that watch.
+	Selector *WatchSelector `form:"selector,omitempty" json:"selector,omitempty"`
+
 	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
 	NodeID *NodeID `json:"Node-Id,omitempty"`
 
@@ -1608,6 +1774,12 @@ type HeadWatchNodesParams struct {
 
 	// State Only events whose node is, after the change, in one of these states: one `NodeState`, or several separated by commas (`cordoned,draining`). Any other value is a 400. A change that takes a node out of these states (a claim of a free node, for `state=free`) is not sent to that watch.
 	State *WatchState `form:"state,omitempty" json:"state,omitempty"`
+
+	// Fabric Only events whose node is in this fabric.
+	Fabric *WatchFabric `form:"fabric,omitempty" json:"fabric,omitempty"`
+
+	// Selector Only events whose node's labels match this label selector (see `SelectorFilter`; URL-encode it). A change of a node's labels that takes it out of the selector is not sent to that watch.
+	Selector *WatchSelector `form:"selector,omitempty" json:"selector,omitempty"`
 
 	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
 	NodeID *NodeID `json:"Node-Id,omitempty"`
@@ -4889,6 +5061,30 @@ func NewWatchNodesRequest(server string, params *WatchNodesParams) (*http.Reques
 
 		}
 
+		if params.Fabric != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "fabric", *params.Fabric, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Selector != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "selector", *params.Selector, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
 		if encoded := queryValues.Encode(); encoded != "" {
 			rawQueryFragments = append(rawQueryFragments, encoded)
 		}
@@ -5032,6 +5228,30 @@ func NewHeadWatchNodesRequest(server string, params *HeadWatchNodesParams) (*htt
 		if params.State != nil {
 
 			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "state", *params.State, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Fabric != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "fabric", *params.Fabric, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Selector != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "selector", *params.Selector, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			} else {
 				for _, qp := range strings.Split(queryFrag, "&") {

@@ -38,12 +38,17 @@ type GPU struct {
 	Index  int
 	MiB    int64
 	Driver string
+	UUID   string // [N/A] when empty
 	Name   string
 }
 
 // Line is the GPU as nvidia-smi's CSV query prints it.
 func (g GPU) Line() string {
-	return fmt.Sprintf("%d, %d, %s, %s", g.Index, g.MiB, g.Driver, g.Name)
+	uuid := g.UUID
+	if uuid == "" {
+		uuid = "[N/A]"
+	}
+	return fmt.Sprintf("%d, %d, %s, %s, %s", g.Index, g.MiB, g.Driver, uuid, g.Name)
 }
 
 // GPUs makes the fake report these GPUs (none: an empty answer).
