@@ -193,7 +193,7 @@ func diffInventory(t *testing.T, got, want provider.Inventory) {
 		if i < len(want.Hosts) {
 			w = want.Hosts[i]
 		}
-		if g != w {
+		if !reflect.DeepEqual(g, w) {
 			t.Errorf("host %d:\n got %+v\nwant %+v", i, g, w)
 		}
 	}

@@ -261,7 +261,7 @@ func diffHosts(got, want []provider.Host) string {
 		if i < len(want) {
 			w = want[i]
 		}
-		if g != w {
+		if !reflect.DeepEqual(g, w) {
 			fmt.Fprintf(&b, "  [%d] got  %+v\n       want %+v\n", i, g, w)
 		}
 	}
