@@ -32,6 +32,33 @@ type Host struct {
 	GPUs        int    // GPUs on the host; 0 for CPU-only
 	GPUMemBytes int64  // per GPU
 	CPUMemBytes int64  // host memory
+
+	// Fabric names the interconnect domain the host is wired into (an
+	// SCP cluster fabric, an E2E training cluster): hosts of one provider
+	// with the same Fabric share it. It is the provider's stable id for
+	// the domain, never a display name, so it stays the same across passes
+	// while the domain exists. It is unique within its provider only;
+	// "" when the provider does not say.
+	Fabric string
+	// Labels are what the provider says about the host, under keys with
+	// the provider's own prefix (e.g. "scp.registryd.io/region") that
+	// only its import sets. Every value is a non-empty valid label value
+	// (LabelValue); a fact with no such form is left out. nil when none.
+	Labels map[string]string
+}
+
+// SetLabel sets h.Labels[key] to LabelValue(value), or deletes key when
+// nothing of value remains.
+func (h *Host) SetLabel(key, value string) {
+	v, ok := LabelValue(value)
+	if !ok {
+		delete(h.Labels, key)
+		return
+	}
+	if h.Labels == nil {
+		h.Labels = make(map[string]string, 4)
+	}
+	h.Labels[key] = v
 }
 
 // Skip is a host the provider reported that cannot become registry nodes,

@@ -1,5 +1,9 @@
 // Package e2e reads E2E Networks TIR training clusters into a provider
 // inventory: one host per worker node of each cluster. It only reads.
+//
+// A training cluster is its workers' interconnect domain: every host of
+// cluster 101 has Fabric "cluster-101", the cluster's id (which the API
+// keeps for the cluster's life) and never its name.
 package e2e
 
 import (
@@ -8,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"net/http"
 	"net/url"
@@ -26,6 +31,18 @@ const (
 	maxPages = 10000
 	// maxMessage bounds how much of a provider's error text reaches logs.
 	maxMessage = 500
+)
+
+// Label keys the import sets on E2E hosts, from the cluster document;
+// every worker of a cluster has the same. Only the import may set keys
+// under LabelPrefix.
+const (
+	LabelPrefix = "e2e.registryd.io/"
+	// LabelLocation is sku_details.plan.location, else Config.Location:
+	// the list call returns only the clusters of that location.
+	LabelLocation = LabelPrefix + "location"
+	LabelCluster  = LabelPrefix + "cluster" // the cluster's name
+	LabelPlan     = LabelPrefix + "plan"    // sku_details.specs.name, the SKU its nodes run on
 )
 
 // Config is what a Client needs. Endpoint is the API base URL, e.g.
@@ -130,7 +147,7 @@ func (c *Client) Fetch(ctx context.Context) (provider.Inventory, error) {
 				Message: "page repeats clusters already read; the API seems to ignore page_no"}
 		}
 	}
-	return inventory(clusters), nil
+	return inventory(clusters, c.cfg.Location), nil
 }
 
 func op(page int) string { return fmt.Sprintf("GET %s page %d", listPath, page) }
@@ -259,8 +276,9 @@ func errorsText(raw json.RawMessage) string {
 	return ""
 }
 
-// inventory maps clusters to hosts, one per addressable worker node.
-func inventory(clusters []cluster) provider.Inventory {
+// inventory maps clusters to hosts, one per addressable worker node;
+// location is the one the clusters were listed for.
+func inventory(clusters []cluster, location string) provider.Inventory {
 	var inv provider.Inventory
 	for _, cl := range clusters {
 		cid, cname := string(cl.ID), string(cl.Name)
@@ -285,6 +303,10 @@ func inventory(clusters []cluster) provider.Inventory {
 		}
 		spec := cl.SKU.Specs
 		problem := spec.problem()
+		var shared provider.Host // the labels every worker of cl has
+		shared.SetLabel(LabelLocation, firstOf(string(cl.SKU.Plan.Location), strings.TrimSpace(location)))
+		shared.SetLabel(LabelCluster, cname)
+		shared.SetLabel(LabelPlan, string(spec.Name))
 		seen := make(map[string]bool)
 		for i, raw := range cl.Workers {
 			w, ok := decodeWorker(raw)
@@ -329,6 +351,8 @@ func inventory(clusters []cluster) provider.Inventory {
 				State:       state,
 				Running:     cl.Status == "Running" && (w.Status == "" || w.Status == "Running"),
 				CPUMemBytes: gib(spec.Memory.v),
+				Fabric:      "cluster-" + cid,
+				Labels:      maps.Clone(shared.Labels),
 			}
 			if gpus := int(spec.GPU.v); gpus > 0 {
 				h.GPUModel = string(spec.GPUCardType)
@@ -368,6 +392,7 @@ type cluster struct {
 	NoOfNodes number `json:"no_of_nodes"`
 	SKU       struct {
 		Specs specs `json:"specs"`
+		Plan  plan  `json:"plan"`
 	} `json:"sku_details"`
 	Workers []json.RawMessage `json:"worker_nodes"`
 }
@@ -375,6 +400,7 @@ type cluster struct {
 // specs is a SKU per node: gpu GPUs, memory host GB, gpu_memory GPU GB in
 // total (640 for 8 × H100 80 GB).
 type specs struct {
+	Name        text   `json:"name"`
 	CPU         number `json:"cpu"`
 	GPU         number `json:"gpu"`
 	Memory      number `json:"memory"`
@@ -397,6 +423,24 @@ func (s specs) problem() string {
 		return "SKU without memory"
 	}
 	return ""
+}
+
+// plan is the SKU's price plan, read for its location only. It describes
+// the hosts without sizing them, so a plan that is not an object says
+// nothing rather than failing the pass.
+type plan struct {
+	Location text
+}
+
+func (p *plan) UnmarshalJSON(b []byte) error {
+	var v struct {
+		Location text `json:"location"`
+	}
+	if json.Unmarshal(b, &v) != nil {
+		v.Location = ""
+	}
+	p.Location = v.Location
+	return nil
 }
 
 // worker is a worker_nodes entry. Its fields are not documented, so each

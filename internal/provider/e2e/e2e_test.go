@@ -157,7 +157,8 @@ func TestFetchMapping(t *testing.T) {
 	const gib = provider.GiB
 	h100 := func(id, name, ip, state string, running bool) provider.Host {
 		return provider.Host{ExternalID: id, Name: name, IP: ip, State: state, Running: running,
-			GPUModel: "H100", GPUs: 8, GPUMemBytes: 80 * gib, CPUMemBytes: 1800 * gib}
+			GPUModel: "H100", GPUs: 8, GPUMemBytes: 80 * gib, CPUMemBytes: 1800 * gib,
+			Fabric: "cluster-101", Labels: labels("Delhi", "h100", "GDC3.8xH100-640GB")}
 	}
 	want := provider.Inventory{
 		Hosts: []provider.Host{
@@ -165,10 +166,13 @@ func TestFetchMapping(t *testing.T) {
 			h100("101/w-2", "h100-w2", "10.0.0.2", "Running", true),
 			h100("101/3", "h100-w3", "10.0.0.3", "Restarting", false),
 			h100("101/h100-w5", "h100-w5", "10.0.0.5", "Running", true),
-			{ExternalID: "102/7", Name: "cpu-w1", IP: "10.0.1.1", State: "Running", Running: true, CPUMemBytes: 32 * gib},
+			{ExternalID: "102/7", Name: "cpu-w1", IP: "10.0.1.1", State: "Running", Running: true, CPUMemBytes: 32 * gib,
+				Fabric: "cluster-102", Labels: labels("Delhi", "cpu", "C3.32GB")},
 			{ExternalID: "103/8", Name: "l40s-w1", IP: "10.0.2.1", State: "Stopped", Running: false,
-				GPUModel: "L40S", GPUs: 2, GPUMemBytes: 48 * gib, CPUMemBytes: 200 * gib},
-			{ExternalID: "106/10", Name: "partial-w1", IP: "10.0.4.1", State: "Running", Running: true, CPUMemBytes: 32 * gib},
+				GPUModel: "L40S", GPUs: 2, GPUMemBytes: 48 * gib, CPUMemBytes: 200 * gib,
+				Fabric: "cluster-103", Labels: labels("Delhi", "stopped", "GDC3.2xL40S-96GB")},
+			{ExternalID: "106/10", Name: "partial-w1", IP: "10.0.4.1", State: "Running", Running: true, CPUMemBytes: 32 * gib,
+				Fabric: "cluster-106", Labels: labels("Delhi", "partial", "C3.32GB")},
 		},
 		Skipped: []provider.Skip{
 			{ExternalID: "101/4", Name: "h100-w4", Reason: "worker has no address"},
@@ -193,7 +197,7 @@ func diffInventory(t *testing.T, got, want provider.Inventory) {
 		if i < len(want.Hosts) {
 			w = want.Hosts[i]
 		}
-		if g != w {
+		if !reflect.DeepEqual(g, w) {
 			t.Errorf("host %d:\n got %+v\nwant %+v", i, g, w)
 		}
 	}
@@ -236,9 +240,11 @@ func TestFetchWorkerFieldNames(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// No plan and no SKU name: the location is the one listed.
 	l4 := func(id, name, ip, state string, running bool) provider.Host {
 		return provider.Host{ExternalID: id, Name: name, IP: ip, State: state, Running: running,
-			GPUModel: "L4", GPUs: 1, GPUMemBytes: 24 * provider.GiB, CPUMemBytes: 64 * provider.GiB}
+			GPUModel: "L4", GPUs: 1, GPUMemBytes: 24 * provider.GiB, CPUMemBytes: 64 * provider.GiB,
+			Fabric: "cluster-201", Labels: labels("Delhi", "alt", "")}
 	}
 	diffInventory(t, inv, provider.Inventory{
 		Hosts: []provider.Host{

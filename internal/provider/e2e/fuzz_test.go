@@ -25,6 +25,8 @@ func FuzzFetch(f *testing.F) {
 		`"sku_details":{"specs":{"gpu":8,"memory":1024,"gpu_memory":640,"gpu_card_type":"H100"}},` +
 		`"worker_nodes":[{"id":"w1","private_ip":"10.0.0.9","status":"Running"}]}],"errors":{},"message":"Success"}`))
 	f.Add([]byte(`{"code":200,"data":[{"id":"x","sku_details":{"specs":{"gpu":"2","memory":"8","gpu_memory":"48","gpu_card_type":"L4"}},"worker_nodes":[{"name":"a","ip":"::ffff:10.1.1.1"},7,null]}]}`))
+	f.Add([]byte(`{"code":200,"data":[{"id":8,"name":"훈련 / run (v2)","status":"Running","sku_details":{"specs":{"name":"GDC3 8×H100","gpu":8,` +
+		`"memory":1024,"gpu_memory":640,"gpu_card_type":"H100"},"plan":{"location":" Delhi NCR "}},"worker_nodes":[{"id":1,"private_ip":"10.0.0.1"}]}]}`))
 	f.Add([]byte(`{"code":500,"data":null,"errors":"boom","message":"bad"}`))
 	f.Add([]byte(`{"code":200,"data":[]}`))
 

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/registryd/registryd/internal/provider"
+	"github.com/registryd/registryd/internal/registry"
 )
 
 // CheckFetch fails t unless a pass's result is all or nothing: a failed
@@ -24,8 +25,10 @@ func CheckFetch(t testing.TB, inv provider.Inventory, err error) {
 
 // CheckInventory fails t when inv breaks what provider.Host promises the
 // sync worker: every host has an id, unique within the inventory, and an
-// address; GPU hosts name their model. (Whether the numbers are believable
-// is the sync worker's own check.)
+// address; GPU hosts name their model; a fabric id has no surrounding
+// blanks; every label has a valid key under one of registryd's provider
+// prefixes (*.registryd.io/) and a non-empty valid value. (Whether the
+// numbers are believable is the sync worker's own check.)
 func CheckInventory(t testing.TB, inv provider.Inventory) {
 	t.Helper()
 	seen := map[string]bool{}
@@ -41,6 +44,21 @@ func CheckInventory(t testing.TB, inv provider.Inventory) {
 			t.Fatalf("host %q has %d GPUs", h.ExternalID, h.GPUs)
 		case h.GPUs > 0 && strings.TrimSpace(h.GPUModel) == "":
 			t.Fatalf("GPU host %q without a model: %+v", h.ExternalID, h)
+		case strings.TrimSpace(h.Fabric) != h.Fabric:
+			t.Fatalf("host %q has fabric %q", h.ExternalID, h.Fabric)
+		}
+		for k, v := range h.Labels {
+			prefix, _, _ := strings.Cut(k, "/")
+			switch {
+			case registry.CheckLabelKey(k) != "":
+				t.Fatalf("host %q: label key %q %s", h.ExternalID, k, registry.CheckLabelKey(k))
+			case !strings.Contains(k, "/") || !strings.HasSuffix(prefix, ".registryd.io"):
+				t.Fatalf("host %q: label key %q is not under a provider's prefix", h.ExternalID, k)
+			case v == "":
+				t.Fatalf("host %q: label %q is empty; it should have been left out", h.ExternalID, k)
+			case registry.CheckLabelValue(v) != "":
+				t.Fatalf("host %q: label %q=%q: its value %s", h.ExternalID, k, v, registry.CheckLabelValue(v))
+			}
 		}
 		seen[h.ExternalID] = true
 	}

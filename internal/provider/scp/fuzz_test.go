@@ -23,6 +23,9 @@ import (
 func FuzzFetch(f *testing.F) {
 	f.Add([]byte(`{"products":[{"id":"p1","name":"H100x8","description":"H100(80GB)*8","product_attrs":{"gpu_model":"H100","memory_value":"2048GB"}}]}`),
 		[]byte(`{"count":1,"gpu_nodes":[{"id":"n1","gpu_node_name":"gpu-1","policy_ip":"10.0.0.1","server_type":"H100x8","product_type_id":"p1","state":"RUNNING"}]}`))
+	f.Add([]byte(`{"products":[{"id":"p1","name":"H100x8","description":"H100(80GB)*8","product_attrs":{"gpu_model":"H100","memory_value":"2048GB"}}]}`),
+		[]byte(`{"count":1,"gpu_nodes":[{"id":"n1","policy_ip":"10.0.0.1","product_type_id":"p1","state":"RUNNING",`+
+			`"cluster_fabric_id":" f\u00e91 ","cluster_fabric_name":"클러스터 A/1","node_pool_id":7,"region_id":"-kr west1-"}]}`))
 	f.Add([]byte(`{"products":[]}`), []byte(`{"count":null,"gpu_nodes":[]}`))
 	f.Add([]byte(`{"products":[{"id":"p","product_attrs":{"gpu_model":"NONE","memory_value":"64"}}]}`),
 		[]byte(`{"count":2,"gpu_nodes":[{"id":"a","policy_ip":"::1","product_type_id":"p"},{"id":"a","policy_ip":"::1","product_type_id":"p"}]}`))

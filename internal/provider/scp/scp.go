@@ -4,6 +4,7 @@
 package scp
 
 import (
+	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
@@ -17,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/registryd/registryd/internal/provider"
 )
@@ -29,6 +31,16 @@ const (
 	// maxNodes stops a server that keeps sending full pages (with a null
 	// or absurd count) from keeping a pass busy forever.
 	maxNodes = 1 << 20
+)
+
+// Label keys the import sets on SCP hosts, from the GPU node's own
+// answer. Only the import may set keys under LabelPrefix.
+const (
+	LabelPrefix     = "scp.registryd.io/"
+	LabelRegion     = LabelPrefix + "region"      // region_id
+	LabelNodePool   = LabelPrefix + "node-pool"   // node_pool_id (the API gives pools no name)
+	LabelFabricName = LabelPrefix + "fabric-name" // cluster_fabric_name
+	LabelServerType = LabelPrefix + "server-type" // server_type, else the product's name
 )
 
 // Config is what a Client needs. Endpoint, AccessKey and SecretKey are
@@ -180,6 +192,29 @@ type gpuNode struct {
 	ServerType    string `json:"server_type"`
 	ProductTypeID string `json:"product_type_id"`
 	State         string `json:"state"`
+
+	FabricID   looseString `json:"cluster_fabric_id"` // "any of [string, null]"
+	FabricName looseString `json:"cluster_fabric_name"`
+	NodePoolID looseString `json:"node_pool_id"`
+	RegionID   looseString `json:"region_id"`
+}
+
+// looseString is a string the host's identity and size do not depend on:
+// null, or any JSON that is not a string, reads as "" (unknown) rather
+// than failing the pass. Surrounding blanks are dropped.
+type looseString string
+
+func (s *looseString) UnmarshalJSON(b []byte) error {
+	var v string
+	switch {
+	case len(b) < 2 || b[0] != '"':
+	case bytes.IndexByte(b, '\\') < 0 && utf8.Valid(b):
+		v = string(b[1 : len(b)-1]) // nothing to unescape
+	case json.Unmarshal(b, &v) != nil:
+		v = ""
+	}
+	*s = looseString(strings.TrimSpace(v))
+	return nil
 }
 
 type errorBody struct {
@@ -417,7 +452,16 @@ func (c *Client) host(n gpuNode, idx productIndex) (provider.Host, string) {
 		State:       n.State,
 		Running:     n.State == "RUNNING",
 		CPUMemBytes: memGB * provider.GiB,
+		Fabric:      string(n.FabricID),
 	}
+	h.SetLabel(LabelRegion, string(n.RegionID))
+	h.SetLabel(LabelNodePool, string(n.NodePoolID))
+	h.SetLabel(LabelFabricName, string(n.FabricName))
+	serverType := strings.TrimSpace(n.ServerType)
+	if serverType == "" {
+		serverType = p.Name
+	}
+	h.SetLabel(LabelServerType, serverType)
 	model := strings.TrimSpace(p.Attrs.GPUModel)
 	if model == "" || strings.EqualFold(model, "NONE") {
 		return h, "" // CPU-only host

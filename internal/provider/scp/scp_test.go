@@ -114,12 +114,37 @@ var products = []scptest.Product{
 
 const gib = provider.GiB
 
+// The catalogue's two fabrics, in one node pool.
+var (
+	fabricA = scptest.Topology{FabricID: "20c507a036c447cdb3b19468d8ea62ac", FabricName: "cluster001",
+		NodePoolID: "POOL001-krw1a", RegionID: "kr-west1"}
+	fabricB = scptest.Topology{FabricID: "9b1de7c4a2f04e3c8d5a6b7c8d9e0f1a", FabricName: "cluster002",
+		NodePoolID: "POOL001-krw1a", RegionID: "kr-west1"}
+)
+
+// labels is a host's expected labels; "" leaves one out.
+func labels(region, pool, fabricName, serverType string) map[string]string {
+	m := map[string]string{}
+	for k, v := range map[string]string{scp.LabelRegion: region, scp.LabelNodePool: pool,
+		scp.LabelFabricName: fabricName, scp.LabelServerType: serverType} {
+		if v != "" {
+			m[k] = v
+		}
+	}
+	if len(m) == 0 {
+		return nil
+	}
+	return m
+}
+
 // catalogue is 45 GPU nodes, each case once, the rest ordinary B300
 // nodes, and what Fetch must make of them.
 func catalogue() (nodes []scptest.Node, hosts []provider.Host, skips []provider.Skip) {
 	type nodeCase struct {
-		node scptest.Node
-		host *provider.Host // nil: skipped with a reason containing skip
+		node scptest.Node // Topology nil: in fabricA
+		// host nil: skipped with a reason containing skip. Labels nil: a
+		// host of fabricA or fabricB with the node's server_type.
+		host *provider.Host
 		skip string
 	}
 	cases := []nodeCase{
@@ -146,15 +171,42 @@ func catalogue() (nodes []scptest.Node, hosts []provider.Host, skips []provider.
 			skip: `"X999"`},
 		{node: scptest.Node{ID: "n-badmem", Name: "gpu-badmem", PolicyIP: "10.0.0.11", ServerType: "badmem_metal", State: "RUNNING"},
 			skip: "memory_value"},
+		// No server_type: the product found by id names the server type.
+		{node: scptest.Node{ID: "n-notype", Name: "gpu-notype", PolicyIP: "10.0.0.12", ProductTypeID: "prod-h200", State: "RUNNING"},
+			host: &provider.Host{GPUModel: "H200", GPUs: 4, GPUMemBytes: 141 * gib, CPUMemBytes: 1024 * gib,
+				Fabric: fabricA.FabricID, Labels: labels("kr-west1", "POOL001-krw1a", "cluster001", "h200_half")}},
+		// A null cluster_fabric_id: no fabric, though the node names one.
+		{node: scptest.Node{ID: "n-nofabric", Name: "gpu-nofabric", PolicyIP: "10.0.0.13", ServerType: "b300_metal", State: "RUNNING",
+			Topology: &scptest.Topology{FabricName: "cluster-lost", NodePoolID: "POOL002-krw1b", RegionID: "kr-west1"}},
+			host: &provider.Host{GPUModel: "B300", GPUs: 8, GPUMemBytes: 268 * gib, CPUMemBytes: 4096 * gib,
+				Labels: labels("kr-west1", "POOL002-krw1b", "cluster-lost", "b300_metal")}},
+		// Strings no label value can hold as they are.
+		{node: scptest.Node{ID: "n-weird", Name: "gpu-weird", PolicyIP: "10.0.0.14", ServerType: "b300 metal/v2", ProductTypeID: "prod-b300", State: "RUNNING",
+			Topology: &scptest.Topology{FabricID: " 5e0c1a2b3c4d5e6f7a8b9c0d1e2f3a4b\t", FabricName: "클러스터 A/1 (prod)",
+				NodePoolID: strings.Repeat("POOL-", 20), RegionID: "서울"}},
+			host: &provider.Host{GPUModel: "B300", GPUs: 8, GPUMemBytes: 268 * gib, CPUMemBytes: 4096 * gib,
+				Fabric: "5e0c1a2b3c4d5e6f7a8b9c0d1e2f3a4b",
+				Labels: labels("", strings.Repeat("POOL-", 12)+"POO", "A-1-prod", "b300-metal-v2")}},
+		// Nothing at all about where it sits.
+		{node: scptest.Node{ID: "n-nowhere", Name: "gpu-nowhere", PolicyIP: "10.0.0.15", ServerType: "cpu_metal", State: "RUNNING",
+			Topology: &scptest.Topology{}},
+			host: &provider.Host{CPUMemBytes: 512 * gib, Labels: labels("", "", "", "cpu_metal")}},
 	}
 	for i := len(cases); i < 45; i++ {
+		t := &fabricA
+		if i >= 30 {
+			t = &fabricB
+		}
 		cases = append(cases, nodeCase{
 			node: scptest.Node{ID: fmt.Sprintf("n-%02d", i), Name: fmt.Sprintf("gpu-%02d", i),
-				PolicyIP: fmt.Sprintf("10.0.1.%d", i), ServerType: "b300_metal", ProductTypeID: "prod-b300", State: "RUNNING"},
+				PolicyIP: fmt.Sprintf("10.0.1.%d", i), ServerType: "b300_metal", ProductTypeID: "prod-b300", State: "RUNNING", Topology: t},
 			host: &provider.Host{GPUModel: "B300", GPUs: 8, GPUMemBytes: 268 * gib, CPUMemBytes: 4096 * gib},
 		})
 	}
 	for _, c := range cases {
+		if c.node.Topology == nil {
+			c.node.Topology = &fabricA
+		}
 		nodes = append(nodes, c.node)
 		if c.host == nil {
 			skips = append(skips, provider.Skip{ExternalID: c.node.ID, Name: c.node.Name, Reason: c.skip})
@@ -163,6 +215,11 @@ func catalogue() (nodes []scptest.Node, hosts []provider.Host, skips []provider.
 		h := *c.host
 		h.ExternalID, h.Name, h.IP, h.State = c.node.ID, c.node.Name, c.node.PolicyIP, c.node.State
 		h.Running = c.node.State == "RUNNING"
+		if h.Labels == nil {
+			t := c.node.Topology
+			h.Fabric = t.FabricID
+			h.Labels = labels("kr-west1", "POOL001-krw1a", t.FabricName, c.node.ServerType)
+		}
 		hosts = append(hosts, h)
 	}
 	return nodes, hosts, skips
@@ -261,7 +318,7 @@ func diffHosts(got, want []provider.Host) string {
 		if i < len(want) {
 			w = want[i]
 		}
-		if g != w {
+		if !reflect.DeepEqual(g, w) {
 			fmt.Fprintf(&b, "  [%d] got  %+v\n       want %+v\n", i, g, w)
 		}
 	}

@@ -50,6 +50,11 @@ type Cluster struct {
 	GPUCardType                     string
 	Workers                         []Worker
 	NoOfNodes                       int // 0 → len(Workers)
+	// SKUName is sku_details.specs.name; "" means one made of the specs,
+	// like "GDC3.8xH100-640GB" or "C3.32GB".
+	SKUName string
+	// Location is sku_details.plan.location; "" means the server's.
+	Location string
 }
 
 // Server is the fake. Change its exported fields between Lock and Unlock
@@ -213,6 +218,12 @@ func clusterJSON(c Cluster, projectID, location string) map[string]any {
 	if c.GPU > 0 {
 		skuName = fmt.Sprintf("GDC3.%dx%s-%dGB", c.GPU, c.GPUCardType, c.GPUMemoryGB)
 		series, skuType = "GPU", fmt.Sprintf("GDC3-%s", c.GPUCardType)
+	}
+	if c.SKUName != "" {
+		skuName = c.SKUName
+	}
+	if c.Location != "" {
+		location = c.Location
 	}
 	project, _ := strconv.Atoi(projectID)
 	created := time.Date(2025, 1, 15, 10, 30, 0, 0, time.UTC).Add(time.Duration(c.ID) * time.Hour)

@@ -6,9 +6,17 @@
 // timestamp freshness and the HMAC signature, computed here on its own
 // and not with scp.Sign) and serves:
 //
-//	GET /v1/gpu-nodes?size=&page=   {"count": N, "gpu_nodes": [...]}
-//	GET /v1/gpu-nodes/{id}          one GPU node, or 404
-//	GET /v1/gpu-nodes/products      {"products": [...]}
+//	GET /v1/gpu-nodes?size=&page=          {"count": N, "gpu_nodes": [...]}
+//	GET /v1/gpu-nodes/{id}                 one GPU node, or 404
+//	GET /v1/gpu-nodes/products             {"products": [...]}
+//	GET /v1/cluster-fabrics?size=&page=    {"count": N, "cluster_fabrics": [...]},
+//	    also filtered by cluster_fabric_name, node_pool_id and state
+//	GET /v1/cluster-fabrics/{id}           one cluster fabric, or 404
+//
+// Cluster fabrics are not stored apart: they are the nodes' topology
+// grouped by fabric id, in the order of their first node, so the two
+// calls always agree. Nodes without a Topology of their own get a
+// generated one (Server.HostsPerFabric).
 //
 // Errors use the API's envelope {"errors":[{"detail": "..."}]}.
 package scptest
@@ -46,7 +54,26 @@ const MaxClockSkew = 5 * time.Minute
 // Node is one GPU node.
 type Node struct {
 	ID, Name, PolicyIP, ServerType, ProductTypeID, State string
+	// Topology nil means the generated fleet's for the node's position in
+	// Server.Nodes.
+	Topology *Topology
 }
+
+// Topology is where a GPU node sits, as its answers carry it. A node with
+// an empty FabricID is sent with a null cluster_fabric_id (the seed makes
+// it optional) and belongs to no fabric.
+type Topology struct {
+	FabricID, FabricName, NodePoolID, RegionID string
+}
+
+// DefaultHostsPerFabric is Server.HostsPerFabric's default.
+const DefaultHostsPerFabric = 500
+
+// DefaultRegion is Server.Region's default, the seed's example region.
+const DefaultRegion = "kr-west1"
+
+// fabricsPerPool is how many generated fabrics share a node pool.
+const fabricsPerPool = 4
 
 // Product is one GPU node product. MemoryValue and CPUValue are strings of
 // GB and cores, as the API sends them.
@@ -66,6 +93,16 @@ type Server struct {
 
 	Nodes    []Node
 	Products []Product
+
+	// HostsPerFabric is how many consecutive Nodes share a generated
+	// fabric: node i without a Topology is in fabric i/HostsPerFabric,
+	// which has a 32-hex-digit id, a name like "cluster001" and a node
+	// pool like "POOL001-krw1a" shared by 4 consecutive fabrics. 0 means
+	// DefaultHostsPerFabric.
+	HostsPerFabric int
+	// Region is every generated fabric's region_id (an endpoint serves one
+	// region); "" means DefaultRegion.
+	Region string
 
 	// ReportCount, when non-nil, is sent as "count" instead of len(Nodes):
 	// an API whose count lies.
@@ -87,6 +124,9 @@ type Server struct {
 	Requests int
 
 	mu sync.Mutex
+	// generated caches generated topologies by fabric number for genRegion.
+	generated []Topology
+	genRegion string
 }
 
 // New starts a fake with the preset credentials, no nodes and no products;
@@ -133,6 +173,14 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	case path == "/v1/gpu-nodes/products":
 		if allowGet(w, r) {
 			s.listProducts(w)
+		}
+	case path == "/v1/cluster-fabrics":
+		if allowGet(w, r) {
+			s.listFabrics(w, r)
+		}
+	case strings.HasPrefix(path, "/v1/cluster-fabrics/") && !strings.Contains(path[len("/v1/cluster-fabrics/"):], "/"):
+		if allowGet(w, r) {
+			s.showFabric(w, path[len("/v1/cluster-fabrics/"):])
 		}
 	case strings.HasPrefix(path, "/v1/gpu-nodes/") && !strings.Contains(path[len("/v1/gpu-nodes/"):], "/"):
 		if allowGet(w, r) {
@@ -261,8 +309,8 @@ func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) {
 	}
 	var items []map[string]any
 	if start := page * size; start < total && start >= 0 {
-		for _, n := range s.Nodes[start:min(start+size, total)] {
-			items = append(items, nodeJSON(n, account))
+		for i, n := range s.Nodes[start:min(start+size, total)] {
+			items = append(items, nodeJSON(n, s.topology(start+i), account))
 		}
 	}
 	s.mu.Unlock()
@@ -276,9 +324,9 @@ func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) {
 func (s *Server) showNode(w http.ResponseWriter, id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, n := range s.Nodes {
+	for i, n := range s.Nodes {
 		if n.ID == id {
-			writeJSON(w, http.StatusOK, nodeJSON(n, s.AccountID))
+			writeJSON(w, http.StatusOK, nodeJSON(n, s.topology(i), s.AccountID))
 			return
 		}
 	}
@@ -308,14 +356,18 @@ func intParam(q url.Values, name string, def, lowest int) (int, error) {
 }
 
 // nodeJSON is a GpuNodeShowResponse: the seed's example with n's fields.
-func nodeJSON(n Node, account string) map[string]any {
+func nodeJSON(n Node, t Topology, account string) map[string]any {
 	if account == "" {
 		account = AccountID
 	}
+	var fabricID any
+	if t.FabricID != "" {
+		fabricID = t.FabricID
+	}
 	return map[string]any{
 		"account_id":          account,
-		"cluster_fabric_id":   "20c507a036c447cdb3b19468d8ea62ac",
-		"cluster_fabric_name": "cluster001",
+		"cluster_fabric_id":   fabricID,
+		"cluster_fabric_name": t.FabricName,
 		"created_at":          "2024-05-17T00:23:17Z",
 		"created_by":          "90dddfc2b1e04edba54ba2b41539a9ac",
 		"gpu_node_name":       n.Name,
@@ -327,14 +379,14 @@ func nodeJSON(n Node, account string) map[string]any {
 		"modified_at":         "2024-05-17T00:23:17Z",
 		"modified_by":         "90dddfc2b1e04edba54ba2b41539a9ac",
 		"network_id":          "ab313c43291e4b678f4bacffe10768ae",
-		"node_pool_id":        "POOL001-krw1a",
+		"node_pool_id":        t.NodePoolID,
 		"os_type":             "LINUX",
 		"pfs_ip":              []string{"10.252.128.2", "10.252.128.3"},
 		"policy_ip":           n.PolicyIP,
 		"policy_nat":          nil,
 		"policy_use_nat":      false,
 		"product_type_id":     n.ProductTypeID,
-		"region_id":           "kr-west1",
+		"region_id":           t.RegionID,
 		"root_account":        "rootaccount",
 		"server_type":         n.ServerType,
 		"state":               n.State,

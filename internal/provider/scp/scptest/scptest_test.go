@@ -77,7 +77,9 @@ func TestServerRefuses(t *testing.T) {
 			ts := h.Get("Scp-Timestamp")
 			h.Set("Scp-Signature", scp.Sign("GET", "http://elsewhere/v1/gpu-nodes?page=1", ts, scptest.AccessKey, scptest.AccountID, scptest.SecretKey))
 		}, 401, "signature mismatch"},
-		{"unknown path", "/v1/cluster-fabrics", nil, 404, "no such resource"},
+		{"unknown path", "/v1/gpu-nodes/n1/interfaces", nil, 404, "no such resource"},
+		{"unknown fabric", "/v1/cluster-fabrics/nope", nil, 404, "not found"},
+		{"fabric page not a number", "/v1/cluster-fabrics?page=x", nil, 400, "page"},
 		{"unknown node", "/v1/gpu-nodes/nope", nil, 404, "not found"},
 		{"size zero", "/v1/gpu-nodes?size=0", nil, 400, "size"},
 		{"page not a number", "/v1/gpu-nodes?page=x", nil, 400, "page"},
