@@ -203,8 +203,13 @@ func Nodes(inv provider.Inventory) ([]registry.ImportedNode, []provider.Skip) {
 			skipped = append(skipped, provider.Skip{ExternalID: h.ExternalID, Name: h.Name, Reason: reason})
 			continue
 		}
+		labels, err := registry.MakeLabels(h.Labels)
+		if err != nil {
+			skipped = append(skipped, provider.Skip{ExternalID: h.ExternalID, Name: h.Name, Reason: "its labels: " + err.Error()})
+			continue
+		}
 		base := registry.ImportedNode{ExternalID: h.ExternalID, IP: ip, CPUMem: h.CPUMemBytes,
-			GPUModel: h.GPUModel, State: h.State, Running: h.Running}
+			GPUModel: h.GPUModel, State: h.State, Running: h.Running, Fabric: h.Fabric, Labels: labels}
 		if h.GPUs <= 0 {
 			base.GPUModel = ""
 			nodes = append(nodes, base)
@@ -230,7 +235,14 @@ const (
 )
 
 func implausible(h provider.Host) string {
+	fabric := registry.NodeSpec{IP: "127.0.0.1"}
+	if h.Fabric != "" {
+		fabric.Fabric = &h.Fabric
+	}
+	bad := registry.FieldsOf(fabric.Normalize())
 	switch {
+	case len(bad) > 0:
+		return "reports a fabric id that " + bad[0].Message
 	case h.GPUs > maxGPUsPerHost:
 		return fmt.Sprintf("reports %d GPUs on one host; more than %d is not believable", h.GPUs, maxGPUsPerHost)
 	case h.CPUMemBytes < 0 || h.CPUMemBytes > maxMemBytes:

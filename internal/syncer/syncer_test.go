@@ -202,6 +202,34 @@ func TestSyncBothProviders(t *testing.T) {
 	}
 	t.Logf("\n%s\n%s", sums[0], sums[1])
 
+	// The topology arrived: fabric, the provider's labels, the GPU model.
+	nodes, err := b.store.ListNodes(context.Background(), registry.NodeFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bySource := map[string][]registry.Node{}
+	for _, n := range nodes {
+		bySource[n.Source] = append(bySource[n.Source], n)
+	}
+	for _, n := range bySource["scp"] {
+		region, _ := n.Labels.Get("scp.registryd.io/region")
+		_, pool := n.Labels.Get("scp.registryd.io/node-pool")
+		_, fabName := n.Labels.Get("scp.registryd.io/fabric-name")
+		if n.Fabric == nil || *n.Fabric != *bySource["scp"][0].Fabric || region != "kr-west1" || !pool || !fabName {
+			t.Fatalf("scp node %s/%d: fabric %v, labels %s; want the fleet's one fabric and its labels", n.IP, n.Index, n.Fabric, n.Labels)
+		}
+		if n.GPUMem != nil && (n.GPUModel == nil || *n.GPUModel != "H100" && *n.GPUModel != "B300") {
+			t.Errorf("scp node %s/%d: gpu_model %v", n.IP, n.Index, n.GPUModel)
+		}
+	}
+	for _, n := range bySource["e2e"] {
+		cluster, _ := n.Labels.Get("e2e.registryd.io/cluster")
+		if want := map[string]string{"10.20.0.1": "cluster-1", "10.20.0.2": "cluster-1", "10.20.5.1": "cluster-5"}[n.IP]; want != "" &&
+			(n.Fabric == nil || *n.Fabric != want || cluster != map[string]string{"cluster-1": "train-a", "cluster-5": "train-b"}[want]) {
+			t.Errorf("e2e node %s/%d: fabric %v, labels %s; want %s", n.IP, n.Index, n.Fabric, n.Labels, want)
+		}
+	}
+
 	// The second pass changes nothing.
 	sums, err = b.run()
 	if err != nil {
@@ -372,7 +400,10 @@ func TestNodesMapping(t *testing.T) {
 		{ExternalID: "c", Name: "c", IP: "gpu-host.example", GPUs: 1},
 		{ExternalID: "d", Name: "d", IP: "10.0.0.4", GPUs: 1_000_000_000, GPUModel: "H100"},
 		{ExternalID: "e", Name: "e", IP: "10.0.0.5", GPUs: 1, GPUMemBytes: -1},
+		{ExternalID: "f", Name: "f", IP: "10.0.0.6", GPUs: 1, Fabric: "fab\x00"},
+		{ExternalID: "g", Name: "g", IP: "10.0.0.7", GPUs: 1, Labels: map[string]string{"Not A Key": "x"}},
 	}}
+	inv.Hosts[0].Fabric, inv.Hosts[0].Labels = "fab-1", map[string]string{"scp.registryd.io/region": "kr-west1"}
 	nodes, skipped := syncer.Nodes(inv)
 	if len(nodes) != 3 || nodes[0].IP != "2001:db8::1" || nodes[1].Index != 1 || *nodes[1].GPUMem != 80<<30 {
 		t.Fatalf("nodes: %+v", nodes)
@@ -380,11 +411,16 @@ func TestNodesMapping(t *testing.T) {
 	if cpu := nodes[2]; cpu.GPUMem != nil || cpu.GPUModel != "" || cpu.Index != 0 {
 		t.Errorf("CPU-only host: %+v", cpu)
 	}
+	for _, n := range nodes[:2] {
+		if n.Fabric != "fab-1" || n.Labels.String() != `{"scp.registryd.io/region":"kr-west1"}` {
+			t.Errorf("GPU %d of host a: fabric %q, labels %s", n.Index, n.Fabric, n.Labels)
+		}
+	}
 	var reasons []string
 	for _, s := range skipped {
 		reasons = append(reasons, s.ExternalID)
 	}
-	if diff := cmp.Diff([]string{"c", "d", "e"}, reasons); diff != "" {
+	if diff := cmp.Diff([]string{"c", "d", "e", "f", "g"}, reasons); diff != "" {
 		t.Errorf("skipped (-want +got):\n%s", diff)
 	}
 }
