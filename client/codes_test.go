@@ -18,6 +18,7 @@ func TestCodesMatchSpec(t *testing.T) {
 	}
 	ours := []string{
 		client.CodeJobOwnedByOther, client.CodeInsufficientCapacity, client.CodeNoSingleHost,
+		client.CodeNotEnoughHosts, client.CodeNoFabricFit,
 		client.CodeLeaseExpired, client.CodeJobHoldsNothing, client.CodeTooManyMatched,
 		client.CodeIdempotencyKeyReused, client.CodeIdempotentAnswerLost, client.CodeIdempotencyKeyTakenOver,
 		client.CodeInvalidRequest, client.CodeUnauthorized, client.CodeForbidden, client.CodeNotFound,

@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"slices"
 	"strconv"
@@ -469,5 +470,81 @@ func TestAdminFlow(t *testing.T) {
 	}
 	if _, err := open.Ping(ctx); !errors.Is(err, client.ErrUnauthorized) {
 		t.Errorf("ping without a token: %v", err)
+	}
+}
+
+// The topology through the Go client: labels and fabric written by patch,
+// a fabric gang claim, a watch filtered by fabric and selector, and the
+// codes of its conflicts.
+func TestTopologyFlow(t *testing.T) {
+	t.Parallel()
+	s := newServer(t)
+	ctx := t.Context()
+	admin := s.client(s.token("root", registry.RoleAdmin))
+	var pks []int64
+	for h := range 3 {
+		for i := range int32(2) {
+			n, _, err := admin.CreateNode(ctx, client.NodeCreate{IP: fmt.Sprintf("10.0.1.%d", h), Index: i, CPUMem: gib,
+				DriverVersion: "550", GPUMem: client.Ptr(80 * gib), Fabric: client.Ptr(fmt.Sprintf("ib-%d", h%2))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			pks = append(pks, n.PK)
+		}
+	}
+	team := "research"
+	n, err := admin.PatchNode(ctx, pks[0], client.NodePatch{Labels: map[string]*string{"team": &team}})
+	if err != nil || n.Labels["team"] != "research" || *n.Fabric != "ib-0" {
+		t.Fatalf("patched: %+v %v", n, err)
+	}
+	tok := s.token("sched-1", registry.RoleScheduler)
+	sched, watcher := s.client(tok), s.watcher(tok, nil)
+	events := make(chan client.Event, 10)
+	watchCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	opened := make(chan struct{}, 1)
+	watchErr := make(chan error, 1)
+	go func() {
+		watchErr <- watcher.Watch(watchCtx, client.WatchOptions{Fabric: client.Ptr("ib-0"), Selector: client.Ptr("team=research"),
+			Opened: func(*int64) { opened <- struct{}{} }},
+			func(ev client.Event) error {
+				if ev.Node != nil {
+					events <- ev
+				}
+				return nil
+			})
+	}()
+	select {
+	case <-opened:
+	case err := <-watchErr:
+		t.Fatalf("the watch ended: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the watch did not open within 10s")
+	}
+	// ib-0 has hosts 10.0.1.0 and 10.0.1.2: a gang of both, 2 per host.
+	got, err := sched.ClaimNodes(ctx, client.NodeClaim{Job: 5, Count: client.Ptr(4), PerHost: client.Ptr(2), SameFabric: client.Ptr(true)})
+	if err != nil || len(got.Nodes) != 4 || *got.Nodes[0].Fabric != *got.Nodes[3].Fabric {
+		t.Fatalf("gang: %+v %v", got, err)
+	}
+	_, err = sched.ClaimNodes(ctx, client.NodeClaim{Job: 6, Count: client.Ptr(4), PerHost: client.Ptr(2), SameFabric: client.Ptr(true)})
+	if ce, ok := errors.AsType[*client.Error](err); !ok || ce.Code != client.CodeNoFabricFit {
+		t.Errorf("a second gang: %v; want no_fabric_fit", err)
+	}
+	_, err = sched.ListNodes(ctx, client.NodeFilter{Selector: client.Ptr("team in (")})
+	if ce, ok := errors.AsType[*client.Error](err); !ok || ce.Code != client.CodeInvalidRequest || len(ce.Fields) != 1 || ce.Fields[0].Field != "selector" {
+		t.Errorf("a bad selector: %v", err)
+	}
+	// The stream may still bring the label's update, made just before it
+	// opened; then the claim, of that node alone.
+	for claimed := false; !claimed; {
+		select {
+		case ev := <-events:
+			if ev.Node.Node.PK != pks[0] {
+				t.Fatalf("the filtered watch sent %s of node %d, not the labelled node %d", ev.Type, ev.Node.Node.PK, pks[0])
+			}
+			claimed = ev.Type == string(client.EventClaimed)
+		case <-time.After(10 * time.Second):
+			t.Fatal("no claim of the labelled node within 10s")
+		}
 	}
 }

@@ -111,6 +111,12 @@ const (
 	// CodeNoSingleHost (409): no one host has the free matching nodes of
 	// a same_host claim.
 	CodeNoSingleHost = "no_single_host"
+	// CodeNotEnoughHosts (409): fewer hosts than a per_host claim asked
+	// for have per_host free matching nodes each.
+	CodeNotEnoughHosts = "not_enough_hosts"
+	// CodeNoFabricFit (409): no one fabric has the hosts a same_fabric
+	// claim asked for; the detail says the most one fabric has.
+	CodeNoFabricFit = "no_fabric_fit"
 	// CodeLeaseExpired (404): the job's leases ran out; it holds nothing.
 	CodeLeaseExpired = "lease_expired"
 	// CodeJobHoldsNothing (404): a renewal of a job that holds nothing.

@@ -49,6 +49,14 @@ func Example_scheduler() {
 		log.Print("not enough free nodes; nothing held")
 	}
 	log.Printf("claimed %d", len(got.Nodes))
+	// A multi-node training job: 4 whole hosts of 8 GPUs in one fabric,
+	// among the nodes labelled for the research team.
+	gang, err := c.ClaimNodes(ctx, client.NodeClaim{Job: 7002, Count: client.Ptr(32), PerHost: client.Ptr(8),
+		SameFabric: client.Ptr(true), Selector: client.Ptr("team=research")})
+	if ce, ok := errors.AsType[*client.Error](err); ok && ce.Code == client.CodeNoFabricFit {
+		log.Print(ce.Detail) // "no fabric has 4 hosts …; the most in one fabric is 3"
+	}
+	log.Printf("gang of %d", len(gang.Nodes))
 	if _, err := c.ReleaseNodes(ctx, client.NodeRelease{Job: 7001}); err != nil {
 		log.Print(err)
 	}

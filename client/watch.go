@@ -27,6 +27,11 @@ type WatchOptions struct {
 	// State selects events whose node is, after the change, in one of
 	// these states; empty does not filter.
 	State []NodeState
+	// Fabric selects the events of one fabric's nodes.
+	Fabric *string
+	// Selector selects events whose node's labels match this label
+	// selector (team=research,tier in (gold,silver)).
+	Selector *string
 	// After resumes after this event id: every later event is replayed
 	// first. To follow the fleet, set it to the EventID of
 	// ListNodesWithPosition (or use an Informer). Nil starts with the
@@ -178,7 +183,7 @@ func (c *Client) HeadWatch(ctx context.Context, w WatchOptions, opts ...CallOpti
 	p := watchParams(w, cl)
 	resp, err := c.raw.HeadWatchNodes(cl.ctx(ctx), &oapi.HeadWatchNodesParams{
 		HardwareGeneration: p.HardwareGeneration, Index: p.Index, Node: p.Node, Source: p.Source, IP: p.IP,
-		State: p.State, NodeID: p.NodeID, LastEventID: p.LastEventID,
+		State: p.State, Fabric: p.Fabric, Selector: p.Selector, NodeID: p.NodeID, LastEventID: p.LastEventID,
 	}, cl.editors()...)
 	_, err = cl.finish(resp, err, nil, http.StatusOK)
 	return err
@@ -186,7 +191,8 @@ func (c *Client) HeadWatch(ctx context.Context, w WatchOptions, opts ...CallOpti
 
 func watchParams(w WatchOptions, cl *call) *oapi.WatchNodesParams {
 	return &oapi.WatchNodesParams{HardwareGeneration: w.HardwareGeneration, Index: w.Index, Node: w.Node,
-		Source: w.Source, IP: w.IP, State: watchStates(w.State), NodeID: cl.nodeID, LastEventID: w.After}
+		Source: w.Source, IP: w.IP, State: watchStates(w.State), Fabric: w.Fabric, Selector: w.Selector,
+		NodeID: cl.nodeID, LastEventID: w.After}
 }
 
 // watchStates is the state parameter: the states separated by commas.

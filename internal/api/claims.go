@@ -114,6 +114,23 @@ func (s *Server) claimNodes(w http.ResponseWriter, r *http.Request) error {
 		c.Count = int(min(max(o.Value, -1), registry.MaxClaim+1)) // out of range stays out of range
 	}
 	c.SameHost = f.bool("same_host").Value
+	if o := f.int64("per_host", false); o.Set {
+		c.PerHost = int(min(max(o.Value, -1), registry.MaxClaim+1))
+		if c.PerHost == 0 {
+			c.PerHost = -1 // on the wire, 0 is out of range, not "unset"
+		}
+	}
+	c.SameFabric = f.bool("same_fabric").Value
+	if raw, ok := f.raw("nodes"); ok {
+		pks, msg := parseIntArray(raw, registry.MaxClaim)
+		if msg != "" {
+			f.errs.Add("nodes", "%s", msg)
+		}
+		c.Nodes = pks
+		if _, counted := obj["count"]; !counted && msg == "" {
+			c.Count = 0 // the number named
+		}
+	}
 	if o := f.int64("lease_seconds", false); o.Set {
 		d := seconds(o.Value)
 		c.Lease = &d

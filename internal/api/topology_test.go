@@ -176,3 +176,94 @@ func TestFabricAndSelectorFilters(t *testing.T) {
 	refused(t, "empty fabric", b.do("POST", "/v1/nodes/list", `{"fabric": ""}`), "fabric")
 	refused(t, "fabric null", b.do("POST", "/v1/nodes/list", `{"fabric": null}`), "fabric")
 }
+
+// fabricHosts makes hosts of gpus GPUs each: counts[i] hosts in fabric
+// fab-i.
+func (b *bundle) fabricHosts(gpus int, counts ...int) {
+	b.t.Helper()
+	for f, n := range counts {
+		for h := range n {
+			for i := range gpus {
+				b.createNode(map[string]any{"ip": fmt.Sprintf("10.%d.%d.1", 100+f, h), "index": i,
+					"gpu_mem": 80 << 30, "fabric": fmt.Sprintf("fab-%d", f)})
+			}
+		}
+	}
+}
+
+type claimAnswer struct {
+	Job   int64
+	Nodes []struct {
+		PK     int64
+		IP     string
+		Fabric *string
+	}
+}
+
+// spread is how many nodes of each host a claim took, and its fabrics.
+func (c claimAnswer) spread() (perHost map[string]int, fabrics map[string]bool) {
+	perHost, fabrics = map[string]int{}, map[string]bool{}
+	for _, n := range c.Nodes {
+		perHost[n.IP]++
+		if n.Fabric != nil {
+			fabrics[*n.Fabric] = true
+		}
+	}
+	return perHost, fabrics
+}
+
+// A claim of whole hosts in one fabric over HTTP: best fit, whole groups,
+// codes a program can branch on, and claims of named nodes.
+func TestFabricGangClaims(t *testing.T) {
+	b := setup(t)
+	b.fabricHosts(8, 3, 5, 4) // fab-0: 3 hosts, fab-1: 5, fab-2: 4
+	var got claimAnswer
+	b.must(http.StatusOK, b.do("POST", "/v1/nodes/claim", `{"job": 7, "count": 32, "per_host": 8, "same_fabric": true}`)).json(t, &got)
+	perHost, fabrics := got.spread()
+	if len(perHost) != 4 || len(fabrics) != 1 || !fabrics["fab-2"] {
+		t.Errorf("took %v in %v; want 4 whole hosts of fab-2, the best fit", perHost, fabrics)
+	}
+	for ip, n := range perHost {
+		if n != 8 {
+			t.Errorf("host %s gave %d nodes", ip, n)
+		}
+	}
+	b.must(http.StatusOK, b.do("POST", "/v1/nodes/claim", `{"job": 8, "count": 32, "per_host": 8, "same_fabric": true}`))
+	r := b.do("POST", "/v1/nodes/claim", `{"job": 9, "count": 32, "per_host": 8, "same_fabric": true}`)
+	if p := r.object(t); r.status != http.StatusConflict || p["code"] != "no_fabric_fit" || !strings.Contains(fmt.Sprint(p["detail"]), "the most in one fabric is 3") {
+		t.Errorf("a third gang: %d %s", r.status, r.body)
+	}
+	r = b.do("POST", "/v1/nodes/claim", `{"job": 9, "count": 40, "per_host": 8}`)
+	if p := r.object(t); r.status != http.StatusConflict || p["code"] != "not_enough_hosts" {
+		t.Errorf("five hosts with four left: %d %s", r.status, r.body)
+	}
+	// Named nodes: every one or none, and the 409 says why of each.
+	free := b.listed(map[string]any{"free": true, "limit": 3})
+	held := b.listed(map[string]any{"current_job": 7, "limit": 1})
+	r = b.do("POST", "/v1/nodes/claim", map[string]any{"job": 10, "nodes": []int64{free[0], held[0], 999999}})
+	if p := r.object(t); r.status != http.StatusConflict || !strings.Contains(fmt.Sprint(p["detail"]), fmt.Sprintf("node %d is busy", held[0])) ||
+		!strings.Contains(fmt.Sprint(p["detail"]), "node 999999 does not exist") {
+		t.Errorf("named nodes, one busy, one missing: %d %s", r.status, r.body)
+	}
+	if got := b.listed(map[string]any{"current_job": 10}); len(got) != 0 {
+		t.Errorf("a refused claim of named nodes took %v", got)
+	}
+	got = claimAnswer{}
+	b.must(http.StatusOK, b.do("POST", "/v1/nodes/claim", map[string]any{"job": 10, "nodes": free})).json(t, &got)
+	if len(got.Nodes) != 3 || got.Nodes[0].PK != free[0] || got.Nodes[2].PK != free[2] {
+		t.Errorf("named nodes: %+v, want %v", got, free)
+	}
+	for _, tc := range []struct{ body, field string }{
+		{`{"job": 11, "count": 12, "per_host": 8}`, "count"},
+		{`{"job": 11, "count": 8, "per_host": 0}`, "per_host"},
+		{`{"job": 11, "count": 8, "per_host": 8, "same_host": true}`, "per_host"},
+		{`{"job": 11, "count": 8, "same_host": true, "same_fabric": true}`, "same_fabric"},
+		{`{"job": 11, "nodes": []}`, "nodes"},
+		{`{"job": 11, "nodes": [1, 1]}`, "nodes"},
+		{`{"job": 11, "nodes": [1, 2], "count": 3}`, "count"},
+		{`{"job": 11, "nodes": [1], "per_host": 1}`, "per_host"},
+		{`{"job": 11, "nodes": null}`, "nodes"},
+	} {
+		refused(t, "claim "+tc.body, b.do("POST", "/v1/nodes/claim", tc.body), tc.field)
+	}
+}

@@ -14,7 +14,18 @@ type Claim struct {
 	Job      int64
 	Count    int
 	SameHost bool
-	Filter   NodeFilter
+	// PerHost, when not 0, takes the nodes in whole groups of PerHost
+	// from Count/PerHost hosts, and SameFabric keeps those hosts in one
+	// fabric. Placement is best fit: the fabric with the fewest hosts
+	// that could hold such a group, and in it (or anywhere, without
+	// SameFabric) the hosts with the fewest free matching nodes first.
+	// SameFabric without PerHost is PerHost 1: Count nodes of one fabric.
+	PerHost    int
+	SameFabric bool
+	// Nodes, when not nil, names the nodes to take, every one or none;
+	// Count is their number and the placement options do not apply.
+	Nodes  []int64
+	Filter NodeFilter
 	// Lease, when set, ends the claim on each node by itself that long
 	// after it is made (see MaxLease); nil holds the nodes until released.
 	Lease *time.Duration
@@ -27,8 +38,23 @@ func (c *Claim) Normalize() error {
 	if c.Job <= 0 {
 		fe.Add("job", "must be a positive integer (the job's pk)")
 	}
-	if c.Count < 1 || c.Count > MaxClaim {
+	if c.Nodes == nil && (c.Count < 1 || c.Count > MaxClaim) {
 		fe.Add("count", "must be between 1 and %d", MaxClaim)
+	}
+	switch {
+	case c.Nodes != nil:
+		c.normalizeNodes(&fe)
+	case c.PerHost < 0 || c.PerHost > MaxClaim:
+		fe.Add("per_host", "must be between 1 and %d", MaxClaim)
+	case c.PerHost > 0 && c.SameHost:
+		fe.Add("per_host", "takes nodes from several hosts; same_host takes them from one: give one of them (same_host is per_host equal to count)")
+	case c.SameFabric && c.SameHost:
+		fe.Add("same_fabric", "is implied by same_host (a host's nodes share its fabric); leave it out")
+	case c.PerHost > 0 && !fe.Has("count") && c.Count%c.PerHost != 0:
+		fe.Add("count", "must be a multiple of per_host (%d): whole groups of per_host nodes, one per host", c.PerHost)
+	}
+	if c.SameFabric && c.PerHost == 0 && c.Nodes == nil {
+		c.PerHost = 1
 	}
 	if c.Filter.Free != nil && !*c.Filter.Free {
 		fe.Add("free", "claims take free nodes only; leave it out or set it to true")
@@ -51,6 +77,49 @@ func (c *Claim) Normalize() error {
 		fe.Add("state", "claims take free nodes only; leave it out or make it free")
 	}
 	return fe.Err()
+}
+
+// normalizeNodes checks a claim of named nodes: 1 to MaxClaim distinct
+// pks, Count their number (0 is taken for it), no placement options.
+func (c *Claim) normalizeNodes(fe *FieldErrors) {
+	if len(c.Nodes) == 0 || len(c.Nodes) > MaxClaim {
+		fe.Add("nodes", "must list between 1 and %d node pks", MaxClaim)
+		return
+	}
+	seen := make(map[int64]bool, len(c.Nodes))
+	for _, pk := range c.Nodes {
+		switch {
+		case pk <= 0:
+			fe.Add("nodes", "must hold positive node pks")
+			return
+		case seen[pk]:
+			fe.Add("nodes", "names node %d more than once", pk)
+			return
+		}
+		seen[pk] = true
+	}
+	if c.Count == 0 {
+		c.Count = len(c.Nodes)
+	}
+	if c.Count != len(c.Nodes) {
+		fe.Add("count", "is the number of nodes named (%d) when nodes is given; leave it out", len(c.Nodes))
+	}
+	for _, o := range []struct {
+		field string
+		set   bool
+	}{{"same_host", c.SameHost}, {"per_host", c.PerHost != 0}, {"same_fabric", c.SameFabric}} {
+		if o.set {
+			fe.Add(o.field, "places the nodes a claim chooses; a claim of named nodes (nodes) takes exactly those")
+		}
+	}
+}
+
+// Hosts is how many hosts a claim of whole groups (PerHost) takes.
+func (c Claim) Hosts() int {
+	if c.PerHost == 0 {
+		return 0
+	}
+	return c.Count / c.PerHost
 }
 
 // Release gives back nodes a job holds: the listed ones, or all of them

@@ -110,6 +110,12 @@ const (
 	// CodeNoSingleHost (409): no one host has the free matching nodes a
 	// same_host claim asked for (more may be free across hosts).
 	CodeNoSingleHost = "no_single_host"
+	// CodeNotEnoughHosts (409): fewer hosts than a per_host claim asked
+	// for have per_host free matching nodes each.
+	CodeNotEnoughHosts = "not_enough_hosts"
+	// CodeNoFabricFit (409): no one fabric has the hosts a same_fabric
+	// claim asked for (more may across fabrics).
+	CodeNoFabricFit = "no_fabric_fit"
 	// CodeJobHoldsNothing (404): a renewal of a job that holds no nodes.
 	CodeJobHoldsNothing = "job_holds_nothing"
 	// CodeLeaseExpired (404): a renewal of a job whose every lease has

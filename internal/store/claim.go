@@ -3,7 +3,9 @@ package store
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -33,8 +35,11 @@ func (s *Store) ClaimNodes(ctx context.Context, actor registry.Actor, c registry
 	defer s.claims.start(c.Job).end(c.Job)
 	cl := &claiming{c: c, owner: actor.Sub, caller: ctx}
 	var op txOp = cl
-	if c.SameHost {
+	switch {
+	case c.SameHost:
 		op = &gangClaim{claiming: cl, tried: []string{}}
+	case c.PerHost > 0:
+		op = &hostsClaim{claiming: cl}
 	}
 	if err := s.run(&groupOp{txOp: op, ctx: ctx, actor: actor}); err != nil {
 		return nil, err
@@ -55,7 +60,18 @@ type claiming struct {
 
 func (cl *claiming) queue(b *pgx.Batch) {
 	queueOwn(b, cl.c.Job, cl.owner, &cl.owned)
-	queueClaim(b, cl.c, cl.owner, nil, &cl.nodes, &cl.before)
+	queueClaim(b, cl.c, cl.owner, cl.named(), &cl.nodes, &cl.before)
+}
+
+// named narrows a claim of named nodes to them; nil for other claims.
+func (cl *claiming) named() func(*query) string {
+	if cl.c.Nodes == nil {
+		return nil
+	}
+	return func(q *query) string {
+		q.add("pk = ANY(" + q.arg(cl.c.Nodes) + "::bigint[])")
+		return ""
+	}
 }
 
 // withdraw queues the statement that puts the nodes the claim took back
@@ -153,12 +169,68 @@ func (cl *claiming) settle(ctx context.Context, tx *pipeTx, b *pgx.Batch, actor 
 	if !alone {
 		return b, false, errRunAlone
 	}
+	if cl.c.Nodes != nil {
+		var why []string
+		queueWhyNot(b, cl.c.Filter, cl.c.Nodes, &why)
+		if err := tx.send(ctx, b); err != nil {
+			return nil, false, err
+		}
+		return nil, false, registry.Coded(registry.ErrConflict, registry.CodeInsufficientCapacity,
+			"a claim of named nodes takes all of them or none: %s", strings.Join(why, "; "))
+	}
 	var pks []int64
 	queuePick(b, cl.c.Filter, cl.c.Count, &pks)
 	if err := tx.send(ctx, b); err != nil {
 		return nil, false, err
 	}
 	return nil, false, shortClaim(len(pks), cl.c.Count)
+}
+
+// stateCaseSQL is a node's state in SQL, as one CASE over stateSQL.
+func stateCaseSQL() string {
+	var b strings.Builder
+	b.WriteString("CASE")
+	for _, st := range registry.States {
+		b.WriteString(" WHEN " + stateSQL[st] + " THEN '" + string(st) + "'")
+	}
+	b.WriteString(" END")
+	return b.String()
+}
+
+// queueWhyNot queues the look that says, of each named node a claim could
+// not take, why: it does not exist, is not free (its state), does not
+// match the claim's filters, or another claim was taking it. The reasons
+// are appended to why, by pk.
+func queueWhyNot(b *pgx.Batch, f registry.NodeFilter, pks []int64, why *[]string) {
+	var q query
+	q.where(f)
+	b.Queue(`
+		SELECT u.pk, n.state_row IS NOT NULL, coalesce(n.free, false), coalesce(n.matches, false), n.state_row
+		FROM unnest(`+q.arg(pks)+`::bigint[]) AS u(pk)
+		LEFT JOIN LATERAL (
+			SELECT (`+freeSQL+`) AS free, (`+q.cond()+`) AS matches,
+				`+stateCaseSQL()+` AS state_row
+			FROM nodes WHERE nodes.pk = u.pk
+		) n ON true
+		ORDER BY u.pk`, q.args...).Query(func(rows pgx.Rows) error {
+		var pk int64
+		var exists, free, matches bool
+		var state *string
+		_, err := pgx.ForEachRow(rows, []any{&pk, &exists, &free, &matches, &state}, func() error {
+			switch {
+			case !exists:
+				*why = append(*why, fmt.Sprintf("node %d does not exist", pk))
+			case !free:
+				*why = append(*why, fmt.Sprintf("node %d is %s", pk, *state))
+			case !matches:
+				*why = append(*why, fmt.Sprintf("node %d does not match the claim's filters", pk))
+			default:
+				*why = append(*why, fmt.Sprintf("node %d is free but another claim was taking it; try again", pk))
+			}
+			return nil
+		})
+		return err
+	})
 }
 
 // record queues the change-log and audit rows of the nodes the claim took

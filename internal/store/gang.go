@@ -98,7 +98,7 @@ func (g *gangClaim) tryMore(ctx context.Context, tx *pipeTx, b *pgx.Batch) (*pgx
 		found := false
 		sql, args := hostCandidatesQuery(g.c.Filter, g.c.Count, g.tried)
 		b.Queue(sql, args...).QueryRow(func(row pgx.Row) error {
-			err := row.Scan(&h.ip, &h.hw, &h.gpuMem, &h.cpuMem, &h.source)
+			err := row.Scan(&h.ip, &h.hw, &h.gpuMem, &h.cpuMem, &h.source, &h.fabric)
 			if errors.Is(err, pgx.ErrNoRows) {
 				return nil
 			}
@@ -145,13 +145,13 @@ func (g *gangClaim) queueMixedHosts(b *pgx.Batch, hosts *[]string) {
 	q.hostWhere("t", g.c.Filter, g.tried)
 	b.Queue(`
 		SELECT host(t.ip) FROM (
-			SELECT ip, hardware_generation, gpu_mem, cpu_mem, source, free FROM host_free
+			SELECT ip, hardware_generation, gpu_mem, cpu_mem, source, fabric, free FROM host_free
 			UNION ALL
-			SELECT ip, hardware_generation, gpu_mem, cpu_mem, source, delta FROM host_free_delta
+			SELECT ip, hardware_generation, gpu_mem, cpu_mem, source, fabric, delta FROM host_free_delta
 		) t
 		WHERE `+q.cond()+`
 		GROUP BY t.ip
-		HAVING count(DISTINCT (t.hardware_generation, t.gpu_mem, t.cpu_mem, t.source)) > 1 AND sum(t.free) >= `+q.arg(g.c.Count)+`
+		HAVING count(DISTINCT (t.hardware_generation, t.gpu_mem, t.cpu_mem, t.source, t.fabric)) > 1 AND sum(t.free) >= `+q.arg(g.c.Count)+`
 		ORDER BY sum(t.free) LIMIT `+q.arg(maxHostsTried-len(g.tried)), q.args...).Query(func(rows pgx.Rows) error {
 		var err error
 		*hosts, err = pgx.AppendRows(*hosts, rows, pgx.RowTo[string])
@@ -172,6 +172,7 @@ type hostClass struct {
 	gpuMem int64
 	cpuMem int64
 	source string
+	fabric string // '' for none
 }
 
 // nodes narrows a node query to the class.
@@ -181,6 +182,7 @@ func (h hostClass) nodes(q *query) {
 	q.add("coalesce(gpu_mem, -1) = " + q.arg(h.gpuMem))
 	q.add("cpu_mem = " + q.arg(h.cpuMem))
 	q.add("source = " + q.arg(h.source))
+	q.add("coalesce(fabric, '') = " + q.arg(h.fabric))
 }
 
 // hostWhere is the part of f a class of host_free, aliased t, can answer:
@@ -203,6 +205,9 @@ func (q *query) hostWhere(t string, f registry.NodeFilter, tried []string) {
 	}
 	if f.IP != nil {
 		q.add(t + ".ip = " + q.arg(*f.IP) + "::inet")
+	}
+	if f.Fabric != nil {
+		q.add(t + ".fabric = " + q.arg(*f.Fabric))
 	}
 }
 
@@ -241,26 +246,26 @@ func (q *query) hostCandidates(f registry.NodeFilter, count int, tried []string,
 	q.conds = saved
 	return `
 		WITH p AS MATERIALIZED (
-			SELECT ip, hardware_generation, gpu_mem, cpu_mem, source, sum(delta) AS delta
-			FROM host_free_delta GROUP BY 1, 2, 3, 4, 5
+			SELECT ip, hardware_generation, gpu_mem, cpu_mem, source, fabric, sum(delta) AS delta
+			FROM host_free_delta GROUP BY 1, 2, 3, 4, 5, 6
 		), c AS (
-			(SELECT b.ip, b.hardware_generation, b.gpu_mem, b.cpu_mem, b.source, b.free FROM host_free b
+			(SELECT b.ip, b.hardware_generation, b.gpu_mem, b.cpu_mem, b.source, b.fabric, b.free FROM host_free b
 			 WHERE b.free >= ` + n + ` AND ` + baseCond + `
-			   AND (b.ip, b.hardware_generation, b.gpu_mem, b.cpu_mem, b.source) NOT IN
-			       (SELECT ip, hardware_generation, gpu_mem, cpu_mem, source FROM p)
+			   AND (b.ip, b.hardware_generation, b.gpu_mem, b.cpu_mem, b.source, b.fabric) NOT IN
+			       (SELECT ip, hardware_generation, gpu_mem, cpu_mem, source, fabric FROM p)
 			 ORDER BY b.free LIMIT ` + strconv.Itoa(hostCandidates) + `)
 			UNION ALL
 			-- One primary-key lookup per pending class, whatever the
 			-- planner believes of host_free_delta's size (docs/design.md).
-			SELECT p.ip, p.hardware_generation, p.gpu_mem, p.cpu_mem, p.source, coalesce(b.free, 0) + p.delta
+			SELECT p.ip, p.hardware_generation, p.gpu_mem, p.cpu_mem, p.source, p.fabric, coalesce(b.free, 0) + p.delta
 			FROM p LEFT JOIN LATERAL (
 				SELECT h.free FROM host_free h
-				WHERE (h.ip, h.hardware_generation, h.gpu_mem, h.cpu_mem, h.source) = (p.ip, p.hardware_generation, p.gpu_mem, p.cpu_mem, p.source)
+				WHERE (h.ip, h.hardware_generation, h.gpu_mem, h.cpu_mem, h.source, h.fabric) = (p.ip, p.hardware_generation, p.gpu_mem, p.cpu_mem, p.source, p.fabric)
 				LIMIT 1 -- the key is unique; the LIMIT keeps the planner from turning this back into a join
 			) b ON true
 			WHERE coalesce(b.free, 0) + p.delta >= ` + n + ` AND ` + pendingCond + `
 		)
-		SELECT ` + ipExpr + ` AS ip, hardware_generation, gpu_mem, cpu_mem, source
+		SELECT ` + ipExpr + ` AS ip, hardware_generation, gpu_mem, cpu_mem, source, fabric
 		FROM (SELECT * FROM c ORDER BY free LIMIT ` + strconv.Itoa(hostCandidates) + `) c
 		WHERE pg_try_advisory_xact_lock(` + strconv.Itoa(hostLockClass) + `, hashtext(host(ip)))
 		LIMIT 1`
@@ -277,6 +282,7 @@ func onFirstCandidate(f registry.NodeFilter, count int) func(q *query) string {
 		q.add("coalesce(gpu_mem, -1) = (SELECT gpu_mem FROM host)")
 		q.add("cpu_mem = (SELECT cpu_mem FROM host)")
 		q.add("source = (SELECT source FROM host)")
+		q.add("coalesce(fabric, '') = (SELECT fabric FROM host)")
 		return with
 	}
 }

@@ -17,14 +17,14 @@ func (s *Store) FoldHostFree(ctx context.Context) error {
 		var lowest *int64
 		err := tx.db.QueryRow(ctx, `
 			WITH moved AS (
-				DELETE FROM host_free_delta RETURNING ip, hardware_generation, gpu_mem, cpu_mem, source, delta
+				DELETE FROM host_free_delta RETURNING ip, hardware_generation, gpu_mem, cpu_mem, source, fabric, delta
 			), sums AS (
-				SELECT ip, hardware_generation, gpu_mem, cpu_mem, source, sum(delta)::integer AS delta
-				FROM moved GROUP BY 1, 2, 3, 4, 5 HAVING sum(delta) <> 0
+				SELECT ip, hardware_generation, gpu_mem, cpu_mem, source, fabric, sum(delta)::integer AS delta
+				FROM moved GROUP BY 1, 2, 3, 4, 5, 6 HAVING sum(delta) <> 0
 			), folded AS (
-				INSERT INTO host_free AS h (ip, hardware_generation, gpu_mem, cpu_mem, source, free)
-				SELECT * FROM sums ORDER BY 1, 2, 3, 4, 5
-				ON CONFLICT (ip, hardware_generation, gpu_mem, cpu_mem, source) DO UPDATE SET free = h.free + excluded.free
+				INSERT INTO host_free AS h (ip, hardware_generation, gpu_mem, cpu_mem, source, fabric, free)
+				SELECT * FROM sums ORDER BY 1, 2, 3, 4, 5, 6
+				ON CONFLICT (ip, hardware_generation, gpu_mem, cpu_mem, source, fabric) DO UPDATE SET free = h.free + excluded.free
 				RETURNING free
 			)
 			SELECT (SELECT min(free) FROM folded), (SELECT count(*) FROM moved)`).Scan(&lowest, &moved)

@@ -22,19 +22,20 @@ func hostFreeDrift(t *testing.T, st *store.Store) []string {
 	t.Helper()
 	rows, err := st.Pool().Query(context.Background(), `
 		WITH kept AS (
-			SELECT host(ip) AS ip, hardware_generation AS hw, gpu_mem AS gpu, cpu_mem AS cpu, source, sum(free) AS free
-			FROM (SELECT ip, hardware_generation, gpu_mem, cpu_mem, source, free FROM host_free
+			SELECT host(ip) AS ip, hardware_generation AS hw, gpu_mem AS gpu, cpu_mem AS cpu, source, fabric, sum(free) AS free
+			FROM (SELECT ip, hardware_generation, gpu_mem, cpu_mem, source, fabric, free FROM host_free
 			      UNION ALL
-			      SELECT ip, hardware_generation, gpu_mem, cpu_mem, source, delta FROM host_free_delta) t
-			GROUP BY 1, 2, 3, 4, 5 HAVING sum(free) <> 0
+			      SELECT ip, hardware_generation, gpu_mem, cpu_mem, source, fabric, delta FROM host_free_delta) t
+			GROUP BY 1, 2, 3, 4, 5, 6 HAVING sum(free) <> 0
 		), recount AS (
-			SELECT host(ip) AS ip, coalesce(hardware_generation, 0) AS hw, coalesce(gpu_mem, -1) AS gpu, cpu_mem AS cpu, source, count(*) AS free
+			SELECT host(ip) AS ip, coalesce(hardware_generation, 0) AS hw, coalesce(gpu_mem, -1) AS gpu, cpu_mem AS cpu, source,
+			       coalesce(fabric, '') AS fabric, count(*) AS free
 			FROM nodes WHERE current_job IS NULL AND schedulable AND NOT lost AND cordon_reason IS NULL
-			GROUP BY 1, 2, 3, 4, 5
+			GROUP BY 1, 2, 3, 4, 5, 6
 		)
 		SELECT coalesce(k.ip, r.ip), coalesce(k.hw, r.hw), coalesce(k.gpu, r.gpu), coalesce(k.cpu, r.cpu), coalesce(k.source, r.source),
 		       coalesce(k.free, 0), coalesce(r.free, 0)
-		FROM kept k FULL JOIN recount r USING (ip, hw, gpu, cpu, source)
+		FROM kept k FULL JOIN recount r USING (ip, hw, gpu, cpu, source, fabric)
 		WHERE k.free IS DISTINCT FROM r.free
 		ORDER BY 1, 2, 3, 4, 5`)
 	if err != nil {

@@ -717,7 +717,7 @@ type NodeCPUMem = int64
 
 // NodeClaim A claim: `count` free, schedulable nodes for the job `job`, matching every filter given (the filters of list, ANDed). `job` is required; every other member is optional and none may be null. `limit` and `current_job` are not claim members (400).
 //
-// Example: {"count":8,"hardware_generation":1,"job":7002,"same_host":true}
+// Example: {"count":32,"job":7003,"per_host":8,"same_fabric":true,"selector":"team=research"}
 type NodeClaim struct {
 	// After Only nodes whose pk is greater than this.
 	After *int64 `json:"after,omitempty"`
@@ -759,6 +759,19 @@ type NodeClaim struct {
 
 	// MinGPUMem Only nodes with at least this much GPU memory (bytes); excludes nodes without a GPU.
 	MinGPUMem *int64 `json:"min_gpu_mem,omitempty"`
+
+	// Nodes Claim exactly these nodes (pks, distinct), every one or none: for a scheduler that places from its own view. Each must be free and match the claim's filters; `count`, when given, must be their number. The 409 says of each node it could not take why (does not exist, its state, does not match, being claimed).
+	//
+	// Example: [42,43,44,45]
+	Nodes *[]int64 `json:"nodes,omitempty"`
+
+	// PerHost Take the nodes in whole groups of this many, one group per host, from `count / per_host` hosts (`count` must be a multiple: 400 otherwise). Placement is best fit: the hosts with the fewest free matching nodes first, so that emptier hosts stay whole for bigger groups. Not with `same_host` (which is `per_host` = `count` on one host) or `nodes`. 409 `not_enough_hosts` when too few hosts have a group free.
+	//
+	// Example: 8
+	PerHost *int `json:"per_host,omitempty"`
+
+	// SameFabric When true, every host the claim takes is in one fabric (nodes without a `fabric` are never taken). The fabric is the best fit: of those with enough hosts that have a group free, the one with the fewest, so big fabrics stay whole for big jobs. Without `per_host` it is `per_host` 1: `count` nodes of one fabric. 409 `no_fabric_fit` when no fabric has the hosts; its detail says the most one fabric has.
+	SameFabric *bool `json:"same_fabric,omitempty"`
 
 	// SameHost When true, every claimed node is on the same host (the same `ip`).
 	SameHost *bool `json:"same_host,omitempty"`
@@ -1317,7 +1330,7 @@ type PingStatus string
 
 // Problem An RFC 9457 problem details document.
 type Problem struct {
-	// Code Why, for programs: branch on this, never on `detail`. Of claims, releases, renewals and cordons: `job_owned_by_other` (403: the job holds nodes another principal claimed), `insufficient_capacity` (409: fewer free nodes match than the claim asked for), `no_single_host` (409: no one host has them, for `same_host`), `lease_expired` (404: the job's leases ran out), `job_holds_nothing` (404: a renewal of a job holding nothing), `too_many_matched` (409: a cordon's filters match more nodes than one cordon takes), `idempotency_key_reused` (422: an `Idempotency-Key` first used with another request), `idempotent_answer_lost` (409: the first request with the key changed nodes and its answer was lost with its replica), `idempotency_key_taken_over` (409: the request ran past its key's lease, a retry took the key over, and this one changed nothing). Every other problem carries its status's code: `invalid_request` (400), `unauthorized` (401), `forbidden` (403: the role lacks the permission), `not_found` (404), `method_not_allowed` (405), `conflict` (409), `precondition_failed` (412), `body_too_large` (413), `unsupported_media_type` (415), `too_many_requests` (429), `internal_error` (500), `busy` (503: a lock wait), `unavailable` (503). New codes may be added; treat an unknown one by its status.
+	// Code Why, for programs: branch on this, never on `detail`. Of claims, releases, renewals and cordons: `job_owned_by_other` (403: the job holds nodes another principal claimed), `insufficient_capacity` (409: fewer free nodes match than the claim asked for), `no_single_host` (409: no one host has them, for `same_host`), `not_enough_hosts` (409: fewer hosts than asked have `per_host` free matching nodes each), `no_fabric_fit` (409: no one fabric has the hosts a `same_fabric` claim asked for; the detail says the most one fabric has), `lease_expired` (404: the job's leases ran out), `job_holds_nothing` (404: a renewal of a job holding nothing), `too_many_matched` (409: a cordon's filters match more nodes than one cordon takes), `idempotency_key_reused` (422: an `Idempotency-Key` first used with another request), `idempotent_answer_lost` (409: the first request with the key changed nodes and its answer was lost with its replica), `idempotency_key_taken_over` (409: the request ran past its key's lease, a retry took the key over, and this one changed nothing). Every other problem carries its status's code: `invalid_request` (400), `unauthorized` (401), `forbidden` (403: the role lacks the permission), `not_found` (404), `method_not_allowed` (405), `conflict` (409), `precondition_failed` (412), `body_too_large` (413), `unsupported_media_type` (415), `too_many_requests` (429), `internal_error` (500), `busy` (503: a lock wait), `unavailable` (503). New codes may be added; treat an unknown one by its status.
 	//
 	// Example: insufficient_capacity
 	Code string `json:"code"`

@@ -1,0 +1,308 @@
+package store
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/registryd/registryd/internal/registry"
+)
+
+// hostsClaim is a claim of c.Count nodes in whole groups of c.PerHost, one
+// group per host, from c.Hosts() hosts, all in one fabric when
+// c.SameFabric. It reads host_free (migration 00013, keyed by fabric since
+// 00020), never the fleet:
+//
+//   - with SameFabric, the first round trip ranks the fabrics by how many
+//     hosts could hold a group: best fit is the fewest that still fits,
+//     so big fabrics stay whole for big jobs;
+//   - a lookup takes, of the hosts (of that fabric) whose class has
+//     PerHost free matching nodes, the fewest free first (hosts with
+//     exactly PerHost before the rest), skipping hosts another claimer
+//     is trying (the gang claims' advisory lock on the host);
+//   - a try, in a savepoint, locks PerHost free matching nodes of each of
+//     those hosts (SKIP LOCKED, every filter checked on the rows) and
+//     takes them only when every host gave its group; a try that falls
+//     short is rolled back and its hosts are not tried again.
+//
+// A fabric that runs out of hosts not being claimed gives way to the next
+// best. Like gangClaim it never shares a transaction.
+type hostsClaim struct {
+	*claiming
+	fabrics []fabricFit // SameFabric: the fabrics to try, best fit first
+	most    int         // SameFabric: the most hosts one fabric could give
+	tried   []string    // hosts given up on
+}
+
+// fabricFit is a fabric and how many of its hosts could hold a group.
+type fabricFit struct {
+	name  string
+	hosts int
+}
+
+// fabricsRanked is how many fabrics a claim ranks and tries at most.
+const fabricsRanked = 16
+
+func (h *hostsClaim) queue(b *pgx.Batch) {
+	queueOwn(b, h.c.Job, h.owner, &h.owned)
+	if h.c.SameFabric {
+		h.queueRankFabrics(b)
+	}
+}
+
+func (h *hostsClaim) shares() bool { return false }
+
+func (h *hostsClaim) reset() {
+	h.nodes, h.before, h.owned, h.fabrics, h.most, h.tried = nil, nil, false, nil, 0, nil
+}
+
+func (h *hostsClaim) settle(ctx context.Context, tx *pipeTx, b *pgx.Batch, actor registry.Actor, alone bool) (*pgx.Batch, bool, error) {
+	if !h.owned {
+		return nil, false, h.refused(alone)
+	}
+	b, err := h.place(ctx, tx, b)
+	if err != nil {
+		return nil, false, err
+	}
+	h.record(b, actor)
+	return b, true, nil
+}
+
+// freeClasses is the union of host_free and the deltas not folded into it
+// yet: each class's free count now, for the classes cond (a hostWhere on
+// alias t) keeps. Classes with pending deltas are read by key, one
+// lookup each, as hostCandidates reads them.
+func freeClasses(cond string) string {
+	return `
+		p AS MATERIALIZED (
+			SELECT ip, hardware_generation, gpu_mem, cpu_mem, source, fabric, sum(delta) AS delta
+			FROM host_free_delta GROUP BY 1, 2, 3, 4, 5, 6
+		), c AS (
+			SELECT t.ip, t.hardware_generation, t.gpu_mem, t.cpu_mem, t.source, t.fabric, t.free FROM host_free t
+			WHERE ` + cond + ` AND (t.ip, t.hardware_generation, t.gpu_mem, t.cpu_mem, t.source, t.fabric) NOT IN
+				(SELECT ip, hardware_generation, gpu_mem, cpu_mem, source, fabric FROM p)
+			UNION ALL
+			SELECT t.ip, t.hardware_generation, t.gpu_mem, t.cpu_mem, t.source, t.fabric, coalesce(b.free, 0) + t.delta
+			FROM p t LEFT JOIN LATERAL (
+				SELECT h.free FROM host_free h
+				WHERE (h.ip, h.hardware_generation, h.gpu_mem, h.cpu_mem, h.source, h.fabric) =
+					(t.ip, t.hardware_generation, t.gpu_mem, t.cpu_mem, t.source, t.fabric)
+				LIMIT 1
+			) b ON true
+			WHERE ` + cond + `
+		)`
+}
+
+// queueRankFabrics queues the ranking of the fabrics by the number of
+// hosts with a class of PerHost free matching nodes: those with Hosts()
+// or more first, fewest first; then the others, most first (the first row
+// is then the most one fabric has, which the conflict reports).
+func (h *hostsClaim) queueRankFabrics(b *pgx.Batch) {
+	var q query
+	q.hostWhere("t", h.c.Filter, []string{})
+	q.add("t.fabric <> ''")
+	per, hosts := q.arg(h.c.PerHost), q.arg(h.c.Hosts())
+	b.Queue(`
+		WITH `+freeClasses(q.cond())+`, fit AS (
+			SELECT fabric, count(DISTINCT ip) AS hosts FROM c WHERE free >= `+per+` GROUP BY fabric
+		)
+		SELECT fabric, hosts FROM fit
+		ORDER BY hosts >= `+hosts+` DESC, CASE WHEN hosts >= `+hosts+` THEN hosts ELSE -hosts END, fabric
+		LIMIT `+strconv.Itoa(fabricsRanked), q.args...).Query(func(rows pgx.Rows) error {
+		var f fabricFit
+		_, err := pgx.ForEachRow(rows, []any{&f.name, &f.hosts}, func() error {
+			if h.most == 0 || f.hosts > h.most {
+				h.most = max(h.most, f.hosts)
+			}
+			if f.hosts >= h.c.Hosts() {
+				h.fabrics = append(h.fabrics, f)
+			}
+			return nil
+		})
+		return err
+	})
+}
+
+// place tries hosts until a try keeps its nodes, b being the next round
+// trip's batch; it returns the batch that follows.
+func (h *hostsClaim) place(ctx context.Context, tx *pipeTx, b *pgx.Batch) (*pgx.Batch, error) {
+	want := h.c.Hosts()
+	passedOver := false // a fabric was passed over for hosts other claimers were trying
+	waits := 0
+	for tries := 0; tries < maxHostsTried; tries++ {
+		if h.caller.Err() != nil {
+			return nil, errGroupCancelled
+		}
+		var fabric *string
+		if h.c.SameFabric {
+			if len(h.fabrics) == 0 && passedOver {
+				// Every fabric that fits had hosts other claimers were
+				// trying: rank again once some of them are done.
+				waits = h.wait(waits)
+				passedOver = false
+				h.fabrics, h.most = nil, 0
+				h.queueRankFabrics(b)
+				if err := tx.send(ctx, b); err != nil {
+					return nil, err
+				}
+				b = tx.batch()
+			}
+			if len(h.fabrics) == 0 {
+				return nil, h.noFabric()
+			}
+			fabric = &h.fabrics[0].name
+		}
+		// The lookup's advisory locks are taken in the savepoint too: a
+		// lookup that found too few hosts gives back those it locked, so
+		// that they do not stay out of the other claimers' reach.
+		var classes []hostClass
+		b.Queue("savepoint host_try")
+		h.queueHosts(b, fabric, want, &classes)
+		if err := tx.send(ctx, b); err != nil {
+			return nil, err
+		}
+		b = tx.batch()
+		if len(classes) < want {
+			b.Queue("rollback to savepoint host_try")
+			if fabric == nil {
+				if !h.othersTrying(ctx, tx, b) {
+					return nil, h.notEnoughHosts()
+				}
+				b = tx.batch()
+				waits = h.wait(waits)
+				continue
+			}
+			h.fabrics = h.fabrics[1:] // its other hosts are being claimed: the next best
+			passedOver = true
+			continue
+		}
+		h.queueTry(b, classes)
+		if err := tx.send(ctx, b); err != nil {
+			return nil, err
+		}
+		b = tx.batch()
+		if len(h.nodes) == h.c.Count {
+			return b, nil
+		}
+		// A node of one of them was taken by a claim that does not look at
+		// hosts, or cordoned, since the lookup: these hosts are not tried
+		// again.
+		h.nodes, h.before = nil, nil
+		b.Queue("rollback to savepoint host_try")
+		for _, c := range classes {
+			h.tried = append(h.tried, c.ip)
+		}
+	}
+	if h.c.SameFabric {
+		return nil, h.noFabric()
+	}
+	return nil, h.notEnoughHosts()
+}
+
+// wait pauses before the next look when other claimers hold the hosts a
+// claim could take: 1 ms, twice as long each time up to 64 ms (theirs
+// take a few round trips). It answers the number of waits so far.
+func (h *hostsClaim) wait(waits int) int {
+	d := time.Millisecond << min(waits, 6)
+	select {
+	case <-time.After(d):
+	case <-h.caller.Done():
+	}
+	return waits + 1
+}
+
+// othersTrying sends b with a count of the hosts that could hold a group,
+// locked or not, and reports whether there are enough: then a lookup
+// that found too few met other claimers, which may give hosts back.
+func (h *hostsClaim) othersTrying(ctx context.Context, tx *pipeTx, b *pgx.Batch) bool {
+	var q query
+	q.hostWhere("t", h.c.Filter, append([]string{}, h.tried...))
+	var hosts int
+	b.Queue(`WITH `+freeClasses(q.cond())+` SELECT count(DISTINCT ip) FROM c WHERE free >= `+q.arg(h.c.PerHost), q.args...).
+		QueryRow(func(row pgx.Row) error { return row.Scan(&hosts) })
+	return tx.send(ctx, b) == nil && hosts >= h.c.Hosts()
+}
+
+func (h *hostsClaim) noFabric() error {
+	return registry.Coded(registry.ErrConflict, registry.CodeNoFabricFit,
+		"no fabric has %d hosts with %d free matching node(s) that are not being claimed right now; the most in one fabric is %d",
+		h.c.Hosts(), h.c.PerHost, h.most)
+}
+
+func (h *hostsClaim) notEnoughHosts() error {
+	return registry.Coded(registry.ErrConflict, registry.CodeNotEnoughHosts,
+		"fewer than %d hosts have %d free matching node(s) each that are not being claimed right now", h.c.Hosts(), h.c.PerHost)
+}
+
+// queueHosts queues the lookup of up to n classes (of fabric, when not
+// nil) with PerHost or more free matching nodes, on distinct hosts not
+// tried yet that no concurrent claimer is trying, fewest free first; it
+// takes each returned host's advisory lock (hostLockClass). They are
+// appended to out.
+func (h *hostsClaim) queueHosts(b *pgx.Batch, fabric *string, n int, out *[]hostClass) {
+	var q query
+	f := h.c.Filter
+	if fabric != nil {
+		f.Fabric = fabric
+	}
+	q.hostWhere("t", f, append([]string{}, h.tried...)) // never a NULL array
+	per := q.arg(h.c.PerHost)
+	// Enough candidates to pass over the hosts other claimers hold: each
+	// tries few at a time.
+	candidates := strconv.Itoa(n + 4*hostCandidates)
+	b.Queue(`
+		WITH `+freeClasses(q.cond())+`
+		SELECT host(ip), hardware_generation, gpu_mem, cpu_mem, source, fabric FROM (
+			SELECT * FROM (
+				SELECT DISTINCT ON (ip) * FROM (
+					SELECT * FROM c WHERE free >= `+per+` ORDER BY free, ip LIMIT `+candidates+`
+				) best ORDER BY ip, free
+			) d ORDER BY free, ip
+		) o
+		-- In that order, and only until n are locked: a host another
+		-- claimer holds is passed over, the rest are not locked.
+		WHERE pg_try_advisory_xact_lock(`+strconv.Itoa(hostLockClass)+`, hashtext(host(ip)))
+		LIMIT `+q.arg(n), q.args...).Query(func(rows pgx.Rows) error {
+		var c hostClass
+		_, err := pgx.ForEachRow(rows, []any{&c.ip, &c.hw, &c.gpuMem, &c.cpuMem, &c.source, &c.fabric}, func() error {
+			*out = append(*out, c)
+			return nil
+		})
+		return err
+	})
+}
+
+// queueTry queues the claim of PerHost nodes of each class, all or none:
+// per class, the lowest pks that match every filter and no one else is
+// locking; the nodes are updated only when every class gave PerHost.
+func (h *hostsClaim) queueTry(b *pgx.Batch, classes []hostClass) {
+	ips := make([]string, len(classes))
+	hws := make([]int64, len(classes))
+	gpus := make([]int64, len(classes))
+	cpus := make([]int64, len(classes))
+	sources := make([]string, len(classes))
+	fabrics := make([]string, len(classes))
+	for i, c := range classes {
+		ips[i], hws[i], gpus[i], cpus[i], sources[i], fabrics[i] = c.ip, c.hw, c.gpuMem, c.cpuMem, c.source, c.fabric
+	}
+	c := h.c
+	queueClaim(b, c, h.owner, func(q *query) string {
+		with := `cls AS (SELECT * FROM unnest(` + q.arg(ips) + `::inet[], ` + q.arg(hws) + `::bigint[], ` + q.arg(gpus) + `::bigint[], ` +
+			q.arg(cpus) + `::bigint[], ` + q.arg(sources) + `::text[], ` + q.arg(fabrics) + `::text[])
+			AS cls(c_ip, c_hw, c_gpu, c_cpu, c_source, c_fabric))`
+		// Each class's group, locked by a subquery of its own: the
+		// claim's pick (ORDER BY pk LIMIT count) then takes them all.
+		per := q.arg(c.PerHost)
+		var inner query
+		inner.args = q.args // share the placeholders
+		inner.where(c.Filter)
+		inner.add("ip = cls.c_ip AND coalesce(hardware_generation, 0) = cls.c_hw AND coalesce(gpu_mem, -1) = cls.c_gpu" +
+			" AND cpu_mem = cls.c_cpu AND source = cls.c_source AND coalesce(fabric, '') = cls.c_fabric")
+		q.args = inner.args
+		q.add(`pk = ANY(ARRAY(SELECT g.pk FROM cls CROSS JOIN LATERAL (
+			SELECT pk FROM nodes WHERE ` + inner.cond() + ` ORDER BY pk LIMIT ` + per + ` FOR UPDATE SKIP LOCKED) g))`)
+		return with
+	}, &h.nodes, &h.before)
+}

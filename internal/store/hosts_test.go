@@ -1,0 +1,302 @@
+package store_test
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/registryd/registryd/internal/pgtest"
+	"github.com/registryd/registryd/internal/registry"
+	"github.com/registryd/registryd/internal/store"
+)
+
+// fleetHost is a host of a test fleet: its fabric, GPUs and how many of
+// them are free (the others held by job 1).
+type fleetHost struct {
+	fabric string
+	gpus   int
+	free   int
+}
+
+// makeFleet creates the hosts, 10.<f>.<h>.1 for host h of the f-th
+// fabric named, and answers their addresses in order.
+func makeFleet(t *testing.T, st *store.Store, hosts []fleetHost) []string {
+	t.Helper()
+	ctx := context.Background()
+	var ips []string
+	fabrics := map[string]int{}
+	perFabric := map[string]int{}
+	for _, h := range hosts {
+		if _, ok := fabrics[h.fabric]; !ok {
+			fabrics[h.fabric] = len(fabrics)
+		}
+		ip := fmt.Sprintf("10.%d.%d.1", fabrics[h.fabric], perFabric[h.fabric])
+		perFabric[h.fabric]++
+		ips = append(ips, ip)
+		var busy []int64
+		for i := range h.gpus {
+			spec := registry.NodeSpec{IP: ip, Index: i, CPUMem: 1 << 30, DriverVersion: "d", GPUMem: ptr(int64(80) << 30)}
+			if h.fabric != "" {
+				spec.Fabric = ptr(h.fabric)
+			}
+			n, _, err := st.CreateNode(ctx, sys, spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if i >= h.free {
+				busy = append(busy, n.PK)
+			}
+		}
+		if len(busy) > 0 {
+			if _, err := st.Pool().Exec(ctx, `UPDATE nodes SET current_job = 1 WHERE pk = ANY($1)`, busy); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return ips
+}
+
+// gangOf checks that nodes are per whole groups of perHost, one per host,
+// and answers the hosts (sorted) and the fabric when they share one.
+func gangOf(t *testing.T, nodes []registry.Node, perHost int) (hosts []string, fabric string) {
+	t.Helper()
+	per := map[string]int{}
+	fabrics := map[string]bool{}
+	for _, n := range nodes {
+		per[n.IP]++
+		f := ""
+		if n.Fabric != nil {
+			f = *n.Fabric
+		}
+		fabrics[f] = true
+	}
+	for ip, k := range per {
+		if k != perHost {
+			t.Errorf("host %s gave %d nodes, want %d", ip, k, perHost)
+		}
+		hosts = append(hosts, ip)
+	}
+	slices.Sort(hosts)
+	if len(fabrics) == 1 {
+		for f := range fabrics {
+			fabric = f
+		}
+	}
+	return hosts, fabric
+}
+
+// Fabric gang claims take whole hosts of one fabric, best fit first: the
+// fabric with the fewest hosts that can hold the gang, and in it the
+// hosts with the fewest free nodes; the conflict says the most one fabric
+// has.
+func TestFabricGangBestFit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st := pgtest.Open(t, pgtest.New(t), store.Options{})
+	var hosts []fleetHost
+	for _, f := range []struct {
+		name  string
+		hosts int
+	}{{"fab-a", 3}, {"fab-b", 5}, {"fab-c", 4}} {
+		for range f.hosts {
+			hosts = append(hosts, fleetHost{f.name, 8, 8})
+		}
+	}
+	hosts = append(hosts, fleetHost{"", 8, 8}, fleetHost{"", 8, 8}, fleetHost{"", 8, 8}, fleetHost{"", 8, 8}) // no fabric: never same_fabric
+	makeFleet(t, st, hosts)
+
+	claim := func(job int64) ([]registry.Node, error) {
+		return st.ClaimNodes(ctx, sys, registry.Claim{Job: job, Count: 32, PerHost: 8, SameFabric: true})
+	}
+	for _, step := range []struct {
+		job  int64
+		want string
+	}{{10, "fab-c"}, {11, "fab-b"}} {
+		nodes, err := claim(step.job)
+		if err != nil {
+			t.Fatalf("job %d: %v", step.job, err)
+		}
+		if hosts, fabric := gangOf(t, nodes, 8); len(hosts) != 4 || fabric != step.want {
+			t.Errorf("job %d took hosts %v of fabric %q, want 4 of %s", step.job, hosts, fabric, step.want)
+		}
+	}
+	_, err := claim(12)
+	var re *registry.Error
+	if !errors.As(err, &re) || re.Code != registry.CodeNoFabricFit || !strings.Contains(re.Message, "the most in one fabric is 3") {
+		t.Fatalf("a third gang: %v; want no_fabric_fit naming 3", err)
+	}
+	// Without same_fabric, the four hosts come from anywhere.
+	nodes, err := st.ClaimNodes(ctx, sys, registry.Claim{Job: 13, Count: 32, PerHost: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hosts, _ := gangOf(t, nodes, 8); len(hosts) != 4 {
+		t.Errorf("per_host alone: hosts %v", hosts)
+	}
+	// Four hosts are left whole (three of fab-a, one of fab-b, or ones
+	// without a fabric): five are too many.
+	_, err = st.ClaimNodes(ctx, sys, registry.Claim{Job: 14, Count: 40, PerHost: 8})
+	if !errors.As(err, &re) || re.Code != registry.CodeNotEnoughHosts {
+		t.Fatalf("five hosts of 8 with four left: %v; want not_enough_hosts", err)
+	}
+	if drift := hostFreeDrift(t, st); len(drift) > 0 {
+		t.Errorf("free counts drifted: %v", drift)
+	}
+}
+
+// Inside a fabric, hosts with exactly per_host free come first, then the
+// fewest free: the emptiest hosts stay whole.
+func TestFabricGangPrefersTightHosts(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st := pgtest.Open(t, pgtest.New(t), store.Options{})
+	ips := makeFleet(t, st, []fleetHost{{"f", 8, 8}, {"f", 8, 4}, {"f", 8, 6}, {"f", 8, 3}, {"f", 8, 4}})
+	nodes, err := st.ClaimNodes(ctx, sys, registry.Claim{Job: 7, Count: 8, PerHost: 4, SameFabric: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hosts, _ := gangOf(t, nodes, 4)
+	if want := []string{ips[1], ips[4]}; !slices.Equal(hosts, want) {
+		t.Errorf("took hosts %v, want the two with exactly 4 free %v", hosts, want)
+	}
+	nodes, err = st.ClaimNodes(ctx, sys, registry.Claim{Job: 8, Count: 8, PerHost: 4, SameFabric: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hosts, _ := gangOf(t, nodes, 4); !slices.Equal(hosts, []string{ips[0], ips[2]}) {
+		t.Errorf("then took %v, want the 6-free and the 8-free hosts %v", hosts, []string{ips[0], ips[2]})
+	}
+}
+
+// The placement of a fabric gang agrees with a brute-force search on
+// random small fleets: the chosen fabric has the fewest hosts that can
+// hold a group among those with enough, and the chosen hosts are that
+// fabric's with the fewest free nodes.
+func TestFabricGangPlacementProperty(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := rand.New(rand.NewPCG(3, 5))
+	for round := range 12 {
+		st := pgtest.Open(t, pgtest.New(t), store.Options{})
+		var hosts []fleetHost
+		for f := range 1 + r.IntN(4) {
+			for range 1 + r.IntN(5) {
+				hosts = append(hosts, fleetHost{fmt.Sprintf("f%d", f), 8, r.IntN(9)})
+			}
+		}
+		ips := makeFleet(t, st, hosts)
+		perHost := 1 + r.IntN(8)
+		want := 1 + r.IntN(3)
+		// Brute force: per fabric, the hosts that fit, fewest free first.
+		fits := map[string][]int{} // fabric → indexes into hosts
+		for i, h := range hosts {
+			if h.free >= perHost {
+				fits[h.fabric] = append(fits[h.fabric], i)
+			}
+		}
+		best, most := "", 0
+		for f, idx := range fits {
+			most = max(most, len(idx))
+			if len(idx) >= want && (best == "" || len(idx) < len(fits[best]) || len(idx) == len(fits[best]) && f < best) {
+				best = f
+			}
+		}
+		nodes, err := st.ClaimNodes(ctx, sys, registry.Claim{Job: 9, Count: want * perHost, PerHost: perHost, SameFabric: true})
+		if best == "" {
+			var re *registry.Error
+			if !errors.As(err, &re) || re.Code != registry.CodeNoFabricFit || !strings.Contains(re.Message, fmt.Sprintf("the most in one fabric is %d", most)) {
+				t.Errorf("round %d: %v; want no_fabric_fit with the most %d", round, err, most)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("round %d (%d×%d, fleet %v): %v", round, want, perHost, hosts, err)
+		}
+		idx := fits[best]
+		slices.SortStableFunc(idx, func(a, b int) int {
+			return cmp.Or(cmp.Compare(hosts[a].free, hosts[b].free), ipCompare(ips[a], ips[b]))
+		})
+		var wantHosts []string
+		for _, i := range idx[:want] {
+			wantHosts = append(wantHosts, ips[i])
+		}
+		slices.Sort(wantHosts)
+		got, fabric := gangOf(t, nodes, perHost)
+		if fabric != best || !slices.Equal(got, wantHosts) {
+			t.Errorf("round %d (%d hosts × %d, fleet %v): took %v of %q, want %v of %q", round, want, perHost, hosts, got, fabric, wantHosts, best)
+		}
+	}
+}
+
+// ipCompare orders the test fleet's IPv4 addresses as inet does.
+func ipCompare(a, b string) int {
+	var x, y [4]int
+	fmt.Sscanf(a, "%d.%d.%d.%d", &x[0], &x[1], &x[2], &x[3])
+	fmt.Sscanf(b, "%d.%d.%d.%d", &y[0], &y[1], &y[2], &y[3])
+	return slices.Compare(x[:], y[:])
+}
+
+// Many schedulers on two replicas claim fabric gangs at once: no node is
+// given twice, no gang is split across fabrics or hosts, and every gang
+// that could be placed was.
+func TestFabricGangsConcurrent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.New(t)
+	a := pgtest.Open(t, url, store.Options{})
+	b := pgtest.Open(t, url, store.Options{})
+	var hosts []fleetHost
+	for f := range 4 {
+		for range 6 {
+			hosts = append(hosts, fleetHost{fmt.Sprintf("fab-%d", f), 8, 8})
+		}
+	}
+	makeFleet(t, a, hosts) // 4 fabrics × 6 hosts: room for 4 × 1 gang of 4 hosts, plus 2-host gangs
+	var mu sync.Mutex
+	taken := map[int64]int64{}
+	var wg sync.WaitGroup
+	var placed, refused int
+	for i := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			st := []*store.Store{a, b}[i%2]
+			job := int64(100 + i)
+			nodes, err := st.ClaimNodes(ctx, sys, registry.Claim{Job: job, Count: 16, PerHost: 8, SameFabric: true})
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				var re *registry.Error
+				if !errors.As(err, &re) || re.Code != registry.CodeNoFabricFit {
+					t.Errorf("job %d: %v", job, err)
+				}
+				refused++
+				return
+			}
+			placed++
+			if hosts, fabric := gangOf(t, nodes, 8); len(hosts) != 2 || fabric == "" {
+				t.Errorf("job %d took %v of fabric %q", job, hosts, fabric)
+			}
+			for _, n := range nodes {
+				if other, ok := taken[n.PK]; ok {
+					t.Errorf("node %d given to jobs %d and %d", n.PK, other, job)
+				}
+				taken[n.PK] = job
+			}
+		}()
+	}
+	wg.Wait()
+	// 24 hosts hold 12 gangs of 2 hosts; 16 asked.
+	if placed != 12 || refused != 4 {
+		t.Errorf("%d gangs placed, %d refused; want 12 and 4", placed, refused)
+	}
+	if drift := hostFreeDrift(t, a); len(drift) > 0 {
+		t.Errorf("free counts drifted: %v", drift)
+	}
+}
