@@ -526,6 +526,10 @@ func TestTopologyFlow(t *testing.T) {
 	if err != nil || len(got.Nodes) != 4 || *got.Nodes[0].Fabric != *got.Nodes[3].Fabric {
 		t.Fatalf("gang: %+v %v", got, err)
 	}
+	caps, err := sched.ListFabrics(ctx, client.FabricListFilter{})
+	if err != nil || len(caps) != 2 || *caps[0].Fabric != "ib-0" || caps[0].Nodes.Busy != 4 || caps[1].Nodes.Free != 2 || caps[1].Hosts != 1 {
+		t.Errorf("capacity by fabric: %+v %v", caps, err)
+	}
 	_, err = sched.ClaimNodes(ctx, client.NodeClaim{Job: 6, Count: client.Ptr(4), PerHost: client.Ptr(2), SameFabric: client.Ptr(true)})
 	if ce, ok := errors.AsType[*client.Error](err); !ok || ce.Code != client.CodeNoFabricFit {
 		t.Errorf("a second gang: %v; want no_fabric_fit", err)

@@ -97,3 +97,14 @@ func (c *Client) DeleteHardware(ctx context.Context, pk int64, opts ...CallOptio
 	_, err = cl.finish(resp, err, nil, http.StatusNoContent)
 	return err
 }
+
+// ListFabrics answers, per fabric, what the nodes the filters select hold:
+// hosts, nodes by state, and how many hosts have each number of free
+// nodes (the nodes without a fabric last, Fabric nil).
+func (c *Client) ListFabrics(ctx context.Context, f FabricListFilter, opts ...CallOption) ([]FabricCapacity, error) {
+	cl := newCall(opts)
+	var out []FabricCapacity
+	resp, err := c.raw.ListFabrics(cl.ctx(ctx), &oapi.ListFabricsParams{NodeID: cl.nodeID}, f, cl.editors()...)
+	_, err = cl.finish(resp, err, &out, http.StatusOK)
+	return out, err
+}

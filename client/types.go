@@ -23,6 +23,10 @@ type (
 	NodeUpdate = oapi.NodeUpdate
 	// NodeLabels are a node's labels, key to value.
 	NodeLabels = oapi.NodeLabels
+	// FabricListFilter selects the nodes ListFabrics counts.
+	FabricListFilter = oapi.FabricListFilter
+	// FabricCapacity is what one fabric holds of the nodes selected.
+	FabricCapacity = oapi.FabricCapacity
 	// NodeFilter selects nodes for ListNodes; nil members do not filter.
 	NodeFilter = oapi.NodeFilter
 	// NodeClaim asks for Count free nodes for Job.

@@ -44,6 +44,7 @@ type Store interface {
 	UpdateHardware(ctx context.Context, a registry.Actor, pk int64, fn func(cur registry.Hardware) (registry.HardwareSpec, error)) (registry.Hardware, error)
 	DeleteHardware(ctx context.Context, a registry.Actor, pk int64, check func(cur registry.Hardware) error) (registry.Hardware, error)
 	ListHardware(ctx context.Context) ([]registry.Hardware, error)
+	FabricCapacity(ctx context.Context, f registry.NodeFilter) ([]registry.FabricCapacity, error)
 
 	ListAudit(ctx context.Context, f registry.AuditFilter) ([]registry.AuditEntry, error)
 
@@ -247,6 +248,7 @@ func (s *Server) routeV1(r chi.Router) {
 		r.Use(s.authenticate, s.nodeID)
 		r.Route("/nodes", func(r chi.Router) { s.routeNodes(r, read) })
 		r.Route("/hardware", func(r chi.Router) { s.routeHardware(r, read) })
+		r.With(read).Post("/fabrics/list", s.handle(s.listFabrics))
 		r.With(s.require(registry.PermReadAudit)).Post("/audit/list", s.handle(s.listAudit))
 		r.With(s.require(registry.PermRevokeTokens)).Post("/tokens/revoke", s.handle(s.revokeTokens))
 	})

@@ -151,3 +151,49 @@ func (s *Server) listHardware(w http.ResponseWriter, r *http.Request) error {
 	}
 	return writeJSON(w, http.StatusOK, out)
 }
+
+// listFabrics is POST /v1/fabrics/list: per fabric, what the nodes the
+// list filters select hold (registry.FabricCapacity).
+func (s *Server) listFabrics(w http.ResponseWriter, r *http.Request) error {
+	obj, err := decodeObject(w, r, true)
+	if err != nil {
+		return err
+	}
+	f := newFields(obj)
+	nf := readFilterFields(f)
+	for _, name := range []string{"after", "limit"} {
+		if _, ok := obj[name]; ok && !f.errs.Has(name) {
+			f.errs.Add(name, "is a list option; the capacity counts every node the filters select")
+		}
+	}
+	nf.After, nf.Limit = 0, 0
+	f.check(nf.Normalize())
+	if err := f.err(); err != nil {
+		return err
+	}
+	caps, err := s.store.FabricCapacity(r.Context(), nf)
+	if err != nil {
+		return err
+	}
+	type freeHosts struct {
+		Free  int64 `json:"free"`
+		Hosts int64 `json:"hosts"`
+	}
+	type fabricJSON struct {
+		Fabric    *string          `json:"fabric"`
+		Hosts     int64            `json:"hosts"`
+		Nodes     map[string]int64 `json:"nodes"`
+		FreeHosts []freeHosts      `json:"free_hosts"`
+	}
+	out := make([]fabricJSON, len(caps))
+	for i, c := range caps {
+		out[i] = fabricJSON{Fabric: c.Fabric, Hosts: c.Hosts, Nodes: map[string]int64{}, FreeHosts: []freeHosts{}}
+		for st, n := range c.Nodes {
+			out[i].Nodes[string(st)] = n
+		}
+		for _, fh := range c.FreeHosts {
+			out[i].FreeHosts = append(out[i].FreeHosts, freeHosts(fh))
+		}
+	}
+	return writeJSON(w, http.StatusOK, out)
+}

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/registryd/registryd/internal/registry"
 )
 
 // A node's topology fields round-trip through create, GET, PATCH and PUT;
@@ -266,4 +268,33 @@ func TestFabricGangClaims(t *testing.T) {
 	} {
 		refused(t, "claim "+tc.body, b.do("POST", "/v1/nodes/claim", tc.body), tc.field)
 	}
+}
+
+// POST /v1/fabrics/list answers the capacity of each fabric over the nodes
+// a list's filters select; anyone who may list nodes may ask.
+func TestListFabrics(t *testing.T) {
+	b := setup(t)
+	b.fabricHosts(4, 2, 1) // fab-0: 2 hosts of 4, fab-1: 1 host of 4
+	b.createNode(map[string]any{"ip": "10.200.0.1"})
+	b.must(http.StatusOK, b.do("POST", "/v1/nodes/claim", `{"job": 3, "count": 4, "per_host": 4, "fabric": "fab-0"}`))
+	var caps []struct {
+		Fabric    *string
+		Hosts     int
+		Nodes     map[string]int
+		FreeHosts []struct{ Free, Hosts int } `json:"free_hosts"`
+	}
+	b.must(http.StatusOK, b.do("POST", "/v1/fabrics/list", nil)).json(t, &caps)
+	if len(caps) != 3 || *caps[0].Fabric != "fab-0" || caps[0].Hosts != 2 || caps[0].Nodes["busy"] != 4 || caps[0].Nodes["free"] != 4 ||
+		fmt.Sprint(caps[0].FreeHosts) != "[{0 1} {4 1}]" || *caps[1].Fabric != "fab-1" || caps[2].Fabric != nil || caps[2].Hosts != 1 {
+		t.Errorf("capacity: %+v", caps)
+	}
+	caps = nil
+	b.token = tokenFor(t, "reader-1", registry.RoleReader)
+	b.must(http.StatusOK, b.do("POST", "/v1/fabrics/list", `{"free": true, "fabric": "fab-1"}`)).json(t, &caps)
+	if len(caps) != 1 || caps[0].Nodes["free"] != 4 || fmt.Sprint(caps[0].FreeHosts) != "[{4 1}]" {
+		t.Errorf("free nodes of fab-1: %+v", caps)
+	}
+	refused(t, "after", b.do("POST", "/v1/fabrics/list", `{"after": 3}`), "after")
+	refused(t, "limit", b.do("POST", "/v1/fabrics/list", `{"limit": 3}`), "limit")
+	refused(t, "selector", b.do("POST", "/v1/fabrics/list", `{"selector": "a in ("}`), "selector")
 }

@@ -104,6 +104,7 @@ func (m *Metrics) Fleet(ctx context.Context, opts FleetOptions) {
 
 var (
 	fleetNodes     = desc("fleet_nodes", `Nodes by hardware generation (its name; empty, i.e. no label, for nodes without one) and lifecycle state (gone, lost, draining, cordoned, busy, free).`, "hardware_generation", "state")
+	fabricNodes    = desc("fabric_nodes", `Nodes by fabric (nodes without one are not counted here) and lifecycle state.`, "fabric", "state")
 	fleetRefreshed = desc("fleet_refreshed_timestamp_seconds", "When the fleet figures were last counted, as a Unix time.")
 	fleetQueries   = desc("fleet_queries_total", "Fleet counting queries run.")
 	fleetErrors    = desc("fleet_query_errors_total", "Fleet counting queries that failed (the figures then stay as they were).")
@@ -123,6 +124,7 @@ type fleetCollector struct {
 
 func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- fleetNodes
+	ch <- fabricNodes
 	ch <- fleetRefreshed
 	ch <- fleetQueries
 	ch <- fleetErrors
@@ -179,6 +181,35 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 	// A state the store knows and States does not yet: still shown.
 	for k, n := range byKey {
 		ch <- prometheus.MustNewConstMetric(fleetNodes, prometheus.GaugeValue, float64(n), k.gen, string(k.state))
+	}
+	collectFabrics(ch, counts)
+}
+
+// collectFabrics reports the nodes of each fabric by state, every state
+// of every fabric the counts name (zero included).
+func collectFabrics(ch chan<- prometheus.Metric, counts []registry.FleetCount) {
+	type key struct {
+		fabric string
+		state  registry.State
+	}
+	byKey := map[key]int64{}
+	var fabrics []string
+	for _, fc := range counts {
+		if fc.Fabric == "" || fc.State == "" {
+			continue
+		}
+		if _, ok := byKey[key{fc.Fabric, registry.StateFree}]; !ok {
+			fabrics = append(fabrics, fc.Fabric)
+			for _, st := range registry.States {
+				byKey[key{fc.Fabric, st}] += 0
+			}
+		}
+		byKey[key{fc.Fabric, fc.State}] += fc.Nodes
+	}
+	for _, f := range fabrics {
+		for _, st := range registry.States {
+			ch <- prometheus.MustNewConstMetric(fabricNodes, prometheus.GaugeValue, float64(byKey[key{f, st}]), f, string(st))
+		}
 	}
 }
 

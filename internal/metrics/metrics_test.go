@@ -50,7 +50,8 @@ const fleetSQL = `
 	INSERT INTO nodes (ip, gpu_index, cpu_mem, driver_version, hardware_generation)
 	SELECT '10.0.0.2', g, 1, 'd', 2 FROM generate_series(0, 3) g;
 	INSERT INTO nodes (ip, gpu_index, cpu_mem, driver_version, current_job, schedulable)
-	VALUES ('10.0.0.3', 0, 1, 'd', NULL, true), ('10.0.0.3', 1, 1, 'd', 9, false);`
+	VALUES ('10.0.0.3', 0, 1, 'd', NULL, true), ('10.0.0.3', 1, 1, 'd', 9, false);
+	UPDATE nodes SET fabric = CASE WHEN host(ip) = '10.0.0.1' THEN 'ib-a' ELSE 'ib-b' END WHERE host(ip) <> '10.0.0.3';`
 
 // A scrape counts the fleet with one statement, whatever its size; scrapes
 // within the interval (and concurrent ones) share it; the next interval
@@ -91,6 +92,19 @@ func TestFleetOneQueryPerInterval(t *testing.T) {
 	}
 	if got := len(s.Family("registryd_fleet_nodes")); got != len(want) {
 		t.Errorf("%d fleet_nodes series, want %d", got, len(want))
+	}
+	// By fabric: H100's host is ib-a, A100's ib-b; the nodes without a
+	// generation have no fabric either, and no series.
+	for _, c := range []struct {
+		fabric, state string
+		n             float64
+	}{{"ib-a", "free", 3}, {"ib-a", "busy", 2}, {"ib-a", "gone", 1}, {"ib-a", "lost", 0}, {"ib-b", "free", 4}, {"ib-b", "busy", 0}} {
+		if v, ok := s.Value(t, "registryd_fabric_nodes", "fabric", c.fabric, "state", c.state); !ok || v != c.n {
+			t.Errorf("fabric_nodes{%q,%q} = %v (present %v), want %v", c.fabric, c.state, v, ok, c.n)
+		}
+	}
+	if got := len(s.Family("registryd_fabric_nodes")); got != 2*len(registry.States) {
+		t.Errorf("%d fabric_nodes series, want %d", got, 2*len(registry.States))
 	}
 	if got := s.Get(t, "registryd_fleet_refreshed_timestamp_seconds"); got != float64(clk.now().Unix()) {
 		t.Errorf("refreshed = %v, want %v", got, clk.now().Unix())

@@ -10,6 +10,28 @@ package registry
 // store test holds the two together); the metrics code does not change.
 type FleetCount struct {
 	Generation string
-	State      State
-	Nodes      int64
+	// Fabric is the nodes' fabric, "" for none.
+	Fabric string
+	State  State
+	Nodes  int64
+}
+
+// FabricCapacity is what one fabric holds of the nodes a filter selects.
+type FabricCapacity struct {
+	// Fabric is nil for the nodes without one.
+	Fabric *string
+	// Hosts is the number of hosts (addresses) with a selected node.
+	Hosts int64
+	// Nodes counts the selected nodes by state; every state is present.
+	Nodes map[State]int64
+	// FreeHosts is, for each number of free selected nodes a host has,
+	// how many hosts have it (0 included), fewest free first: what a
+	// claim of whole groups can find.
+	FreeHosts []FreeHosts
+}
+
+// FreeHosts is how many hosts have Free free nodes.
+type FreeHosts struct {
+	Free  int64
+	Hosts int64
 }

@@ -300,3 +300,41 @@ func TestFabricGangsConcurrent(t *testing.T) {
 		t.Errorf("free counts drifted: %v", drift)
 	}
 }
+
+// The capacity by fabric counts what a node list with the same filters
+// selects: hosts, nodes by state, hosts by number of free nodes.
+func TestFabricCapacity(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st := pgtest.Open(t, pgtest.New(t), store.Options{})
+	makeFleet(t, st, []fleetHost{{"f1", 4, 4}, {"f1", 4, 1}, {"f1", 4, 0}, {"f2", 2, 2}, {"", 1, 1}})
+	if _, err := st.Pool().Exec(ctx, `UPDATE nodes SET cordon_reason = 'fan' WHERE host(ip) = '10.0.0.1' AND gpu_index = 3`); err != nil {
+		t.Fatal(err)
+	}
+	caps, err := st.FabricCapacity(ctx, registry.NodeFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := ""
+	for _, c := range caps {
+		name := "<none>"
+		if c.Fabric != nil {
+			name = *c.Fabric
+		}
+		got += fmt.Sprintf("%s hosts=%d free=%d busy=%d cordoned=%d hosts-by-free=%v; ", name, c.Hosts,
+			c.Nodes[registry.StateFree], c.Nodes[registry.StateBusy], c.Nodes[registry.StateCordoned], c.FreeHosts)
+	}
+	want := "f1 hosts=3 free=4 busy=7 cordoned=1 hosts-by-free=[{0 1} {1 1} {3 1}]; " +
+		"f2 hosts=1 free=2 busy=0 cordoned=0 hosts-by-free=[{2 1}]; " +
+		"<none> hosts=1 free=1 busy=0 cordoned=0 hosts-by-free=[{1 1}]; "
+	if got != want {
+		t.Errorf("capacity:\n got %s\nwant %s", got, want)
+	}
+	caps, err = st.FabricCapacity(ctx, registry.NodeFilter{Fabric: ptr("f2")})
+	if err != nil || len(caps) != 1 || *caps[0].Fabric != "f2" || caps[0].Nodes[registry.StateFree] != 2 {
+		t.Errorf("fabric f2 alone: %+v %v", caps, err)
+	}
+	if _, err := st.FabricCapacity(ctx, registry.NodeFilter{Index: ptr(-1)}); !errors.Is(err, registry.ErrInvalid) {
+		t.Errorf("an invalid filter: %v", err)
+	}
+}

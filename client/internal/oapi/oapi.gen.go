@@ -457,10 +457,90 @@ type EchoUpdatedAt = time.Time
 // EchoVersion Read-only and best left out; accepted only when it equals the node's `version` now. A different value means the node changed since it was read (400); send `If-Match` to be answered 412 instead.
 type EchoVersion = int64
 
+// FabricCapacity What one fabric holds of the nodes the filters select.
+type FabricCapacity struct {
+	// Fabric The fabric; null for the nodes without one.
+	//
+	// Example: ib-pod-a
+	Fabric *string `json:"fabric"`
+
+	// FreeHosts For each number of free selected nodes a host has, how many hosts have it (0 included), fewest free first: what a claim of whole groups (`per_host`) can find in the fabric.
+	//
+	// Example: [{"free":0,"hosts":240},{"free":3,"hosts":1},{"free":8,"hosts":257}]
+	FreeHosts []struct {
+		Free  int64 `json:"free"`
+		Hosts int64 `json:"hosts"`
+	} `json:"free_hosts"`
+
+	// Hosts Hosts (addresses) with a selected node.
+	//
+	// Example: 500
+	Hosts int64 `json:"hosts"`
+
+	// Nodes The selected nodes by state; every state is present.
+	//
+	// Example: {"busy":1920,"cordoned":16,"draining":0,"free":2056,"gone":0,"lost":8}
+	Nodes struct {
+		Busy     int64 `json:"busy"`
+		Cordoned int64 `json:"cordoned"`
+		Draining int64 `json:"draining"`
+		Free     int64 `json:"free"`
+		Gone     int64 `json:"gone"`
+		Lost     int64 `json:"lost"`
+	} `json:"nodes"`
+}
+
 // FabricFilter Only nodes of this fabric (`fabric` equal to it).
 //
 // Example: ib-pod-a
 type FabricFilter = string
+
+// FabricListFilter The filters of a node list (every member optional, none null, ANDed); `after` and `limit` are list options, not filters (400).
+type FabricListFilter struct {
+	// CurrentJob Only nodes held by this job (a job's pk, positive).
+	CurrentJob *int64 `json:"current_job,omitempty"`
+
+	// Fabric Only nodes of this fabric (`fabric` equal to it).
+	//
+	// Example: ib-pod-a
+	Fabric *FabricFilter `json:"fabric,omitempty"`
+
+	// Free true for free nodes (`state` free), the ones a claim could take. false for every other node: gone, lost, draining, cordoned or busy.
+	Free *bool `json:"free,omitempty"`
+
+	// HardwareGeneration Only nodes of this hardware generation (its pk, positive).
+	HardwareGeneration *int64 `json:"hardware_generation,omitempty"`
+
+	// Index Only nodes with this GPU index.
+	Index *int32 `json:"index,omitempty"`
+
+	// IP Only nodes of this host (IPv4 or IPv6 address, compared in canonical form).
+	IP *string `json:"ip,omitempty"`
+
+	// MinCPUMem Only nodes with at least this much CPU memory (bytes).
+	MinCPUMem *int64 `json:"min_cpu_mem,omitempty"`
+
+	// MinGPUMem Only nodes with at least this much GPU memory (bytes); excludes nodes without a GPU.
+	MinGPUMem *int64 `json:"min_gpu_mem,omitempty"`
+
+	// SeenWithin Only nodes seen within this many seconds (at most 100 years).
+	SeenWithin *int64 `json:"seen_within,omitempty"`
+
+	// Selector Only nodes whose labels match this Kubernetes label selector: requirements separated by commas, all of which must hold: `k=v` (or `k==v`), `k!=v`, `k in (a,b)`, `k notin (a,b)`, `k` (the label exists) and `!k` (it does not). A node without the label passes `!=` and `notin`. A selector that does not parse is a 400 that names `selector` and the position (1-based) at fault.
+	//
+	// Example: team=research,scp.registryd.io/region in (kr-west1,kr-east1)
+	Selector *SelectorFilter `json:"selector,omitempty"`
+
+	// Source Where a node came from (server-managed): `api` when it was registered through this API, `scp` or `e2e` when the sync worker imported it from Samsung SDS Cloud or E2E Networks. As a filter (list, claim, watch), only nodes from this source. More sources may appear later.
+	//
+	// Example: api
+	Source *Source `json:"source,omitempty"`
+
+	// State One node state, or an array of 1 to 6 of them: nodes in any of the given states. A value that is not a `NodeState` is a 400 naming `state`.
+	//
+	// Example: ["cordoned","draining"]
+	State *NodeStateFilter `json:"state,omitempty"`
+}
 
 // FieldError defines model for FieldError.
 type FieldError struct {
@@ -1594,6 +1674,12 @@ type ListAuditParams struct {
 	NodeID *NodeID `json:"Node-Id,omitempty"`
 }
 
+// ListFabricsParams defines parameters for ListFabrics.
+type ListFabricsParams struct {
+	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
+	NodeID *NodeID `json:"Node-Id,omitempty"`
+}
+
 // CreateHardwareParams defines parameters for CreateHardware.
 type CreateHardwareParams struct {
 	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
@@ -1864,6 +1950,9 @@ type RevokeTokensParams struct {
 // ListAuditJSONRequestBody defines body for ListAudit for application/json ContentType.
 type ListAuditJSONRequestBody = AuditFilter
 
+// ListFabricsJSONRequestBody defines body for ListFabrics for application/json ContentType.
+type ListFabricsJSONRequestBody = FabricListFilter
+
 // CreateHardwareJSONRequestBody defines body for CreateHardware for application/json ContentType.
 type CreateHardwareJSONRequestBody = HardwareCreate
 
@@ -2109,6 +2198,26 @@ type ClientInterface interface {
 	//
 	// Corresponds with POST /v1/audit/list (the `ListAudit` operationId).
 	ListAudit(ctx context.Context, params *ListAuditParams, body ListAuditJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ListFabricsWithBody Capacity by fabric
+	//
+	// Answers 200 with a JSON array, one entry per fabric (in name order, the nodes without a fabric last as `fabric: null`), of what the nodes the filters select hold there: hosts, nodes by state, and how many hosts have each number of free nodes, which is what a claim of whole hosts (`per_host`, `same_fabric`) can find. The body is optional; its filters are a node list's. 400 for a malformed body or an unknown or invalid field, 413 for a body over 1 MiB, 415 for a non-JSON `Content-Type`, 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+	// Roles: reader, scheduler, agent, admin (everyone).
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/fabrics/list (the `ListFabrics` operationId).
+	ListFabricsWithBody(ctx context.Context, params *ListFabricsParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ListFabrics Capacity by fabric
+	//
+	// Answers 200 with a JSON array, one entry per fabric (in name order, the nodes without a fabric last as `fabric: null`), of what the nodes the filters select hold there: hosts, nodes by state, and how many hosts have each number of free nodes, which is what a claim of whole hosts (`per_host`, `same_fabric`) can find. The body is optional; its filters are a node list's. 400 for a malformed body or an unknown or invalid field, 413 for a body over 1 MiB, 415 for a non-JSON `Content-Type`, 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+	// Roles: reader, scheduler, agent, admin (everyone).
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/fabrics/list (the `ListFabrics` operationId).
+	ListFabrics(ctx context.Context, params *ListFabricsParams, body ListFabricsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// CreateHardwareWithBody Create a hardware generation
 	//
@@ -2787,6 +2896,46 @@ func (c *Client) ListAuditWithBody(ctx context.Context, params *ListAuditParams,
 // Corresponds with POST /v1/audit/list (the `ListAudit` operationId).
 func (c *Client) ListAudit(ctx context.Context, params *ListAuditParams, body ListAuditJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewListAuditRequest(c.Server, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ListFabricsWithBody Capacity by fabric
+//
+// Answers 200 with a JSON array, one entry per fabric (in name order, the nodes without a fabric last as `fabric: null`), of what the nodes the filters select hold there: hosts, nodes by state, and how many hosts have each number of free nodes, which is what a claim of whole hosts (`per_host`, `same_fabric`) can find. The body is optional; its filters are a node list's. 400 for a malformed body or an unknown or invalid field, 413 for a body over 1 MiB, 415 for a non-JSON `Content-Type`, 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+// Roles: reader, scheduler, agent, admin (everyone).
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/fabrics/list (the `ListFabrics` operationId).
+func (c *Client) ListFabricsWithBody(ctx context.Context, params *ListFabricsParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListFabricsRequestWithBody(c.Server, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ListFabrics Capacity by fabric
+//
+// Answers 200 with a JSON array, one entry per fabric (in name order, the nodes without a fabric last as `fabric: null`), of what the nodes the filters select hold there: hosts, nodes by state, and how many hosts have each number of free nodes, which is what a claim of whole hosts (`per_host`, `same_fabric`) can find. The body is optional; its filters are a node list's. 400 for a malformed body or an unknown or invalid field, 413 for a body over 1 MiB, 415 for a non-JSON `Content-Type`, 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+// Roles: reader, scheduler, agent, admin (everyone).
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/fabrics/list (the `ListFabrics` operationId).
+func (c *Client) ListFabrics(ctx context.Context, params *ListFabricsParams, body ListFabricsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListFabricsRequest(c.Server, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -3924,6 +4073,61 @@ func NewListAuditRequestWithBody(server string, params *ListAuditParams, content
 	}
 
 	operationPath := fmt.Sprintf("/v1/audit/list")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.NodeID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Node-Id", *params.NodeID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "integer", Format: "int64"})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Node-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewListFabricsRequest calls the generic ListFabrics builder with application/json body
+func NewListFabricsRequest(server string, params *ListFabricsParams, body ListFabricsJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewListFabricsRequestWithBody(server, params, "application/json", bodyReader)
+}
+
+// NewListFabricsRequestWithBody constructs an http.Request for the ListFabrics method, with any body, and a specified content type
+func NewListFabricsRequestWithBody(server string, params *ListFabricsParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/fabrics/list")
 	if operationPath[0] == '/' {
 		operationPath = "." + operationPath
 	}
@@ -5873,6 +6077,26 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with POST /v1/audit/list (the `ListAudit` operationId).
 	ListAuditWithResponse(ctx context.Context, params *ListAuditParams, body ListAuditJSONRequestBody, reqEditors ...RequestEditorFn) (*ListAuditResponse, error)
 
+	// ListFabricsWithBodyWithResponse Capacity by fabric
+	//
+	// Answers 200 with a JSON array, one entry per fabric (in name order, the nodes without a fabric last as `fabric: null`), of what the nodes the filters select hold there: hosts, nodes by state, and how many hosts have each number of free nodes, which is what a claim of whole hosts (`per_host`, `same_fabric`) can find. The body is optional; its filters are a node list's. 400 for a malformed body or an unknown or invalid field, 413 for a body over 1 MiB, 415 for a non-JSON `Content-Type`, 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+	// Roles: reader, scheduler, agent, admin (everyone).
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/fabrics/list (the `ListFabrics` operationId).
+	ListFabricsWithBodyWithResponse(ctx context.Context, params *ListFabricsParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ListFabricsResponse, error)
+
+	// ListFabricsWithResponse Capacity by fabric
+	//
+	// Answers 200 with a JSON array, one entry per fabric (in name order, the nodes without a fabric last as `fabric: null`), of what the nodes the filters select hold there: hosts, nodes by state, and how many hosts have each number of free nodes, which is what a claim of whole hosts (`per_host`, `same_fabric`) can find. The body is optional; its filters are a node list's. 400 for a malformed body or an unknown or invalid field, 413 for a body over 1 MiB, 415 for a non-JSON `Content-Type`, 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+	// Roles: reader, scheduler, agent, admin (everyone).
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/fabrics/list (the `ListFabrics` operationId).
+	ListFabricsWithResponse(ctx context.Context, params *ListFabricsParams, body ListFabricsJSONRequestBody, reqEditors ...RequestEditorFn) (*ListFabricsResponse, error)
+
 	// CreateHardwareWithBodyWithResponse Create a hardware generation
 	//
 	// Creates a hardware generation and answers 201 with it, a `Location` header naming it and its `ETag`. 400 for a malformed body, a missing or unknown field, or an invalid name (empty, longer than 100 characters, leading or trailing whitespace, control characters); 409 when the name is taken, with the existing generation's pk in `existing_pk`; 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
@@ -7143,6 +7367,182 @@ func (r ListAuditResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r ListAuditResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ListFabricsResponse200Headers the declared response headers of an HTTP 200 response for ListFabrics
+type ListFabricsResponse200Headers struct {
+	XRequestID string
+}
+
+// ListFabricsResponse400Headers the declared response headers of an HTTP 400 response for ListFabrics
+type ListFabricsResponse400Headers struct {
+	XRequestID string
+}
+
+// ListFabricsResponse401Headers the declared response headers of an HTTP 401 response for ListFabrics
+type ListFabricsResponse401Headers struct {
+	WwwAuthenticate string
+	XRequestID      string
+}
+
+// ListFabricsResponse403Headers the declared response headers of an HTTP 403 response for ListFabrics
+type ListFabricsResponse403Headers struct {
+	XRequestID string
+}
+
+// ListFabricsResponse404Headers the declared response headers of an HTTP 404 response for ListFabrics
+type ListFabricsResponse404Headers struct {
+	XRequestID string
+}
+
+// ListFabricsResponse413Headers the declared response headers of an HTTP 413 response for ListFabrics
+type ListFabricsResponse413Headers struct {
+	XRequestID string
+}
+
+// ListFabricsResponse415Headers the declared response headers of an HTTP 415 response for ListFabrics
+type ListFabricsResponse415Headers struct {
+	XRequestID string
+}
+
+// ListFabricsResponse500Headers the declared response headers of an HTTP 500 response for ListFabrics
+type ListFabricsResponse500Headers struct {
+	XRequestID string
+}
+
+// ListFabricsResponse503Headers the declared response headers of an HTTP 503 response for ListFabrics
+type ListFabricsResponse503Headers struct {
+	RetryAfter int
+	XRequestID string
+}
+
+// ListFabricsResponseDefaultHeaders the declared response headers of an HTTP default response for ListFabrics
+type ListFabricsResponseDefaultHeaders struct {
+	XRequestID string
+}
+
+type ListFabricsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *[]FabricCapacity
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationProblemJSON413 *PayloadTooLarge
+	// ApplicationProblemJSON415 the response for an HTTP 415 `application/problem+json` response
+	ApplicationProblemJSON415 *UnsupportedMediaType
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
+	// ApplicationProblemJSONDefault the response for an HTTP default `application/problem+json` response
+	ApplicationProblemJSONDefault *Error
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *ListFabricsResponse200Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *ListFabricsResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ListFabricsResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *ListFabricsResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *ListFabricsResponse404Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *ListFabricsResponse413Headers
+	// Headers415 the parsed response headers for an HTTP 415 response
+	Headers415 *ListFabricsResponse415Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *ListFabricsResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ListFabricsResponse503Headers
+	// HeadersDefault the parsed response headers for an HTTP default response
+	HeadersDefault *ListFabricsResponseDefaultHeaders
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListFabricsResponse) GetJSON200() *[]FabricCapacity {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r ListFabricsResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r ListFabricsResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r ListFabricsResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r ListFabricsResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r ListFabricsResponse) GetApplicationProblemJSON413() *PayloadTooLarge {
+	return r.ApplicationProblemJSON413
+}
+
+// GetApplicationProblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
+func (r ListFabricsResponse) GetApplicationProblemJSON415() *UnsupportedMediaType {
+	return r.ApplicationProblemJSON415
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r ListFabricsResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r ListFabricsResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
+}
+
+// GetApplicationProblemJSONDefault returns the response for an HTTP default `application/problem+json` response
+func (r ListFabricsResponse) GetApplicationProblemJSONDefault() *Error {
+	return r.ApplicationProblemJSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r ListFabricsResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListFabricsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListFabricsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListFabricsResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -11558,6 +11958,38 @@ func (c *ClientWithResponses) ListAuditWithResponse(ctx context.Context, params 
 	return ParseListAuditResponse(rsp)
 }
 
+// ListFabricsWithBodyWithResponse Capacity by fabric
+//
+// Answers 200 with a JSON array, one entry per fabric (in name order, the nodes without a fabric last as `fabric: null`), of what the nodes the filters select hold there: hosts, nodes by state, and how many hosts have each number of free nodes, which is what a claim of whole hosts (`per_host`, `same_fabric`) can find. The body is optional; its filters are a node list's. 400 for a malformed body or an unknown or invalid field, 413 for a body over 1 MiB, 415 for a non-JSON `Content-Type`, 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+// Roles: reader, scheduler, agent, admin (everyone).
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/fabrics/list (the `ListFabrics` operationId).
+func (c *ClientWithResponses) ListFabricsWithBodyWithResponse(ctx context.Context, params *ListFabricsParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ListFabricsResponse, error) {
+	rsp, err := c.ListFabricsWithBody(ctx, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListFabricsResponse(rsp)
+}
+
+// ListFabricsWithResponse Capacity by fabric
+//
+// Answers 200 with a JSON array, one entry per fabric (in name order, the nodes without a fabric last as `fabric: null`), of what the nodes the filters select hold there: hosts, nodes by state, and how many hosts have each number of free nodes, which is what a claim of whole hosts (`per_host`, `same_fabric`) can find. The body is optional; its filters are a node list's. 400 for a malformed body or an unknown or invalid field, 413 for a body over 1 MiB, 415 for a non-JSON `Content-Type`, 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+// Roles: reader, scheduler, agent, admin (everyone).
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/fabrics/list (the `ListFabrics` operationId).
+func (c *ClientWithResponses) ListFabricsWithResponse(ctx context.Context, params *ListFabricsParams, body ListFabricsJSONRequestBody, reqEditors ...RequestEditorFn) (*ListFabricsResponse, error) {
+	rsp, err := c.ListFabrics(ctx, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListFabricsResponse(rsp)
+}
+
 // CreateHardwareWithBodyWithResponse Create a hardware generation
 //
 // Creates a hardware generation and answers 201 with it, a `Location` header naming it and its `ETag`. 400 for a malformed body, a missing or unknown field, or an invalid name (empty, longer than 100 characters, leading or trailing whitespace, control characters); 409 when the name is taken, with the existing generation's pk in `existing_pk`; 413 for a body over 1 MiB; 415 for a non-JSON `Content-Type`; 503 when the database is unavailable. Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
@@ -13147,6 +13579,212 @@ func ParseListAuditResponse(rsp *http.Response) (*ListAuditResponse, error) {
 		response.Headers503 = &headers
 	case true:
 		var headers ListAuditResponseDefaultHeaders
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.HeadersDefault = &headers
+	}
+
+	return response, nil
+}
+
+// ParseListFabricsResponse parses an HTTP response from a ListFabricsWithResponse call
+func ParseListFabricsResponse(rsp *http.Response) (*ListFabricsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListFabricsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest []FabricCapacity
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest UnsupportedMediaType
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON415 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSONDefault = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers ListFabricsResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 400:
+		var headers ListFabricsResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers ListFabricsResponse401Headers
+		if values := rsp.Header.Values("Www-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Www-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WwwAuthenticate = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers ListFabricsResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers ListFabricsResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 413:
+		var headers ListFabricsResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers413 = &headers
+	case rsp.StatusCode == 415:
+		var headers ListFabricsResponse415Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers415 = &headers
+	case rsp.StatusCode == 500:
+		var headers ListFabricsResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers ListFabricsResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers503 = &headers
+	case true:
+		var headers ListFabricsResponseDefaultHeaders
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
