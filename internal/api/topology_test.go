@@ -177,6 +177,9 @@ func TestFabricAndSelectorFilters(t *testing.T) {
 	}
 	refused(t, "empty fabric", b.do("POST", "/v1/nodes/list", `{"fabric": ""}`), "fabric")
 	refused(t, "fabric null", b.do("POST", "/v1/nodes/list", `{"fabric": null}`), "fabric")
+	refused(t, "fabric with a NUL", b.do("POST", "/v1/nodes/list", `{"fabric": "a\u0000b"}`), "fabric")
+	refused(t, "fabric with a NUL", b.do("POST", "/v1/fabrics/list", `{"fabric": "a\u0000b"}`), "fabric")
+	refused(t, "watch fabric with a NUL", b.doWatch("?fabric=a%00b"), "fabric")
 }
 
 // fabricHosts makes hosts of gpus GPUs each: counts[i] hosts in fabric

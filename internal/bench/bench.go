@@ -298,7 +298,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	logf("seeded %d nodes on %d hosts in %.1fs (%d agents)", f.nodes, f.hosts, rep.SeedSeconds, len(f.agents))
 
 	if pgbench != "" {
-		needCopies := slices.ContainsFunc(cfg.Workloads, func(w string) bool { return w == Claim || w == Gang || w == Abandon || w == Renew })
+		needCopies := slices.ContainsFunc(cfg.Workloads, func(w string) bool { return w == Claim || w == Gang || w == Fabric || w == Abandon || w == Renew })
 		t0 := time.Now()
 		if err := pgbenchTables(ctx, pool, needCopies); err != nil {
 			return nil, err
@@ -432,7 +432,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 				logf("%s: registryd, %d clients, %s", name, w.clients, cfg.Duration)
 				t.claims.reset(time.Now().Add(warmup(cfg.Duration)))
 				l = generate(ctx, w.clients, warmup(cfg.Duration), cfg.Duration, w.op)
-				if n, p50, p99 := t.claims.stats(); n > 0 && (name == Claim || name == Gang) && l.Elapsed > 0 {
+				if n, p50, p99 := t.claims.stats(); n > 0 && (name == Claim || name == Gang || name == Fabric) && l.Elapsed > 0 {
 					res.Claim = &ClaimStats{Claims: n, Rate: float64(n) / l.Elapsed.Seconds(), P50MS: ms(p50), P99MS: ms(p99)}
 				}
 			}
@@ -447,7 +447,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			failed = true
 			logf("%s: %d errors: %v", name, l.Errors, l.ErrorKinds)
 		}
-		if name == Claim || name == Gang { // every node a claim took is released again
+		if name == Claim || name == Gang || name == Fabric { // every node a claim took is released again
 			var held int64
 			if err := pool.QueryRow(ctx, `SELECT count(*) FROM nodes WHERE current_job > $1`, firstJob).Scan(&held); err != nil {
 				return nil, fmt.Errorf("bench: %s: %w", name, err)

@@ -27,6 +27,11 @@ var generations = []struct {
 	{"B200", 180 << 30},
 }
 
+// hostsPerFabric is how many consecutive hosts share a fabric (fab-0000,
+// fab-0001, …): 250 fabrics of 500 hosts of 8 GPUs at 1,000,000 nodes.
+// Each host is labelled team=t<host mod 10> and rack=r<host mod 40>.
+const hostsPerFabric = 500
+
 // seedJobBase is where the jobs of seeded busy hosts start; the workloads'
 // jobs start far above it.
 const seedJobBase = 1_000_000
@@ -77,12 +82,15 @@ func seed(ctx context.Context, pool *pgxpool.Pool, n, agents int) (*fleet, error
 			return err
 		}
 		if _, err := tx.Exec(ctx, `
-			INSERT INTO nodes (ip, gpu_index, cpu_mem, driver_version, hardware_generation, gpu_mem, owner, current_job)
+			INSERT INTO nodes (ip, gpu_index, cpu_mem, driver_version, hardware_generation, gpu_mem, owner, current_job,
+				fabric, labels)
 			SELECT '10.0.0.0'::inet + ((h / 250) * 256 + h % 250 + 1), g % 8, 2199023255552, '550.54.15',
 				($2::bigint[])[h % 4 + 1], ($3::bigint[])[h % 4 + 1],
 				CASE WHEN h < $4 THEN 'bench-agent-' || h END,
-				CASE WHEN h % 8 = 7 OR (h % 8 = 5 AND g % 8 < 3) THEN $5 + h END
-			FROM generate_series(0, $1::bigint - 1) g, LATERAL (SELECT g / 8 AS h) x`, n, hw, mems, agents, seedJobBase); err != nil {
+				CASE WHEN h % 8 = 7 OR (h % 8 = 5 AND g % 8 < 3) THEN $5 + h END,
+				'fab-' || lpad((h / $6)::text, 4, '0'),
+				jsonb_build_object('team', 't' || h % 10, 'rack', 'r' || h % 40)
+			FROM generate_series(0, $1::bigint - 1) g, LATERAL (SELECT g / 8 AS h) x`, n, hw, mems, agents, seedJobBase, hostsPerFabric); err != nil {
 			return err
 		}
 		_, err = tx.Exec(ctx, `INSERT INTO node_liveness (node_pk, last_seen) SELECT pk, now() FROM nodes WHERE owner IS NOT NULL

@@ -120,8 +120,9 @@ func seedHost(ctx context.Context, c *http.Client, url string, signer auth.Signe
 	g := generations[h%4]
 	var pks []int64
 	for i := int64(0); i < 8 && h*8+i < int64(n); i++ {
-		body := fmt.Appendf(nil, `{"ip":%q,"index":%d,"cpu_mem":2199023255552,"driver_version":"550.54.15","hardware_generation":%d,"gpu_mem":%d}`,
-			ip, i, hw[h%4], g.gpuMem)
+		body := fmt.Appendf(nil, `{"ip":%q,"index":%d,"cpu_mem":2199023255552,"driver_version":"550.54.15","hardware_generation":%d,"gpu_mem":%d,`+
+			`"fabric":"fab-%04d","labels":{"team":"t%d","rack":"r%d"}}`,
+			ip, i, hw[h%4], g.gpuMem, h/hostsPerFabric, h%10, h%40)
 		b, err := call(ctx, c, "POST", url+"/v1/nodes/create", token, body)
 		if err != nil {
 			return fmt.Errorf("bench: seed: %w", err)

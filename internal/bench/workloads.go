@@ -21,6 +21,8 @@ const (
 	FreePage  = "free"
 	Claim     = "claim"
 	Gang      = "gang"
+	Fabric    = "fabric"
+	Selector  = "selector"
 	Abandon   = "abandon"
 	Renew     = "renew"
 	ListAll   = "listall"
@@ -31,7 +33,7 @@ const (
 // AllWorkloads is every workload, in run order. startup comes last: it
 // restarts the server (the workloads after it, if any, run on the
 // restarted one).
-var AllWorkloads = []string{Heartbeat, Retrieve, FreePage, Claim, Gang, Abandon, Renew, ListAll, Replica, Startup}
+var AllWorkloads = []string{Heartbeat, Retrieve, FreePage, Selector, Claim, Gang, Fabric, Abandon, Renew, ListAll, Replica, Startup}
 
 // gangClients is the number of concurrent schedulers of the gang workload,
 // whatever -clients says: the issue's target is stated for 16.
@@ -39,6 +41,13 @@ const gangClients = 16
 
 // gangSize is how many nodes of one host a gang claim takes.
 const gangSize = 8
+
+// fabricHosts is how many whole hosts of one fabric a fabric gang takes.
+const fabricHosts = 4
+
+// selectorText is the selector page's label selector: 1 host in 10, less
+// 1 in 40 of those.
+const selectorText = "team=t3,rack!=r13"
 
 // minGPUMem is the free page's min_gpu_mem: 80 GiB, which three of the
 // four seeded hardware generations have.
@@ -100,17 +109,15 @@ func (t *target) workload(name string, clients int) (workload, error) {
 	case FreePage:
 		return workload{name: name, path: "free page: POST /v1/nodes/list free, min_gpu_mem, random after, limit 100", clients: clients,
 			script: "free.sql",
-			op: func(ctx context.Context, c *http.Client, rng *rand.Rand) error {
-				body := fmt.Appendf(nil, `{"free":true,"min_gpu_mem":%d,"after":%d,"limit":100}`, minGPUMem, rng.Int64N(f.maxPK))
-				b, err := call(ctx, c, "POST", t.url+"/v1/nodes/list", f.scheduler, body)
-				if err != nil {
-					return err
-				}
-				if len(b) < 2 || b[0] != '[' {
-					return fmt.Errorf("POST /v1/nodes/list: not a JSON array: %.80s", b)
-				}
-				return nil
-			}}, nil
+			op: t.listPage(func(rng *rand.Rand) []byte {
+				return fmt.Appendf(nil, `{"free":true,"min_gpu_mem":%d,"after":%d,"limit":100}`, minGPUMem, rng.Int64N(f.maxPK))
+			})}, nil
+	case Selector:
+		return workload{name: name, path: "selector page: POST /v1/nodes/list free, selector " + selectorText + ", random after, limit 100", clients: clients,
+			script: "selector.sql",
+			op: t.listPage(func(rng *rand.Rand) []byte {
+				return fmt.Appendf(nil, `{"free":true,"selector":%q,"after":%d,"limit":100}`, selectorText, rng.Int64N(f.maxPK))
+			})}, nil
 	case Claim:
 		return workload{name: name, path: "claim 1 + release: POST /v1/nodes/claim, /v1/nodes/release", clients: clients,
 			script: "claim.sql", tables: true,
@@ -122,6 +129,12 @@ func (t *target) workload(name string, clients int) (workload, error) {
 			script: "gang.sql", tables: true,
 			op: func(ctx context.Context, c *http.Client, _ *rand.Rand) error {
 				return t.claimRelease(ctx, c, gangSize, true)
+			}}, nil
+	case Fabric:
+		return workload{name: name, path: fmt.Sprintf("fabric gang: claim %d×%d per_host, same_fabric + release", fabricHosts, gangSize),
+			clients: gangClients, script: "fabric.sql", tables: true,
+			op: func(ctx context.Context, c *http.Client, _ *rand.Rand) error {
+				return t.claimReleaseWith(ctx, c, claimShape{count: fabricHosts * gangSize, perHost: gangSize, sameFabric: true})
 			}}, nil
 	case Abandon:
 		// No op: Run drives both phases itself (runAbandon).
@@ -146,18 +159,52 @@ func (t *target) workload(name string, clients int) (workload, error) {
 	return workload{}, fmt.Errorf("bench: no workload %q (want %v)", name, AllWorkloads)
 }
 
+// listPage is an op that lists the page body asks for and checks that
+// the answer is a JSON array.
+func (t *target) listPage(body func(*rand.Rand) []byte) op {
+	return func(ctx context.Context, c *http.Client, rng *rand.Rand) error {
+		b, err := call(ctx, c, "POST", t.url+"/v1/nodes/list", t.fleet.scheduler, body(rng))
+		if err != nil {
+			return err
+		}
+		if len(b) < 2 || b[0] != '[' {
+			return fmt.Errorf("POST /v1/nodes/list: not a JSON array: %.80s", b)
+		}
+		return nil
+	}
+}
+
 type claimedNode struct {
-	PK         int64  `json:"pk"`
-	IP         string `json:"ip"`
-	CurrentJob *int64 `json:"current_job"`
+	PK         int64   `json:"pk"`
+	IP         string  `json:"ip"`
+	Fabric     *string `json:"fabric"`
+	CurrentJob *int64  `json:"current_job"`
+}
+
+// claimShape is what a workload's claims ask for.
+type claimShape struct {
+	count      int
+	sameHost   bool
+	perHost    int
+	sameFabric bool
 }
 
 // claimRelease claims count nodes for a new job, checks them (their job,
 // one host for a gang, none held by another job the generator knows of)
 // and releases them.
 func (t *target) claimRelease(ctx context.Context, c *http.Client, count int, sameHost bool) error {
+	return t.claimReleaseWith(ctx, c, claimShape{count: count, sameHost: sameHost})
+}
+
+// claimReleaseWith is claimRelease of any shape; a fabric gang is checked
+// for whole hosts of one fabric.
+func (t *target) claimReleaseWith(ctx context.Context, c *http.Client, s claimShape) error {
+	count := s.count
 	job := t.jobs.Add(1)
-	body := fmt.Appendf(nil, `{"job":%d,"count":%d,"same_host":%t}`, job, count, sameHost)
+	body := fmt.Appendf(nil, `{"job":%d,"count":%d,"same_host":%t}`, job, count, s.sameHost)
+	if s.perHost > 0 {
+		body = fmt.Appendf(nil, `{"job":%d,"count":%d,"per_host":%d,"same_fabric":%t}`, job, count, s.perHost, s.sameFabric)
+	}
 	t0 := time.Now()
 	b, err := call(ctx, c, "POST", t.url+"/v1/nodes/claim", t.fleet.scheduler, body)
 	if err != nil {
@@ -178,7 +225,10 @@ func (t *target) claimRelease(ctx context.Context, c *http.Client, count int, sa
 	if err := t.holds.take(job, pks); err != nil {
 		return err // not released: a node two jobs hold is a finding to keep
 	}
-	checkErr := checkClaim(job, count, sameHost, got.Nodes)
+	checkErr := checkClaim(job, count, s.sameHost, got.Nodes)
+	if checkErr == nil && s.perHost > 0 {
+		checkErr = checkWholeHosts(job, s.perHost, s.sameFabric, got.Nodes)
+	}
 	t.holds.drop(pks)
 	if len(pks) == 0 {
 		return checkErr
@@ -210,6 +260,24 @@ func checkClaim(job int64, count int, sameHost bool, nodes []claimedNode) error 
 		}
 		if sameHost && n.IP != nodes[0].IP {
 			return fmt.Errorf("POST /v1/nodes/claim: same_host claim for job %d spans %s and %s", job, nodes[0].IP, n.IP)
+		}
+	}
+	return nil
+}
+
+// checkWholeHosts fails unless nodes are whole groups of perHost, one per
+// host, all of one fabric when sameFabric.
+func checkWholeHosts(job int64, perHost int, sameFabric bool, nodes []claimedNode) error {
+	per := map[string]int{}
+	for _, n := range nodes {
+		per[n.IP]++
+		if sameFabric && (n.Fabric == nil || nodes[0].Fabric == nil || *n.Fabric != *nodes[0].Fabric) {
+			return fmt.Errorf("POST /v1/nodes/claim: same_fabric claim for job %d spans fabrics %v and %v", job, nodes[0].Fabric, n.Fabric)
+		}
+	}
+	for ip, k := range per {
+		if k != perHost {
+			return fmt.Errorf("POST /v1/nodes/claim: job %d took %d nodes of host %s, want %d", job, k, ip, perHost)
 		}
 	}
 	return nil

@@ -274,6 +274,10 @@ func matches(f registry.NodeFilter, n *registry.Node) bool {
 		return false
 	case f.PK != nil && *f.PK != n.PK:
 		return false
+	case f.Fabric != nil && (n.Fabric == nil || *n.Fabric != *f.Fabric):
+		return false
+	case !f.Selector.Matches(n.Labels):
+		return false
 	}
 	return true
 }

@@ -44,14 +44,16 @@ func seedMixed(t *testing.T, st *store.Store, n int) {
 	}
 	if _, err := st.Pool().Exec(context.Background(), `
 		INSERT INTO nodes (ip, gpu_index, cpu_mem, driver_version, hardware_generation, gpu_mem, source,
-			schedulable, lost, cordon_reason, current_job)
+			schedulable, lost, cordon_reason, current_job, fabric, labels)
 		SELECT CASE WHEN g % 10 = 0 THEN '2001:db8::'::inet + g ELSE '10.2.0.0'::inet + (g / 8) END, g % 8,
 			(g % 5) * 1024, '550',
 			(SELECT pk FROM hardware_generations ORDER BY pk OFFSET (g % 3) LIMIT 1),
 			CASE WHEN g % 7 = 0 THEN NULL ELSE (g % 4) * 20480 END,
 			(ARRAY['api', 'scp', 'e2e'])[g % 3 + 1],
 			g % 17 <> 0, g % 13 = 0, CASE WHEN g % 11 = 0 THEN 'maintenance' END,
-			CASE WHEN g % 4 = 1 THEN 1000 + g % 9 END
+			CASE WHEN g % 4 = 1 THEN 1000 + g % 9 END,
+			CASE WHEN g % 5 > 0 THEN 'ib-' || g % 3 END,
+			CASE WHEN g % 6 = 0 THEN '{}' ELSE jsonb_build_object('team', 't' || g % 4, 'rack', 'r' || g % 3) END
 		FROM generate_series(1, $1) g`, n); err != nil {
 		t.Fatal(err)
 	}
@@ -117,6 +119,18 @@ func randomFilter(rnd *rand.Rand, st *store.Store, pks []int64) registry.NodeFil
 		v := pks[rnd.IntN(len(pks))]
 		f.PK = &v
 	}
+	if rnd.IntN(5) == 0 {
+		v := fmt.Sprintf("ib-%d", rnd.IntN(4))
+		f.Fabric = &v
+	}
+	if rnd.IntN(5) == 0 {
+		text := []string{"team=t1", "team!=t1", "team in (t0,t2)", "team notin (t3)", "rack", "!rack", "team=t2,rack!=r0"}[rnd.IntN(7)]
+		sel, err := registry.ParseSelector(text)
+		if err != nil {
+			panic(err)
+		}
+		f.Selector = sel
+	}
 	if pick() {
 		f.After = pks[rnd.IntN(len(pks))]
 	}
@@ -140,7 +154,7 @@ func TestListMatchesStore(t *testing.T) {
 	ctx := context.Background()
 	rnd := rand.New(rand.NewPCG(1, 2))
 	nonEmpty := 0
-	for i := range 600 {
+	for i := range 700 {
 		f := randomFilter(rnd, a.store, pks)
 		want, err := a.store.ListNodes(ctx, f)
 		if err != nil {

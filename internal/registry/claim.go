@@ -19,7 +19,6 @@ type Claim struct {
 	// fabric. Placement is best fit: the fabric with the fewest hosts
 	// that could hold such a group, and in it (or anywhere, without
 	// SameFabric) the hosts with the fewest free matching nodes first.
-	// SameFabric without PerHost is PerHost 1: Count nodes of one fabric.
 	PerHost    int
 	SameFabric bool
 	// Nodes, when not nil, names the nodes to take, every one or none;
@@ -50,11 +49,10 @@ func (c *Claim) Normalize() error {
 		fe.Add("per_host", "takes nodes from several hosts; same_host takes them from one: give one of them (same_host is per_host equal to count)")
 	case c.SameFabric && c.SameHost:
 		fe.Add("same_fabric", "is implied by same_host (a host's nodes share its fabric); leave it out")
+	case c.SameFabric && c.PerHost == 0:
+		fe.Add("per_host", "is needed with same_fabric: how many nodes each host of the fabric gives (per_host 1 takes count nodes from count hosts)")
 	case c.PerHost > 0 && !fe.Has("count") && c.Count%c.PerHost != 0:
 		fe.Add("count", "must be a multiple of per_host (%d): whole groups of per_host nodes, one per host", c.PerHost)
-	}
-	if c.SameFabric && c.PerHost == 0 && c.Nodes == nil {
-		c.PerHost = 1
 	}
 	if c.Filter.Free != nil && !*c.Filter.Free {
 		fe.Add("free", "claims take free nodes only; leave it out or set it to true")

@@ -157,8 +157,10 @@ func (f *NodeFilter) Normalize() error {
 	if f.Source != nil && !slices.Contains(Sources, *f.Source) {
 		fe.Add("source", "must be one of %s", strings.Join(Sources, ", "))
 	}
-	if f.Fabric != nil && (*f.Fabric == "" || len(*f.Fabric) > 4*MaxFabric) {
-		fe.Add("fabric", "must be a fabric's name")
+	if f.Fabric != nil {
+		if msg := checkText(*f.Fabric, MaxFabric); *f.Fabric == "" || msg != "" {
+			fe.Add("fabric", "must be a fabric's name: 1 to %d characters of text", MaxFabric)
+		}
 	}
 	if msg := f.Selector.check(); msg != "" {
 		fe.Add("selector", "%s", msg)

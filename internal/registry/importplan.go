@@ -54,7 +54,8 @@ type ImportUpdate struct {
 	State       string
 	ExternalID  string
 	// The topology the node ends with: the provider's fabric when it
-	// names one; its GPU model unless an agent that owns the node already
+	// names one (none, when it does not and no agent owns the node); its
+	// GPU model unless an agent that owns the node already
 	// reported one (nvidia-smi's name is the more exact); the node's own
 	// labels with the provider's reserved ones.
 	GPUModel *string
@@ -96,8 +97,14 @@ func (p ImportPlan) Decide(n Node) ImportDecision {
 		if in.GPUModel != "" && (n.Owner == nil || n.GPUModel == nil) {
 			u.GPUModel = &in.GPUModel
 		}
-		if in.Fabric != "" {
+		switch {
+		case in.Fabric != "":
 			u.Fabric = &in.Fabric
+		case n.Owner == nil:
+			// A host the provider no longer puts in a fabric is in none:
+			// a stale fabric would let a gang span hosts no longer wired
+			// together. An owning agent's own word stays.
+			u.Fabric = nil
 		}
 		if u.Same(n, p.Source) {
 			return ImportDecision{Kind: ImportUnchanged}

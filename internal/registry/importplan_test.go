@@ -71,6 +71,19 @@ func TestImportPlanDecide(t *testing.T) {
 	if d := p.Decide(moved); *d.Update.Fabric != "fab-1" {
 		t.Errorf("moved: %+v", d.Update)
 	}
+	// The provider takes the host out of its fabric: in none, unless an
+	// agent that owns the node named one.
+	out := want
+	out.Fabric = ""
+	p2 := ImportPlan{Source: "scp", Want: map[ImportKey]ImportedNode{{"10.0.0.1", 0}: out}, HW: p.HW}
+	if d := p2.Decide(current); d.Kind != ImportUpdateNode || d.Update.Fabric != nil {
+		t.Errorf("out of its fabric: %+v, want the fabric cleared", d)
+	}
+	agentFabric := agents
+	agentFabric.Fabric = ptr("ib-local")
+	if d := p2.Decide(agentFabric); d.Kind != ImportUnchanged {
+		t.Errorf("an agent's fabric where the provider names none: %+v, want it kept", d)
+	}
 	var res ImportResult
 	for _, n := range []Node{current, other, skipped, busy, markedGone} {
 		p.Decide(n).Count(&res)

@@ -191,6 +191,15 @@ func (h hostClass) nodes(q *query) {
 // counts. Hosts already tried are left out.
 func (q *query) hostWhere(t string, f registry.NodeFilter, tried []string) {
 	q.add(t + ".ip <> ALL(" + q.arg(tried) + "::inet[])")
+	if f.IP != nil {
+		q.add(t + ".ip = " + q.arg(*f.IP) + "::inet")
+	}
+	q.classWhere(t, f)
+}
+
+// classWhere is the part of f a class's attributes answer, whatever its
+// host: hostWhere without the address.
+func (q *query) classWhere(t string, f registry.NodeFilter) {
 	if f.HardwareGeneration != nil {
 		q.add(t + ".hardware_generation = " + q.arg(*f.HardwareGeneration))
 	}
@@ -202,9 +211,6 @@ func (q *query) hostWhere(t string, f registry.NodeFilter, tried []string) {
 	}
 	if f.Source != nil {
 		q.add(t + ".source = " + q.arg(*f.Source))
-	}
-	if f.IP != nil {
-		q.add(t + ".ip = " + q.arg(*f.IP) + "::inet")
 	}
 	if f.Fabric != nil {
 		q.add(t + ".fabric = " + q.arg(*f.Fabric))

@@ -25,9 +25,22 @@ func (s *Store) FoldHostFree(ctx context.Context) error {
 				INSERT INTO host_free AS h (ip, hardware_generation, gpu_mem, cpu_mem, source, fabric, free)
 				SELECT * FROM sums ORDER BY 1, 2, 3, 4, 5, 6
 				ON CONFLICT (ip, hardware_generation, gpu_mem, cpu_mem, source, fabric) DO UPDATE SET free = h.free + excluded.free
-				RETURNING free
+				RETURNING ip, hardware_generation, gpu_mem, cpu_mem, source, fabric, free
+			), buckets AS (
+				-- Each class that moved leaves its old count's bucket of
+				-- fabric_free (migration 00021) and joins its new one.
+				SELECT f.fabric, f.hardware_generation, f.gpu_mem, f.cpu_mem, f.source, b.free, sum(b.hosts)::integer AS hosts
+				FROM folded f JOIN sums s USING (ip, hardware_generation, gpu_mem, cpu_mem, source, fabric),
+					LATERAL (VALUES (f.free - s.delta, -1), (f.free, 1)) AS b(free, hosts)
+				WHERE f.fabric <> '' AND b.free > 0
+				GROUP BY 1, 2, 3, 4, 5, 6 HAVING sum(b.hosts) <> 0
+			), summed AS (
+				INSERT INTO fabric_free AS x (fabric, hardware_generation, gpu_mem, cpu_mem, source, free, hosts)
+				SELECT * FROM buckets ORDER BY 1, 2, 3, 4, 5, 6
+				ON CONFLICT (fabric, hardware_generation, gpu_mem, cpu_mem, source, free) DO UPDATE SET hosts = x.hosts + excluded.hosts
+				RETURNING hosts
 			)
-			SELECT (SELECT min(free) FROM folded), (SELECT count(*) FROM moved)`).Scan(&lowest, &moved)
+			SELECT least((SELECT min(free) FROM folded), (SELECT min(hosts) FROM summed)), (SELECT count(*) FROM moved)`).Scan(&lowest, &moved)
 		if err != nil {
 			return err
 		}
@@ -37,7 +50,10 @@ func (s *Store) FoldHostFree(ctx context.Context) error {
 		if *lowest < 0 {
 			return errors.New("a free count fell below zero: a write to nodes bypassed host_free's triggers")
 		}
-		_, err = tx.db.Exec(ctx, `DELETE FROM host_free WHERE free <= 0`)
+		if _, err := tx.db.Exec(ctx, `DELETE FROM host_free WHERE free <= 0`); err != nil {
+			return err
+		}
+		_, err = tx.db.Exec(ctx, `DELETE FROM fabric_free WHERE hosts <= 0`)
 		return err
 	})
 	if err != nil {

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/registryd/registryd/internal/pgtest"
 	"github.com/registryd/registryd/internal/registry"
 	"github.com/registryd/registryd/internal/store"
@@ -54,7 +56,25 @@ func hostFreeDrift(t *testing.T, st *store.Store) []string {
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
-	return drift
+	// fabric_free (migration 00021) is host_free's folded counts, bucketed.
+	rows, err = st.Pool().Query(context.Background(), `
+		WITH kept AS (
+			SELECT fabric, hardware_generation, gpu_mem, cpu_mem, source, free, hosts FROM fabric_free
+		), recount AS (
+			SELECT fabric, hardware_generation, gpu_mem, cpu_mem, source, free, count(*)::integer AS hosts
+			FROM host_free WHERE fabric <> '' AND free > 0 GROUP BY 1, 2, 3, 4, 5, 6
+		)
+		SELECT fabric || ' free=' || free || ': kept ' || coalesce(k.hosts, 0) || ', recount ' || coalesce(r.hosts, 0)
+		FROM kept k FULL JOIN recount r USING (fabric, hardware_generation, gpu_mem, cpu_mem, source, free)
+		WHERE k.hosts IS DISTINCT FROM r.hosts`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buckets, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append(drift, buckets...)
 }
 
 // The free counts stay equal to a recount from nodes through a random mix
@@ -78,8 +98,9 @@ func TestHostFreeMatchesRecount(t *testing.T) {
 	}
 	exec(`INSERT INTO hardware_generations (name) VALUES ('H100'), ('A100')`)
 	// Bulk: 20 hosts of 8 through one statement.
-	exec(`INSERT INTO nodes (ip, gpu_index, cpu_mem, driver_version, hardware_generation, gpu_mem)
-		SELECT ('10.20.0.0'::inet + g / 8), g % 8, 1024, 'd', 1 + g / 8 % 2, CASE WHEN g % 16 < 8 THEN 80 END
+	exec(`INSERT INTO nodes (ip, gpu_index, cpu_mem, driver_version, hardware_generation, gpu_mem, fabric)
+		SELECT ('10.20.0.0'::inet + g / 8), g % 8, 1024, 'd', 1 + g / 8 % 2, CASE WHEN g % 16 < 8 THEN 80 END,
+			CASE WHEN g / 8 % 3 > 0 THEN 'fab-' || g / 64 END
 		FROM generate_series(0, 159) g`)
 	ips := func() string { return fmt.Sprintf("10.20.0.%d", rng.IntN(24)) }
 	pks := func(n int) []int64 {
@@ -125,11 +146,13 @@ func TestHostFreeMatchesRecount(t *testing.T) {
 			for _, pk := range pks(1) {
 				_, err := st.UpdateNode(ctx, sys, pk, func(cur registry.Node) (registry.NodeSpec, error) {
 					spec := cur.Spec()
-					switch rng.IntN(3) {
+					switch rng.IntN(4) {
 					case 0:
 						spec.IP = ips()
 					case 1:
 						spec.GPUMem = ptr(int64(40 + rng.IntN(2)*40))
+					case 2:
+						spec.Fabric = []*string{nil, ptr("fab-0"), ptr("fab-9")}[rng.IntN(3)]
 					default:
 						spec.HardwareGeneration = ptr(int64(1 + rng.IntN(2)))
 					}
@@ -147,7 +170,12 @@ func TestHostFreeMatchesRecount(t *testing.T) {
 			if rng.IntN(2) == 0 {
 				lease = ptr(time.Second)
 			}
-			_, err := st.ClaimNodes(ctx, sys, registry.Claim{Job: job, Count: 1 + rng.IntN(8), SameHost: rng.IntN(2) == 0, Lease: lease})
+			c := registry.Claim{Job: job, Count: 1 + rng.IntN(8), SameHost: rng.IntN(2) == 0, Lease: lease}
+			if rng.IntN(3) == 0 { // whole hosts, in one fabric or not
+				c = registry.Claim{Job: job, PerHost: 1 + rng.IntN(4), SameFabric: rng.IntN(2) == 0, Lease: lease}
+				c.Count = c.PerHost * (1 + rng.IntN(3))
+			}
+			_, err := st.ClaimNodes(ctx, sys, c)
 			ok(err)
 		case 5, 6:
 			_, _, err := st.ReleaseNodes(ctx, sys, registry.Release{Job: job})

@@ -75,47 +75,93 @@ func (h *hostsClaim) settle(ctx context.Context, tx *pipeTx, b *pgx.Batch, actor
 // alias t) keeps. Classes with pending deltas are read by key, one
 // lookup each, as hostCandidates reads them.
 func freeClasses(cond string) string {
-	return `
-		p AS MATERIALIZED (
-			SELECT ip, hardware_generation, gpu_mem, cpu_mem, source, fabric, sum(delta) AS delta
-			FROM host_free_delta GROUP BY 1, 2, 3, 4, 5, 6
-		), c AS (
+	return pendingClasses + `, c AS (
 			SELECT t.ip, t.hardware_generation, t.gpu_mem, t.cpu_mem, t.source, t.fabric, t.free FROM host_free t
 			WHERE ` + cond + ` AND (t.ip, t.hardware_generation, t.gpu_mem, t.cpu_mem, t.source, t.fabric) NOT IN
 				(SELECT ip, hardware_generation, gpu_mem, cpu_mem, source, fabric FROM p)
 			UNION ALL
 			SELECT t.ip, t.hardware_generation, t.gpu_mem, t.cpu_mem, t.source, t.fabric, coalesce(b.free, 0) + t.delta
-			FROM p t LEFT JOIN LATERAL (
-				SELECT h.free FROM host_free h
-				WHERE (h.ip, h.hardware_generation, h.gpu_mem, h.cpu_mem, h.source, h.fabric) =
-					(t.ip, t.hardware_generation, t.gpu_mem, t.cpu_mem, t.source, t.fabric)
-				LIMIT 1
-			) b ON true
+			FROM p t ` + foldedFree + `
 			WHERE ` + cond + `
 		)`
 }
 
+// pendingClasses is the CTE p: the classes with deltas not folded yet,
+// and their sum.
+const pendingClasses = `
+		p AS MATERIALIZED (
+			SELECT ip, hardware_generation, gpu_mem, cpu_mem, source, fabric, sum(delta) AS delta
+			FROM host_free_delta GROUP BY 1, 2, 3, 4, 5, 6
+		)`
+
+// foldedFree joins a pending class t to its folded count, b.free (NULL
+// when host_free has none): one primary-key lookup per pending class,
+// whatever the planner believes of host_free_delta's size.
+const foldedFree = `LEFT JOIN LATERAL (
+				SELECT h.free FROM host_free h
+				WHERE (h.ip, h.hardware_generation, h.gpu_mem, h.cpu_mem, h.source, h.fabric) =
+					(t.ip, t.hardware_generation, t.gpu_mem, t.cpu_mem, t.source, t.fabric)
+				LIMIT 1
+			) b ON true`
+
 // queueRankFabrics queues the ranking of the fabrics by the number of
 // hosts with a class of PerHost free matching nodes: those with Hosts()
 // or more first, fewest first; then the others, most first (the first row
-// is then the most one fabric has, which the conflict reports).
+// is then the most one fabric has, which the conflict reports). It reads
+// fabric_free (migration 00021: the counts as last folded, a few rows per
+// fabric) and moves the classes with deltas not folded yet from their
+// folded count to their count now. A host of several classes counts once
+// per class that fits (the lookup then finds it once).
 func (h *hostsClaim) queueRankFabrics(b *pgx.Batch) {
+	if h.c.Filter.IP != nil {
+		h.queueRankFabricsByHost(b) // fabric_free does not know addresses
+		return
+	}
+	var q query
+	q.classWhere("t", h.c.Filter)
+	q.add("t.fabric <> ''")
+	cond := q.cond()
+	per, hosts := q.arg(h.c.PerHost), q.arg(h.c.Hosts())
+	h.queueRank(b, `
+		WITH `+pendingClasses+`, moved AS (
+			SELECT t.fabric, coalesce(b.free, 0) AS was, coalesce(b.free, 0) + t.delta AS now
+			FROM p t `+foldedFree+`
+			WHERE `+cond+`
+		), fit AS (
+			SELECT fabric, sum(hosts) AS hosts FROM (
+				SELECT t.fabric, t.hosts FROM fabric_free t WHERE t.free >= `+per+` AND `+cond+`
+				UNION ALL
+				SELECT fabric, -1 FROM moved WHERE was >= `+per+`
+				UNION ALL
+				SELECT fabric, 1 FROM moved WHERE now >= `+per+`
+			) x GROUP BY fabric
+		)`, hosts, q.args)
+}
+
+// queueRankFabricsByHost ranks as queueRankFabrics does, from the hosts'
+// counts: for a filter by address.
+func (h *hostsClaim) queueRankFabricsByHost(b *pgx.Batch) {
 	var q query
 	q.hostWhere("t", h.c.Filter, []string{})
 	q.add("t.fabric <> ''")
 	per, hosts := q.arg(h.c.PerHost), q.arg(h.c.Hosts())
-	b.Queue(`
+	h.queueRank(b, `
 		WITH `+freeClasses(q.cond())+`, fit AS (
 			SELECT fabric, count(DISTINCT ip) AS hosts FROM c WHERE free >= `+per+` GROUP BY fabric
-		)
-		SELECT fabric, hosts FROM fit
+		)`, hosts, q.args)
+}
+
+// queueRank queues the ranking whose CTEs (with, ending in fit: fabric,
+// hosts) count the hosts that fit per fabric; hosts is the placeholder of
+// Hosts().
+func (h *hostsClaim) queueRank(b *pgx.Batch, with, hosts string, args []any) {
+	b.Queue(with+`
+		SELECT fabric, hosts FROM fit WHERE hosts > 0
 		ORDER BY hosts >= `+hosts+` DESC, CASE WHEN hosts >= `+hosts+` THEN hosts ELSE -hosts END, fabric
-		LIMIT `+strconv.Itoa(fabricsRanked), q.args...).Query(func(rows pgx.Rows) error {
+		LIMIT `+strconv.Itoa(fabricsRanked), args...).Query(func(rows pgx.Rows) error {
 		var f fabricFit
 		_, err := pgx.ForEachRow(rows, []any{&f.name, &f.hosts}, func() error {
-			if h.most == 0 || f.hosts > h.most {
-				h.most = max(h.most, f.hosts)
-			}
+			h.most = max(h.most, f.hosts)
 			if f.hosts >= h.c.Hosts() {
 				h.fabrics = append(h.fabrics, f)
 			}
@@ -165,20 +211,28 @@ func (h *hostsClaim) place(ctx context.Context, tx *pipeTx, b *pgx.Batch) (*pgx.
 		}
 		b = tx.batch()
 		if len(classes) < want {
+			// Too few hosts that no one else is trying: if there are
+			// enough, locked or not, other claimers hold some and may
+			// give them back; if not (hosts tried already), there are not.
 			b.Queue("rollback to savepoint host_try")
-			if fabric == nil {
-				if !h.othersTrying(ctx, tx, b) {
-					return nil, h.notEnoughHosts()
-				}
-				b = tx.batch()
-				waits = h.wait(waits)
-				continue
+			others, err := h.othersTrying(ctx, tx, b, fabric)
+			if err != nil {
+				return nil, err
 			}
-			h.fabrics = h.fabrics[1:] // its other hosts are being claimed: the next best
-			passedOver = true
+			b = tx.batch()
+			switch {
+			case fabric != nil:
+				h.fabrics = h.fabrics[1:] // the next best, for now
+				passedOver = passedOver || others
+			case !others:
+				return nil, h.notEnoughHosts()
+			default:
+				waits = h.wait(waits)
+			}
 			continue
 		}
-		h.queueTry(b, classes)
+		var short []string
+		h.queueTry(b, classes, &short)
 		if err := tx.send(ctx, b); err != nil {
 			return nil, err
 		}
@@ -186,14 +240,14 @@ func (h *hostsClaim) place(ctx context.Context, tx *pipeTx, b *pgx.Batch) (*pgx.
 		if len(h.nodes) == h.c.Count {
 			return b, nil
 		}
-		// A node of one of them was taken by a claim that does not look at
-		// hosts, or cordoned, since the lookup: these hosts are not tried
-		// again.
 		h.nodes, h.before = nil, nil
 		b.Queue("rollback to savepoint host_try")
-		for _, c := range classes {
-			h.tried = append(h.tried, c.ip)
+		if len(short) == 0 { // every group was whole, yet the claim took nothing: try others
+			for _, c := range classes {
+				short = append(short, c.ip)
+			}
 		}
+		h.tried = append(h.tried, short...)
 	}
 	if h.c.SameFabric {
 		return nil, h.noFabric()
@@ -213,16 +267,24 @@ func (h *hostsClaim) wait(waits int) int {
 	return waits + 1
 }
 
-// othersTrying sends b with a count of the hosts that could hold a group,
-// locked or not, and reports whether there are enough: then a lookup
-// that found too few met other claimers, which may give hosts back.
-func (h *hostsClaim) othersTrying(ctx context.Context, tx *pipeTx, b *pgx.Batch) bool {
+// othersTrying sends b with a count of the hosts (of fabric, when not
+// nil) not tried yet that could hold a group, locked or not, and reports
+// whether there are enough: then a lookup that found too few met other
+// claimers, which may give hosts back.
+func (h *hostsClaim) othersTrying(ctx context.Context, tx *pipeTx, b *pgx.Batch, fabric *string) (bool, error) {
 	var q query
-	q.hostWhere("t", h.c.Filter, append([]string{}, h.tried...))
+	f := h.c.Filter
+	if fabric != nil {
+		f.Fabric = fabric
+	}
+	q.hostWhere("t", f, append([]string{}, h.tried...))
 	var hosts int
 	b.Queue(`WITH `+freeClasses(q.cond())+` SELECT count(DISTINCT ip) FROM c WHERE free >= `+q.arg(h.c.PerHost), q.args...).
 		QueryRow(func(row pgx.Row) error { return row.Scan(&hosts) })
-	return tx.send(ctx, b) == nil && hosts >= h.c.Hosts()
+	if err := tx.send(ctx, b); err != nil {
+		return false, err
+	}
+	return hosts >= h.c.Hosts(), nil
 }
 
 func (h *hostsClaim) noFabric() error {
@@ -276,8 +338,34 @@ func (h *hostsClaim) queueHosts(b *pgx.Batch, fabric *string, n int, out *[]host
 
 // queueTry queues the claim of PerHost nodes of each class, all or none:
 // per class, the lowest pks that match every filter and no one else is
-// locking; the nodes are updated only when every class gave PerHost.
-func (h *hostsClaim) queueTry(b *pgx.Batch, classes []hostClass) {
+// locking; the nodes are updated only when every class gave PerHost. A
+// look ahead of it locks each class's group and appends to short the
+// hosts whose class gave fewer (a node taken or cordoned since the
+// lookup, or nodes that fail a filter the counts do not know, such as a
+// selector): only those are not tried again.
+func (h *hostsClaim) queueTry(b *pgx.Batch, classes []hostClass, short *[]string) {
+	var q query
+	with, pick := h.groups(&q, classes)
+	b.Queue(`WITH `+with+`
+		SELECT host(cls.c_ip) FROM cls LEFT JOIN LATERAL (`+pick+`) g ON true
+		GROUP BY cls.c_ip HAVING count(g.pk) < `+q.arg(h.c.PerHost), q.args...).Query(func(rows pgx.Rows) error {
+		var err error
+		*short, err = pgx.AppendRows(*short, rows, pgx.RowTo[string])
+		return err
+	})
+	queueClaim(b, h.c, h.owner, func(q *query) string {
+		with, pick := h.groups(q, classes)
+		// The claim's pick (ORDER BY pk LIMIT count) takes the groups
+		// the look locked: this transaction's own locks do not skip.
+		q.add(`pk = ANY(ARRAY(SELECT g.pk FROM cls CROSS JOIN LATERAL (` + pick + `) g))`)
+		return with
+	}, &h.nodes, &h.before)
+}
+
+// groups is the CTE cls of the classes (c_ip, c_hw, c_gpu, c_cpu,
+// c_source, c_fabric) and the statement that locks a class's group (for
+// a LATERAL on cls), their arguments added to q.
+func (h *hostsClaim) groups(q *query, classes []hostClass) (with, pick string) {
 	ips := make([]string, len(classes))
 	hws := make([]int64, len(classes))
 	gpus := make([]int64, len(classes))
@@ -287,22 +375,14 @@ func (h *hostsClaim) queueTry(b *pgx.Batch, classes []hostClass) {
 	for i, c := range classes {
 		ips[i], hws[i], gpus[i], cpus[i], sources[i], fabrics[i] = c.ip, c.hw, c.gpuMem, c.cpuMem, c.source, c.fabric
 	}
-	c := h.c
-	queueClaim(b, c, h.owner, func(q *query) string {
-		with := `cls AS (SELECT * FROM unnest(` + q.arg(ips) + `::inet[], ` + q.arg(hws) + `::bigint[], ` + q.arg(gpus) + `::bigint[], ` +
-			q.arg(cpus) + `::bigint[], ` + q.arg(sources) + `::text[], ` + q.arg(fabrics) + `::text[])
-			AS cls(c_ip, c_hw, c_gpu, c_cpu, c_source, c_fabric))`
-		// Each class's group, locked by a subquery of its own: the
-		// claim's pick (ORDER BY pk LIMIT count) then takes them all.
-		per := q.arg(c.PerHost)
-		var inner query
-		inner.args = q.args // share the placeholders
-		inner.where(c.Filter)
-		inner.add("ip = cls.c_ip AND coalesce(hardware_generation, 0) = cls.c_hw AND coalesce(gpu_mem, -1) = cls.c_gpu" +
-			" AND cpu_mem = cls.c_cpu AND source = cls.c_source AND coalesce(fabric, '') = cls.c_fabric")
-		q.args = inner.args
-		q.add(`pk = ANY(ARRAY(SELECT g.pk FROM cls CROSS JOIN LATERAL (
-			SELECT pk FROM nodes WHERE ` + inner.cond() + ` ORDER BY pk LIMIT ` + per + ` FOR UPDATE SKIP LOCKED) g))`)
-		return with
-	}, &h.nodes, &h.before)
+	with = `cls AS (SELECT * FROM unnest(` + q.arg(ips) + `::inet[], ` + q.arg(hws) + `::bigint[], ` + q.arg(gpus) + `::bigint[], ` +
+		q.arg(cpus) + `::bigint[], ` + q.arg(sources) + `::text[], ` + q.arg(fabrics) + `::text[])
+		AS cls(c_ip, c_hw, c_gpu, c_cpu, c_source, c_fabric))`
+	per := q.arg(h.c.PerHost)
+	inner := query{args: q.args} // the same placeholders
+	inner.where(h.c.Filter)
+	inner.add("ip = cls.c_ip AND coalesce(hardware_generation, 0) = cls.c_hw AND coalesce(gpu_mem, -1) = cls.c_gpu" +
+		" AND cpu_mem = cls.c_cpu AND source = cls.c_source AND coalesce(fabric, '') = cls.c_fabric")
+	q.args = inner.args
+	return with, `SELECT pk FROM nodes WHERE ` + inner.cond() + ` ORDER BY pk LIMIT ` + per + ` FOR UPDATE SKIP LOCKED`
 }

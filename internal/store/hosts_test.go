@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/registryd/registryd/internal/pgtest"
 	"github.com/registryd/registryd/internal/registry"
@@ -296,6 +297,9 @@ func TestFabricGangsConcurrent(t *testing.T) {
 	if placed != 12 || refused != 4 {
 		t.Errorf("%d gangs placed, %d refused; want 12 and 4", placed, refused)
 	}
+	if err := a.FoldHostFree(ctx); err != nil { // fabric_free moves with the fold
+		t.Fatal(err)
+	}
 	if drift := hostFreeDrift(t, a); len(drift) > 0 {
 		t.Errorf("free counts drifted: %v", drift)
 	}
@@ -336,5 +340,54 @@ func TestFabricCapacity(t *testing.T) {
 	}
 	if _, err := st.FabricCapacity(ctx, registry.NodeFilter{Index: ptr(-1)}); !errors.Is(err, registry.ErrInvalid) {
 		t.Errorf("an invalid filter: %v", err)
+	}
+}
+
+// host_free does not know labels, so a lookup may pair a host that
+// matches a selector with one that does not: the try that falls short
+// gives up on that host alone, and the claim takes the two that match.
+// (Found by a review: the whole pair was given up, and a claim that fits
+// was refused.)
+func TestPerHostClaimSkipsOnlyShortHosts(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st := pgtest.Open(t, pgtest.New(t), store.Options{})
+	for i, pool := range []string{"b", "a", "a"} {
+		for g := range 4 {
+			spec := registry.NodeSpec{IP: fmt.Sprintf("10.0.0.%d", i+1), Index: g, CPUMem: 1 << 30, DriverVersion: "d",
+				Fabric: ptr("f"), Labels: mustLabels(t, map[string]string{"pool": pool})}
+			if _, _, err := st.CreateNode(ctx, sys, spec); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, sameFabric := range []bool{false, true} {
+		nodes, err := st.ClaimNodes(ctx, sys, registry.Claim{Job: 5, Count: 8, PerHost: 4, SameFabric: sameFabric,
+			Filter: registry.NodeFilter{Selector: mustSelector(t, "pool=a")}})
+		if err != nil {
+			t.Fatalf("same_fabric %v: %v; hosts 10.0.0.2 and 10.0.0.3 have 4 free nodes of pool a each", sameFabric, err)
+		}
+		if hosts, _ := gangOf(t, nodes, 4); !slices.Equal(hosts, []string{"10.0.0.2", "10.0.0.3"}) {
+			t.Errorf("same_fabric %v took %v", sameFabric, hosts)
+		}
+		if _, _, err := st.ReleaseNodes(ctx, sys, registry.Release{Job: 5}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// No host matches: the answer comes at once, not after waits for
+	// claimers that are not there.
+	start := time.Now()
+	_, err := st.ClaimNodes(ctx, sys, registry.Claim{Job: 6, Count: 8, PerHost: 4, SameFabric: true,
+		Filter: registry.NodeFilter{Selector: mustSelector(t, "pool=c")}})
+	var re *registry.Error
+	if !errors.As(err, &re) || re.Code != registry.CodeNoFabricFit {
+		t.Errorf("no host of pool c: %v; want no_fabric_fit", err)
+	}
+	if d := time.Since(start); d > 500*time.Millisecond {
+		t.Errorf("a claim nothing fits took %v to refuse", d)
+	}
+	// same_fabric says where the hosts are; per_host says what each gives.
+	if _, err := st.ClaimNodes(ctx, sys, registry.Claim{Job: 7, Count: 4, SameFabric: true}); !errors.Is(err, registry.ErrInvalid) {
+		t.Errorf("same_fabric without per_host: %v; want a 400", err)
 	}
 }

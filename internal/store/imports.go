@@ -207,7 +207,7 @@ func (s *Store) compareImport(ctx context.Context, source string) (inserts []int
 		   OR (n.source = $1 AND n.cpu_mem = w.cpu AND n.gpu_mem IS NOT DISTINCT FROM w.gpu
 		       AND n.hardware_generation IS NOT DISTINCT FROM w.hw AND n.schedulable = w.run
 		       AND n.provider_state = w.state AND n.external_id = w.ext
-		       AND (w.fab IS NULL OR n.fabric = w.fab)
+		       AND (n.fabric = w.fab OR w.fab IS NULL AND (n.fabric IS NULL OR n.owner IS NOT NULL))
 		       AND (w.model IS NULL OR n.gpu_model = w.model OR n.owner IS NOT NULL AND n.gpu_model IS NOT NULL)
 		       -- The provider's labels and no other reserved ones: every
 		       -- reserved key has registryd.io/ in it (a few own ones may

@@ -150,6 +150,7 @@ func TestApplyImportNoticesEveryField(t *testing.T) {
 		{name: "state", change: func(n *registry.ImportedNode) { n.State = "REBOOTING" }},
 		{name: "external id", change: func(n *registry.ImportedNode) { n.ExternalID = "h2" }},
 		{name: "fabric", change: func(n *registry.ImportedNode) { n.Fabric = "fab-2" }},
+		{name: "no fabric any more", change: func(n *registry.ImportedNode) { n.Fabric = "" }},
 		{name: "a label's value", change: func(n *registry.ImportedNode) {
 			n.Labels = mustLabels(t, map[string]string{"scp.registryd.io/region": "kr-east1", "scp.registryd.io/pool": "p1"})
 		}},

@@ -850,7 +850,7 @@ type NodeClaim struct {
 	// Example: 8
 	PerHost *int `json:"per_host,omitempty"`
 
-	// SameFabric When true, every host the claim takes is in one fabric (nodes without a `fabric` are never taken). The fabric is the best fit: of those with enough hosts that have a group free, the one with the fewest, so big fabrics stay whole for big jobs. Without `per_host` it is `per_host` 1: `count` nodes of one fabric. 409 `no_fabric_fit` when no fabric has the hosts; its detail says the most one fabric has.
+	// SameFabric When true, every host the claim takes is in one fabric (nodes without a `fabric` are never taken). The fabric is the best fit: of those with enough hosts that have a group free, the one with the fewest, so big fabrics stay whole for big jobs. Needs `per_host` (400 otherwise). 409 `no_fabric_fit` when no fabric has the hosts; its detail says the most one fabric has.
 	SameFabric *bool `json:"same_fabric,omitempty"`
 
 	// SameHost When true, every claimed node is on the same host (the same `ip`).
