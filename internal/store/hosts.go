@@ -203,8 +203,14 @@ func (h *hostsClaim) place(ctx context.Context, tx *pipeTx, b *pgx.Batch) (*pgx.
 		// The lookup's advisory locks are taken in the savepoint too: a
 		// lookup that found too few hosts gives back those it locked, so
 		// that they do not stay out of the other claimers' reach.
+		// In a fabric (a few hundred hosts at most), the count of the
+		// hosts that could hold a group, locked or not, comes with it.
 		var classes []hostClass
+		var fitting int
 		b.Queue("savepoint host_try")
+		if fabric != nil {
+			h.queueFitting(b, fabric, &fitting)
+		}
 		h.queueHosts(b, fabric, want, &classes)
 		if err := tx.send(ctx, b); err != nil {
 			return nil, err
@@ -215,11 +221,14 @@ func (h *hostsClaim) place(ctx context.Context, tx *pipeTx, b *pgx.Batch) (*pgx.
 			// enough, locked or not, other claimers hold some and may
 			// give them back; if not (hosts tried already), there are not.
 			b.Queue("rollback to savepoint host_try")
-			others, err := h.othersTrying(ctx, tx, b, fabric)
-			if err != nil {
-				return nil, err
+			if fabric == nil { // counted now: the whole fleet's hosts, rarely
+				h.queueFitting(b, nil, &fitting)
+				if err := tx.send(ctx, b); err != nil {
+					return nil, err
+				}
+				b = tx.batch()
 			}
-			b = tx.batch()
+			others := fitting >= want
 			switch {
 			case fabric != nil:
 				h.fabrics = h.fabrics[1:] // the next best, for now
@@ -267,24 +276,19 @@ func (h *hostsClaim) wait(waits int) int {
 	return waits + 1
 }
 
-// othersTrying sends b with a count of the hosts (of fabric, when not
-// nil) not tried yet that could hold a group, locked or not, and reports
-// whether there are enough: then a lookup that found too few met other
-// claimers, which may give hosts back.
-func (h *hostsClaim) othersTrying(ctx context.Context, tx *pipeTx, b *pgx.Batch, fabric *string) (bool, error) {
+// queueFitting queues the count of the hosts (of fabric, when not nil)
+// not tried yet that could hold a group, locked by other claimers or not:
+// when a lookup finds too few and this says there are enough, it met
+// other claimers, which may give hosts back.
+func (h *hostsClaim) queueFitting(b *pgx.Batch, fabric *string, hosts *int) {
 	var q query
 	f := h.c.Filter
 	if fabric != nil {
 		f.Fabric = fabric
 	}
 	q.hostWhere("t", f, append([]string{}, h.tried...))
-	var hosts int
 	b.Queue(`WITH `+freeClasses(q.cond())+` SELECT count(DISTINCT ip) FROM c WHERE free >= `+q.arg(h.c.PerHost), q.args...).
-		QueryRow(func(row pgx.Row) error { return row.Scan(&hosts) })
-	if err := tx.send(ctx, b); err != nil {
-		return false, err
-	}
-	return hosts >= h.c.Hosts(), nil
+		QueryRow(func(row pgx.Row) error { return row.Scan(hosts) })
 }
 
 func (h *hostsClaim) noFabric() error {
