@@ -17,9 +17,15 @@ import (
 // benchFleet is an inventory of hosts × 8 GPUs, as the syncer maps it. In
 // variant "changed", every 200th host reports other GPU memory and every
 // 200th host (another one) vanished: 1 % of the nodes change.
+//
+// Hosts come in fabrics of 500 with an SCP import's four labels, unless
+// REGISTRYD_BENCH_TOPOLOGY=off (the fleet as imports saw it before nodes
+// had a topology).
 func benchFleet(nodes int, changed bool) []registry.ImportedNode {
 	hosts := (nodes + 7) / 8
 	out := make([]registry.ImportedNode, 0, nodes)
+	topology := os.Getenv("REGISTRYD_BENCH_TOPOLOGY") != "off"
+	labels := map[int]registry.Labels{}
 	for h := range hosts {
 		if changed && h%200 == 100 {
 			continue
@@ -30,9 +36,25 @@ func benchFleet(nodes int, changed bool) []registry.ImportedNode {
 		}
 		ext := fmt.Sprintf("host-%07d", h)
 		ip := fmt.Sprintf("10.%d.%d.%d", h>>16, (h>>8)&0xff, h&0xff)
+		var fabric string
+		var l registry.Labels
+		if topology {
+			f := h / 500
+			fabric = fmt.Sprintf("%032x", f)
+			if _, ok := labels[f]; !ok {
+				var err error
+				labels[f], err = registry.MakeLabels(map[string]string{"scp.registryd.io/region": "kr-west1",
+					"scp.registryd.io/node-pool": fmt.Sprintf("POOL%03d-krw1a", f/4), "scp.registryd.io/fabric-name": fmt.Sprintf("cluster%03d", f),
+					"scp.registryd.io/server-type": "s8h100_metal"})
+				if err != nil {
+					panic(err)
+				}
+			}
+			l = labels[f]
+		}
 		for i := 0; i < 8 && len(out) < nodes; i++ {
 			out = append(out, registry.ImportedNode{ExternalID: ext, IP: ip, Index: i, CPUMem: 2 << 40,
-				GPUMem: &mem, GPUModel: "H100", State: "RUNNING", Running: true})
+				GPUMem: &mem, GPUModel: "H100", State: "RUNNING", Running: true, Fabric: fabric, Labels: l})
 		}
 	}
 	return out
