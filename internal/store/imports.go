@@ -75,7 +75,8 @@ func (s *Store) ApplyImport(ctx context.Context, actor registry.Actor, source st
 			return err
 		}
 		want := dedupImport(nodes) // indexes into nodes, first of each pair
-		if err := tx.stageImport(ctx, nodes, want, hw); err != nil {
+		sets := labelSetsOf(nodes)
+		if err := tx.stageImport(ctx, nodes, want, hw, sets); err != nil {
 			return err
 		}
 		inserts, candidates, err := tx.compareImport(ctx, source)
@@ -90,7 +91,7 @@ func (s *Store) ApplyImport(ctx context.Context, actor registry.Actor, source st
 			}
 		}
 		for c := range slices.Chunk(inserts, chunk) {
-			if err := tx.importInsert(ctx, actor, source, hw, nodes, c, &res); err != nil {
+			if err := tx.importInsert(ctx, actor, source, hw, sets, nodes, c, &res); err != nil {
 				return err
 			}
 		}
@@ -141,28 +142,71 @@ func dedupImport(nodes []registry.ImportedNode) []int32 {
 	return out
 }
 
+// importLabels are the distinct label sets of an inventory, numbered
+// from 0: a provider labels a pool or a fabric alike, so a million nodes
+// carry a few hundred sets, staged once each (import_labels) rather than
+// once per node.
+type importLabels struct {
+	sets []registry.Labels
+	ids  map[registry.Labels]int32
+}
+
+// labelSetsOf numbers the provider's (reserved) labels of nodes.
+func labelSetsOf(nodes []registry.ImportedNode) *importLabels {
+	l := &importLabels{ids: map[registry.Labels]int32{}}
+	for _, n := range nodes {
+		l.id(n.Labels)
+	}
+	return l
+}
+
+// id is the number of labels' reserved part.
+func (l *importLabels) id(labels registry.Labels) int32 {
+	labels = registry.Labels{}.WithReserved(labels)
+	id, ok := l.ids[labels]
+	if !ok {
+		id = int32(len(l.sets))
+		l.ids[labels] = id
+		l.sets = append(l.sets, labels)
+	}
+	return id
+}
+
 // stageImport copies the inventory's nodes at positions want into the
-// temporary table import_want, dropped at the end of the transaction.
-func (s *Store) stageImport(ctx context.Context, nodes []registry.ImportedNode, want []int32, hw map[string]int64) error {
+// temporary table import_want, and its label sets into import_labels,
+// both dropped at the end of the transaction.
+func (s *Store) stageImport(ctx context.Context, nodes []registry.ImportedNode, want []int32, hw map[string]int64, sets *importLabels) error {
 	if _, err := s.db.Exec(ctx, `
 		CREATE TEMPORARY TABLE import_want (
 			seq integer NOT NULL, ip inet NOT NULL, idx integer NOT NULL, cpu bigint NOT NULL, gpu bigint, hw bigint,
 			run boolean NOT NULL, state text NOT NULL, ext text NOT NULL,
-			model text, fab text, labels jsonb NOT NULL, nres integer NOT NULL
+			model text, fab text, lid integer NOT NULL
 		) ON COMMIT DROP`); err != nil {
+		return err
+	}
+	if _, err := s.db.Exec(ctx, `
+		CREATE TEMPORARY TABLE import_labels (id integer PRIMARY KEY, labels jsonb NOT NULL, nres integer NOT NULL) ON COMMIT DROP`); err != nil {
+		return err
+	}
+	texts := make([]string, len(sets.sets))
+	counts := make([]int32, len(sets.sets))
+	for i, l := range sets.sets {
+		texts[i], counts[i] = l.String(), int32(l.Len())
+	}
+	if _, err := s.db.Exec(ctx, `INSERT INTO import_labels (id, labels, nres)
+		SELECT i - 1, l, n FROM unnest($1::jsonb[], $2::int[]) WITH ORDINALITY AS u(l, n, i)`, texts, counts); err != nil {
 		return err
 	}
 	i := -1
 	var ip netip.Addr
 	lastIP := ""
 	_, err := s.db.CopyFrom(ctx, pgx.Identifier{"import_want"},
-		[]string{"seq", "ip", "idx", "cpu", "gpu", "hw", "run", "state", "ext", "model", "fab", "labels", "nres"},
+		[]string{"seq", "ip", "idx", "cpu", "gpu", "hw", "run", "state", "ext", "model", "fab", "lid"},
 		pgx.CopyFromFunc(func() ([]any, error) {
 			if i++; i == len(want) {
 				return nil, nil
 			}
 			n := nodes[want[i]]
-			labels := registry.Labels{}.WithReserved(n.Labels)
 			if n.IP != lastIP { // a host's GPUs share their address
 				var err error
 				if ip, err = netip.ParseAddr(n.IP); err != nil {
@@ -171,8 +215,7 @@ func (s *Store) stageImport(ctx context.Context, nodes []registry.ImportedNode, 
 				lastIP = n.IP
 			}
 			return []any{want[i], ip, int32(n.Index), n.CPUMem, n.GPUMem, registry.HardwareOf(hw, n.GPUModel),
-				n.Running, n.State, n.ExternalID, nonEmpty(n.GPUModel), nonEmpty(n.Fabric), labels.String(),
-				int32(labels.Len())}, nil
+				n.Running, n.State, n.ExternalID, nonEmpty(n.GPUModel), nonEmpty(n.Fabric), sets.id(n.Labels)}, nil
 		}))
 	if err != nil {
 		return err
@@ -202,7 +245,8 @@ func nonEmpty(s string) *string {
 // Same would call different (TestApplyImportNoticesEveryField).
 func (s *Store) compareImport(ctx context.Context, source string) (inserts []int32, candidates []importCandidate, err error) {
 	rows, err := s.db.Query(ctx, `
-		SELECT w.seq, n.pk FROM import_want w LEFT JOIN nodes n ON n.ip = w.ip AND n.gpu_index = w.idx
+		SELECT w.seq, n.pk FROM import_want w JOIN import_labels il ON il.id = w.lid
+		LEFT JOIN nodes n ON n.ip = w.ip AND n.gpu_index = w.idx
 		WHERE n.pk IS NULL
 		   OR (n.source = $1 AND n.cpu_mem = w.cpu AND n.gpu_mem IS NOT DISTINCT FROM w.gpu
 		       AND n.hardware_generation IS NOT DISTINCT FROM w.hw AND n.schedulable = w.run
@@ -212,7 +256,7 @@ func (s *Store) compareImport(ctx context.Context, source string) (inserts []int
 		       -- The provider's labels and no other reserved ones: every
 		       -- reserved key has registryd.io/ in it (a few own ones may
 		       -- too, which only makes the node a candidate).
-		       AND (n.labels = w.labels OR n.labels @> w.labels AND w.nres =
+		       AND (n.labels = il.labels OR n.labels @> il.labels AND il.nres =
 		            (SELECT count(*) FROM jsonb_object_keys(n.labels) k WHERE k LIKE '%registryd.io/%'))) IS NOT TRUE
 		UNION ALL
 		SELECT -1, n.pk FROM nodes n
@@ -348,7 +392,7 @@ func (s *Store) ensureHardware(ctx context.Context, actor registry.Actor, nodes 
 // no liveness row yet, so last_seen is NULL without a look.
 var newNodeColumns = columns("nodes", "NULL::timestamptz")
 
-func (s *Store) importInsert(ctx context.Context, actor registry.Actor, source string, hw map[string]int64, nodes []registry.ImportedNode, at []int32, res *registry.ImportResult) error {
+func (s *Store) importInsert(ctx context.Context, actor registry.Actor, source string, hw map[string]int64, sets *importLabels, nodes []registry.ImportedNode, at []int32, res *registry.ImportResult) error {
 	if len(at) == 0 {
 		return nil
 	}
@@ -362,12 +406,12 @@ func (s *Store) importInsert(ctx context.Context, actor registry.Actor, source s
 	ext := make([]string, len(at))
 	model := make([]*string, len(at))
 	fab := make([]*string, len(at))
-	labels := make([]string, len(at))
+	lids := make([]int32, len(at))
 	for i, j := range at {
 		n := nodes[j]
 		ips[i], idxs[i], cpu[i], gpu[i], hws[i] = n.IP, int32(n.Index), n.CPUMem, n.GPUMem, registry.HardwareOf(hw, n.GPUModel)
 		run[i], state[i], ext[i] = n.Running, n.State, n.ExternalID
-		model[i], fab[i], labels[i] = nonEmpty(n.GPUModel), nonEmpty(n.Fabric), registry.Labels{}.WithReserved(n.Labels).String()
+		model[i], fab[i], lids[i] = nonEmpty(n.GPUModel), nonEmpty(n.Fabric), sets.id(n.Labels)
 	}
 	// A pair registered through the API since the comparison conflicts;
 	// the next pass merges it. Such a race is rare, and an INSERT that may
@@ -378,12 +422,13 @@ func (s *Store) importInsert(ctx context.Context, actor registry.Actor, source s
 	insert := `
 		INSERT INTO nodes (ip, gpu_index, cpu_mem, driver_version, hardware_generation, gpu_mem,
 			source, schedulable, provider_state, external_id, gpu_model, fabric, labels)
-		SELECT u.ip, u.idx, u.cpu, '', u.hw, u.gpu, $1, u.run, u.state, u.ext, u.model, u.fab, u.labels
+		SELECT u.ip, u.idx, u.cpu, '', u.hw, u.gpu, $1, u.run, u.state, u.ext, u.model, u.fab, il.labels
 		FROM unnest($2::inet[], $3::int[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bool[], $8::text[], $9::text[],
-			$10::text[], $11::text[], $12::jsonb[])
-			AS u(ip, idx, cpu, hw, gpu, run, state, ext, model, fab, labels)
+			$10::text[], $11::text[], $12::int[])
+			AS u(ip, idx, cpu, hw, gpu, run, state, ext, model, fab, lid)
+			JOIN import_labels il ON il.id = u.lid
 		%s RETURNING ` + newNodeColumns
-	args := []any{source, ips, idxs, cpu, hws, gpu, run, state, ext, model, fab, labels}
+	args := []any{source, ips, idxs, cpu, hws, gpu, run, state, ext, model, fab, lids}
 	if _, err := s.db.Exec(ctx, `SAVEPOINT import_insert`); err != nil {
 		return err
 	}
