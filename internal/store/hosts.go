@@ -157,7 +157,7 @@ func (h *hostsClaim) queueRankFabricsByHost(b *pgx.Batch) {
 func (h *hostsClaim) queueRank(b *pgx.Batch, with, hosts string, args []any) {
 	b.Queue(with+`
 		SELECT fabric, hosts FROM fit WHERE hosts > 0
-		ORDER BY hosts >= `+hosts+` DESC, CASE WHEN hosts >= `+hosts+` THEN hosts ELSE -hosts END, fabric
+		ORDER BY hosts >= `+hosts+` DESC, CASE WHEN hosts >= `+hosts+` THEN hosts ELSE -hosts END, random()
 		LIMIT `+strconv.Itoa(fabricsRanked), args...).Query(func(rows pgx.Rows) error {
 		var f fabricFit
 		_, err := pgx.ForEachRow(rows, []any{&f.name, &f.hosts}, func() error {

@@ -201,12 +201,19 @@ func TestFabricGangPlacementProperty(t *testing.T) {
 				fits[h.fabric] = append(fits[h.fabric], i)
 			}
 		}
-		best, most := "", 0
-		for f, idx := range fits {
+		// The best fit: the fewest hosts that fit, at least want; fabrics
+		// that tie are equally good (a claim picks one at random, which
+		// spreads concurrent claimers).
+		fewest, most := 0, 0
+		for _, idx := range fits {
 			most = max(most, len(idx))
-			if len(idx) >= want && (best == "" || len(idx) < len(fits[best]) || len(idx) == len(fits[best]) && f < best) {
-				best = f
+			if len(idx) >= want && (fewest == 0 || len(idx) < fewest) {
+				fewest = len(idx)
 			}
+		}
+		best := ""
+		if fewest > 0 {
+			best = "?" // known once the claim says which of the ties it took
 		}
 		nodes, err := st.ClaimNodes(ctx, sys, registry.Claim{Job: 9, Count: want * perHost, PerHost: perHost, SameFabric: true})
 		if best == "" {
@@ -219,6 +226,12 @@ func TestFabricGangPlacementProperty(t *testing.T) {
 		if err != nil {
 			t.Fatalf("round %d (%d×%d, fleet %v): %v", round, want, perHost, hosts, err)
 		}
+		_, took := gangOf(t, nodes, perHost)
+		if len(fits[took]) != fewest {
+			t.Errorf("round %d (%d hosts × %d, fleet %v): took fabric %q with %d hosts that fit, want one with %d", round, want, perHost, hosts, took, len(fits[took]), fewest)
+			continue
+		}
+		best = took
 		idx := fits[best]
 		slices.SortStableFunc(idx, func(a, b int) int {
 			return cmp.Or(cmp.Compare(hosts[a].free, hosts[b].free), ipCompare(ips[a], ips[b]))
