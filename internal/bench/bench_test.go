@@ -194,6 +194,13 @@ func TestHarnessEndToEnd(t *testing.T) {
 			if ratio, _ := l["ratio"].(float64); ratio <= 0 {
 				t.Errorf("%s: no ratio", name)
 			}
+			if name == Fabric { // counted apart: the transactions that claimed a whole gang
+				whole, _ := p["whole_transactions"].(float64)
+				all, _ := p["transactions"].(float64)
+				if whole <= 0 || whole > all {
+					t.Errorf("fabric: pgbench %v, want its whole gangs counted (1..%v)", p, all)
+				}
+			}
 		}
 		if !strings.Contains(table, "| "+rep.Results[i].Path+clientNote(rep.Results[i].Client)+" |") {
 			t.Errorf("the table has no row for %s:\n%s", name, table)

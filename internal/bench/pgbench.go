@@ -36,8 +36,13 @@ type Pgbench struct {
 	P99MS     float64 `json:"p99_ms,omitempty"`
 	Processed int64   `json:"transactions"`
 	Failed    int64   `json:"failed"`
-	Script    string  `json:"script"`
-	Error     string  `json:"error,omitempty"`
+	// Whole is, for a script that claims gangs, how many of its
+	// transactions claimed one whole (the others found a host taken and
+	// claimed nothing), and WholeTPS their rate: what the ratio compares.
+	Whole    int64   `json:"whole_transactions,omitempty"`
+	WholeTPS float64 `json:"whole_tps,omitempty"`
+	Script   string  `json:"script"`
+	Error    string  `json:"error,omitempty"`
 }
 
 // ErrNoPgbench means no pgbench binary was found.
@@ -248,4 +253,12 @@ func tail(s string, n int) string {
 		t += "\n"
 	}
 	return t
+}
+
+// pgbenchClaimed counts the nodes the pgbench scripts' claims recorded
+// (bench_node_changes, kind claimed).
+func pgbenchClaimed(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
+	var n int64
+	err := pool.QueryRow(ctx, `SELECT count(*) FROM bench_node_changes WHERE kind = 'claimed'`).Scan(&n)
+	return n, err
 }

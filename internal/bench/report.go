@@ -86,6 +86,10 @@ func Markdown(rep *Report) string {
 				fmt.Fprintf(&b, "- **%s: PostgreSQL's full read failed**: %s\n", r.Workload, l.PgxError)
 			}
 		}
+		if p := r.Pgbench; p != nil && p.Whole > 0 {
+			fmt.Fprintf(&b, "- %s: pgbench's transactions that claimed a whole gang: %d of %d (%s/s); the ratio is against them\n",
+				r.Workload, p.Whole, p.Processed, thousands(p.WholeTPS))
+		}
 		if c := r.Claim; c != nil {
 			fmt.Fprintf(&b, "- %s: the claim requests alone: %s/s, p50 %.2f ms, p99 %.2f ms (%d claims)\n",
 				r.Workload, thousands(c.Rate), c.P50MS, c.P99MS, c.Claims)
