@@ -88,14 +88,8 @@ func (s *Server) fabrics() []*fabric {
 
 func (s *Server) listFabrics(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	size, err := intParam(q, "size", 20, 1)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
-		return
-	}
-	page, err := intParam(q, "page", 0, 0)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
+	size, page, ok := pageParams(w, q)
+	if !ok {
 		return
 	}
 	name, pool, state := q.Get("cluster_fabric_name"), q.Get("node_pool_id"), q.Get("state")

@@ -247,16 +247,26 @@ func (s *Server) authenticate(r *http.Request, access, secret, account string) s
 	return ""
 }
 
-func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
+// pageParams reads a list's size (default 20, at least 1) and page
+// (default 0), answering 400 itself when either is bad.
+func pageParams(w http.ResponseWriter, q url.Values) (size, page int, ok bool) {
 	size, err := intParam(q, "size", 20, 1)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
-		return
+		return 0, 0, false
 	}
-	page, err := intParam(q, "page", 0, 0)
+	page, err = intParam(q, "page", 0, 0)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
+		return 0, 0, false
+	}
+	return size, page, true
+}
+
+func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	size, page, ok := pageParams(w, q)
+	if !ok {
 		return
 	}
 
