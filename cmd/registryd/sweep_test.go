@@ -248,7 +248,7 @@ func TestServeLifecycleAcrossReplicas(t *testing.T) {
 		{"found", "node.found", "system:lifecycle", agentNode},
 	} {
 		var events, entries int
-		if err := conn.QueryRow(context.Background(), `SELECT count(*) FROM node_changes WHERE kind = $1 AND node_pk = $2`, c.kind, c.pk).Scan(&events); err != nil {
+		if err := conn.QueryRow(context.Background(), `SELECT count(*) FROM node_change_events WHERE kind = $1 AND node_pk = $2`, c.kind, c.pk).Scan(&events); err != nil {
 			t.Fatal(err)
 		}
 		if err := conn.QueryRow(context.Background(), `SELECT count(*) FROM audit_log WHERE action = $1 AND target_pk = $2 AND principal = $3 AND role = 'system'`,

@@ -64,7 +64,7 @@ type auditRow struct {
 func recordsSince(t *testing.T, st *store.Store, changeID, auditID int64) ([]changeRow, []auditRow) {
 	t.Helper()
 	ctx := context.Background()
-	rows, _ := st.Pool().Query(ctx, `SELECT kind, node_pk, doc::text FROM node_changes WHERE row_id > $1 ORDER BY row_id`, changeID)
+	rows, _ := st.Pool().Query(ctx, `SELECT kind, node_pk, doc::text FROM node_change_events WHERE row_id > $1 ORDER BY row_id, ord`, changeID)
 	changes, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (changeRow, error) {
 		var c changeRow
 		var doc *string
@@ -310,13 +310,13 @@ func TestSequenceEventsOneRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	latest := feed.Latest
-	rows, _ := st.Pool().Query(ctx, `SELECT event_id FROM node_changes WHERE row_id > $1 ORDER BY row_id`, changeID)
+	rows, _ := st.Pool().Query(ctx, `SELECT event_id FROM node_change_events WHERE row_id > $1 ORDER BY row_id, ord`, changeID)
 	ids, err := pgx.CollectRows(rows, pgx.RowTo[*int64])
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(ids) != 3 {
-		t.Fatalf("%d change rows for a claim of 3", len(ids))
+		t.Fatalf("%d change events for a claim of 3", len(ids))
 	}
 	for i, id := range ids {
 		if id == nil || (i > 0 && *id <= *ids[i-1]) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -59,28 +60,45 @@ func docOfNode(n registry.Node) nodeDoc {
 	return nodeDoc{Node: n.UTC()}
 }
 
-// recordChanges appends change rows for nodes in the current transaction
-// and asks for a notification at commit.
+// recordChanges appends the change rows of nodes in the current
+// transaction (changeRows: one row per up to maxEventWidth nodes, an
+// event each) and asks for a notification at commit.
 func (s *Store) recordChanges(ctx context.Context, kind string, nodes ...registry.Node) error {
 	pks := make([]int64, len(nodes))
 	docs := make([]string, len(nodes))
+	buf := make([]byte, 0, 1024)
 	for i, n := range nodes {
-		b, err := json.Marshal(docOfNode(n))
-		if err != nil {
-			return err
-		}
-		pks[i], docs[i] = n.PK, string(b)
+		buf = docOfNode(n).appendJSON(buf[:0])
+		pks[i], docs[i] = n.PK, string(buf)
 	}
 	_, err := s.db.Exec(ctx, `
-		WITH ins AS (
-			INSERT INTO node_changes (kind, node_pk, doc)
-			SELECT $1, u.pk, u.doc FROM unnest($2::bigint[], $3::jsonb[]) AS u(pk, doc)
+		WITH u AS MATERIALIZED (
+			SELECT * FROM unnest($2::bigint[], $3::jsonb[]) WITH ORDINALITY AS u(pk, doc, ord)
+		), ins AS (
+			INSERT INTO node_changes (kind, node_pk, doc, width) `+changeRows("$1")+`
 		)
 		SELECT pg_notify($4, '')`, kind, pks, docs, ChangesChannel)
 	if err != nil {
 		return fmt.Errorf("store: record %s: %w", kind, translate(err))
 	}
 	return nil
+}
+
+// maxEventWidth is the most events one change row stands for (the
+// column's check, migration 00022): a reader parses a row whole, so a
+// row stays a few hundred KiB at most.
+const maxEventWidth = 256
+
+// changeRows selects, from the CTE u (pk, doc, ord: the nodes in order),
+// the change rows of kind (an SQL expression) as node_changes takes them
+// (kind, node_pk, doc, width): one row per maxEventWidth nodes, in order,
+// whose doc is the array of their documents (the document itself for a
+// row of one) and node_pk the first node's. Nothing when u is empty.
+func changeRows(kind string) string {
+	group := "(ord - 1) / " + strconv.Itoa(maxEventWidth)
+	return `SELECT ` + kind + `, (array_agg(pk ORDER BY ord))[1],
+				CASE WHEN count(*) = 1 THEN (array_agg(doc))[1] ELSE jsonb_agg(doc ORDER BY ord) END, count(*)
+			FROM u GROUP BY ` + group + ` ORDER BY ` + group
 }
 
 // recordRenewal appends the one change row of a renewal of nodes (by pk,
@@ -139,18 +157,22 @@ func (s *Store) SequenceEvents(ctx context.Context, seen int64) (feed registry.F
 		// those before and the epoch's start. The witness's highest id
 		// moves with the stamps, in their transaction.
 		b.Queue(`
-			WITH todo AS (
-				SELECT row_id FROM node_changes WHERE event_id IS NULL ORDER BY row_id
+			WITH todo AS MATERIALIZED (
+				SELECT row_id, width, sum(width) OVER (ORDER BY row_id) AS upto FROM node_changes WHERE event_id IS NULL
+			), block AS MATERIALIZED (
+				-- n consecutive ids from the sequence, the first one's answered.
+				SELECT setval('node_event_seq', nextval('node_event_seq') + t.n - 1) - t.n + 1 AS first
+				FROM (SELECT sum(width) AS n FROM todo) t WHERE t.n > 0
 			), stamps AS (
-				SELECT row_id, nextval('node_event_seq') AS event_id FROM todo
+				SELECT todo.row_id, block.first + todo.upto - todo.width AS event_id FROM todo, block
 			), upd AS (
 				UPDATE node_changes c SET event_id = stamps.event_id FROM stamps
-				WHERE c.row_id = stamps.row_id RETURNING c.event_id
+				WHERE c.row_id = stamps.row_id RETURNING c.event_id + c.width - 1 AS last
 			), witness AS (
-				UPDATE node_feed SET high = greatest(high, (SELECT max(event_id) FROM upd)), wal_lsn = pg_current_wal_lsn()
+				UPDATE node_feed SET high = greatest(high, (SELECT max(last) FROM upd)), wal_lsn = pg_current_wal_lsn()
 				WHERE EXISTS (SELECT 1 FROM upd)
 			), latest AS (
-				SELECT greatest((SELECT max(event_id) FROM upd), (SELECT coalesce(max(event_id), 0) FROM node_changes), (SELECT epoch << 40 FROM node_feed)) AS id,
+				SELECT greatest((SELECT max(last) FROM upd), `+logMaxSQL+`, (SELECT epoch << 40 FROM node_feed)) AS id,
 					EXISTS (SELECT 1 FROM upd) AS stamped
 			)
 			SELECT l.id, (SELECT epoch << 40 FROM node_feed), (SELECT pruned_through FROM node_changes_horizon),
@@ -168,46 +190,96 @@ func (s *Store) SequenceEvents(ctx context.Context, seen int64) (feed registry.F
 	return feed, nil
 }
 
-// NodeEventsAfter returns up to limit events with ids above after, in order.
+// NodeEventsAfter returns up to limit events with ids above after, in
+// order: one at least when there are any (fewer than limit says nothing
+// of what follows). A row of several events (migration 00022) is read
+// whole, from the one that holds after+1 on; the rows read are those
+// that can hold ids up to after+limit (their documents are all parsed),
+// and the first above after even when it starts higher (a gap).
 func (s *Store) NodeEventsAfter(ctx context.Context, after int64, limit int) ([]registry.NodeEvent, error) {
-	events, err := collectRows(ctx, s.db, scanNodeEvent, `
-		SELECT event_id, kind, at, doc FROM node_changes
-		WHERE event_id > $1 ORDER BY event_id LIMIT $2`, after, limit)
+	rows, err := s.db.Query(ctx, `
+		SELECT event_id, width, kind, at, doc FROM node_changes
+		WHERE event_id >= coalesce((SELECT max(event_id) FROM node_changes WHERE event_id <= $1), 0)
+		  AND event_id <= greatest($1 + $2, (SELECT min(event_id) FROM node_changes WHERE event_id > $1))
+		ORDER BY event_id LIMIT $2 + 1`, after, int64(limit))
 	if err != nil {
+		return nil, fmt.Errorf("store: node events: %w", translate(err))
+	}
+	defer rows.Close()
+	var events []registry.NodeEvent
+	for rows.Next() && len(events) < limit {
+		var first int64
+		var width int
+		var kind string
+		var at time.Time
+		var doc []byte
+		if err := rows.Scan(&first, &width, &kind, &at, &doc); err != nil {
+			return nil, fmt.Errorf("store: node events: %w", err)
+		}
+		if first+int64(width)-1 <= after {
+			continue
+		}
+		row, err := rowEvents(first, width, kind, at, doc)
+		if err != nil {
+			return nil, fmt.Errorf("store: node events: %w", err)
+		}
+		for _, e := range row {
+			if e.ID > after && len(events) < limit {
+				events = append(events, e)
+			}
+		}
+	}
+	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("store: node events: %w", translate(err))
 	}
 	return events, nil
 }
 
-// scanNodeEvent reads a row of event_id, kind, at and doc.
-func scanNodeEvent(row pgx.CollectableRow) (registry.NodeEvent, error) {
-	var e registry.NodeEvent
-	var doc []byte
-	if err := row.Scan(&e.ID, &e.Kind, &e.At, &doc); err != nil {
-		return e, err
-	}
-	if e.Kind == registry.EventRenewed {
+// rowEvents is the events of a change row: width of them, ids from first
+// on, for a row of several (doc the array of their documents); else the
+// one event (for renewed, every node of doc's array in Nodes).
+func rowEvents(first int64, width int, kind string, at time.Time, doc []byte) ([]registry.NodeEvent, error) {
+	if width > 1 {
 		var ds []nodeDoc
 		if err := json.Unmarshal(doc, &ds); err != nil {
-			return e, err
+			return nil, err
+		}
+		if len(ds) != width {
+			return nil, fmt.Errorf("change row of event %d holds %d documents, not %d", first, len(ds), width)
+		}
+		events := make([]registry.NodeEvent, width)
+		for i, d := range ds {
+			events[i] = registry.NodeEvent{ID: first + int64(i), Kind: kind, At: at, Node: d.node()}
+		}
+		return events, nil
+	}
+	e := registry.NodeEvent{ID: first, Kind: kind, At: at}
+	if kind == registry.EventRenewed {
+		var ds []nodeDoc
+		if err := json.Unmarshal(doc, &ds); err != nil {
+			return nil, err
 		}
 		if len(ds) == 0 {
-			return e, fmt.Errorf("store: renewed event %d lists no node", e.ID)
+			return nil, fmt.Errorf("renewed event %d lists no node", first)
 		}
 		e.Nodes = make([]registry.Node, len(ds))
 		for i, d := range ds {
 			e.Nodes[i] = d.node()
 		}
 		e.Node = e.Nodes[0]
-		return e, nil
+		return []registry.NodeEvent{e}, nil
 	}
 	var d nodeDoc
 	if err := json.Unmarshal(doc, &d); err != nil {
-		return e, err
+		return nil, err
 	}
 	e.Node = d.node()
-	return e, nil
+	return []registry.NodeEvent{e}, nil
 }
+
+// logMaxSQL is the highest event id in the change log (0 when none): the
+// last of the newest stamped row's ids.
+const logMaxSQL = `coalesce((SELECT event_id + width - 1 FROM node_changes WHERE event_id IS NOT NULL ORDER BY event_id DESC LIMIT 1), 0)`
 
 // EventHorizon returns where the feed stands: its epoch, the highest
 // pruned event id (resuming below it misses events) and the latest
@@ -216,7 +288,7 @@ func (s *Store) EventHorizon(ctx context.Context) (registry.Feed, error) {
 	var f registry.Feed
 	err := s.db.QueryRow(ctx, `
 		SELECT (SELECT epoch << 40 FROM node_feed), (SELECT pruned_through FROM node_changes_horizon),
-		       coalesce((SELECT max(event_id) FROM node_changes), 0)`).Scan(&f.Epoch, &f.Pruned, &f.Latest)
+		       `+logMaxSQL).Scan(&f.Epoch, &f.Pruned, &f.Latest)
 	if err != nil {
 		return registry.Feed{}, fmt.Errorf("store: event horizon: %w", translate(err))
 	}
@@ -238,7 +310,7 @@ func (s *Store) PruneEvents(ctx context.Context, before time.Time) (int64, error
 				DELETE FROM node_changes
 				WHERE event_id IS NOT NULL AND at < $1
 				  AND event_id < (SELECT max(event_id) FROM node_changes)
-				RETURNING event_id
+				RETURNING event_id + width - 1 AS event_id
 			), horizon AS (
 				UPDATE node_changes_horizon
 				SET pruned_through = greatest(pruned_through, (SELECT max(event_id) FROM gone))
@@ -309,16 +381,16 @@ func queueRecord(b *pgx.Batch, actor registry.Actor, kind, action string, nodes 
 // change's kind, $5..$8 the actor (principal, role, acting node) and the
 // action, $9 true for a deletion (the entry's before is the document,
 // after is null), $10, $11 the request ids, $12 the channel.
-const recordNodesSQL = `
+var recordNodesSQL = `
 		WITH u AS MATERIALIZED (
-			SELECT * FROM unnest($1::bigint[], $2::jsonb[], $3::jsonb[]) AS u(pk, doc, before)
+			SELECT * FROM unnest($1::bigint[], $2::jsonb[], $3::jsonb[]) WITH ORDINALITY AS u(pk, doc, before, ord)
 		), changes AS (
-			INSERT INTO node_changes (kind, node_pk, doc) SELECT $4, u.pk, u.doc FROM u
+			INSERT INTO node_changes (kind, node_pk, doc, width) ` + changeRows("$4::text") + `
 		), audit AS (
 			INSERT INTO audit_log (principal, role, acting_node, action, target_type, target_pk, before, after, request_id, client_request_id)
 			SELECT $5, $6, $7, $8, 'node', u.pk,
 				CASE WHEN $9 THEN u.doc ELSE u.before END, CASE WHEN $9 THEN NULL ELSE u.doc END,
 				nullif($10, ''), nullif($11, '')
-			FROM u
+			FROM u ORDER BY u.ord
 		)
 		SELECT pg_notify($12, '')`

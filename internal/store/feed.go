@@ -32,7 +32,7 @@ const feedVerdictSQL = `
 			('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::int::bigint AS tli,
 			pg_current_wal_lsn() AS lsn,
 			(SELECT CASE WHEN is_called THEN last_value + 1 ELSE last_value END FROM node_event_seq) AS next_id,
-			coalesce((SELECT max(event_id) FROM node_changes), 0) AS log_max
+			` + logMaxSQL + ` AS log_max
 	) n`
 
 // newEpochSQL is the sequencer's check, run under its lock before it

@@ -346,7 +346,7 @@ func TestGroupedClaimsConcurrent(t *testing.T) {
 	if log.grouped() == 0 {
 		t.Error("no operation was committed in a group")
 	}
-	rows, err := st.Pool().Query(ctx, `SELECT node_pk, kind, coalesce((doc->>'current_job')::bigint, 0) FROM node_changes WHERE row_id > $1 ORDER BY row_id`, changeID)
+	rows, err := st.Pool().Query(ctx, `SELECT node_pk, kind, coalesce((doc->>'current_job')::bigint, 0) FROM node_change_events WHERE row_id > $1 ORDER BY row_id, ord`, changeID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -691,7 +691,7 @@ func TestGroupAbandonedClaimCommitsNothing(t *testing.T) {
 				}
 			}
 			var n int
-			if err := st.Pool().QueryRow(ctx, `SELECT (SELECT count(*) FROM node_changes WHERE row_id > $1 AND doc->>'current_job' = '666')
+			if err := st.Pool().QueryRow(ctx, `SELECT (SELECT count(*) FROM node_change_events WHERE row_id > $1 AND doc->>'current_job' = '666')
 				+ (SELECT count(*) FROM audit_log WHERE id > $2 AND principal = 'sched-6')`, changes, audits).Scan(&n); err != nil || n != 0 {
 				t.Errorf("%d change-log and audit rows of the withdrawn claim (%v), want none", n, err)
 			}
@@ -937,7 +937,7 @@ func TestGoneClaimReleasedLaterInItsGroupCommits(t *testing.T) {
 	if cerr != nil || rerr != nil || len(claimed) != 1 || len(released) != 1 || claimed[0].PK != released[0].PK {
 		t.Fatalf("claim %v (%d nodes), release %v (%d nodes); want the claim committed and released", cerr, len(claimed), rerr, len(released))
 	}
-	rows, _ := st.Pool().Query(ctx, `SELECT kind FROM node_changes WHERE row_id > $1 AND node_pk = $2 ORDER BY row_id`, changes, claimed[0].PK)
+	rows, _ := st.Pool().Query(ctx, `SELECT kind FROM node_change_events WHERE row_id > $1 AND node_pk = $2 ORDER BY row_id, ord`, changes, claimed[0].PK)
 	kinds, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil || !slices.Equal(kinds, []string{"claimed", "released"}) {
 		t.Errorf("the node's history: %v (%v), want claimed then released", kinds, err)

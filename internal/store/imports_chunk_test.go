@@ -21,7 +21,7 @@ func countLogged(t *testing.T, st *store.Store, principal string) logged {
 	t.Helper()
 	var l logged
 	err := st.Pool().QueryRow(context.Background(), `
-		SELECT (SELECT count(*) FROM audit_log WHERE principal = $1), (SELECT count(*) FROM node_changes)`,
+		SELECT (SELECT count(*) FROM audit_log WHERE principal = $1), (SELECT count(*) FROM node_change_events)`,
 		principal).Scan(&l.Audit, &l.Changes)
 	if err != nil {
 		t.Fatal(err)
@@ -115,8 +115,8 @@ func perNode(t *testing.T, st *store.Store, max int) {
 		SELECT
 			(SELECT coalesce(max(c), 0) FROM (SELECT count(*) c FROM audit_log
 				WHERE target_type = 'node' AND at = (SELECT max(at) FROM audit_log) GROUP BY target_pk) a),
-			(SELECT coalesce(max(c), 0) FROM (SELECT count(*) c FROM node_changes
-				WHERE at = (SELECT max(at) FROM node_changes) GROUP BY node_pk) n)`).Scan(&audits, &changes)
+			(SELECT coalesce(max(c), 0) FROM (SELECT count(*) c FROM node_change_events
+				WHERE at = (SELECT max(at) FROM node_change_events) GROUP BY node_pk) n)`).Scan(&audits, &changes)
 	if err != nil {
 		t.Fatal(err)
 	}

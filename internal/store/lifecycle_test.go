@@ -122,7 +122,7 @@ func TestSweepLifecycle(t *testing.T) {
 
 	// Exactly one event and one audit entry per transition, with the
 	// node's document as it is after it and the system principals.
-	rows, _ := st.Pool().Query(ctx, `SELECT kind, node_pk, doc->>'state' FROM node_changes WHERE kind IN ('lost', 'found', 'expired') ORDER BY row_id`)
+	rows, _ := st.Pool().Query(ctx, `SELECT kind, node_pk, doc->>'state' FROM node_change_events WHERE kind IN ('lost', 'found', 'expired') ORDER BY row_id, ord`)
 	var got []string
 	for rows.Next() {
 		var kind, state string

@@ -96,7 +96,7 @@ func TestOneSweeperAtATime(t *testing.T) {
 		t.Logf("old leader passes %d → %d", passes, leader.Passes())
 	}
 	var events, entries int
-	if err := admin.Pool().QueryRow(ctx, `SELECT count(*) FROM node_changes WHERE node_pk = $1 AND kind = 'lost'`, n.PK).Scan(&events); err != nil {
+	if err := admin.Pool().QueryRow(ctx, `SELECT count(*) FROM node_change_events WHERE node_pk = $1 AND kind = 'lost'`, n.PK).Scan(&events); err != nil {
 		t.Fatal(err)
 	}
 	if err := admin.Pool().QueryRow(ctx, `SELECT count(*) FROM audit_log WHERE target_pk = $1 AND action = 'node.lost'`, n.PK).Scan(&entries); err != nil {
