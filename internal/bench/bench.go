@@ -112,6 +112,9 @@ type Result struct {
 	Abandon *AbandonStats `json:"abandon,omitempty"`
 	// Renew is the renew workload's count of watch events per renewal.
 	Renew *RenewStats `json:"renew,omitempty"`
+	// Fill is the fill workload's gangs and its claims' times as the
+	// fleet filled.
+	Fill *FillStats `json:"fill,omitempty"`
 }
 
 // ClaimStats times the claim requests of a claim workload apart from
@@ -386,6 +389,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
+		} else if name == Fill {
+			res.Client = "go"
+			logf("%s: %d schedulers claim fabric gangs and keep them until none fits, then release them all", name, w.clients)
+			l = runFill(ctx, t, pool, &res)
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
 		} else if name == Renew {
 			res.Client = "go"
 			logf("%s: %d clients renew %d jobs of %d nodes, %s, an unfiltered watch counting events", name, w.clients, renewJobs, renewJobNodes, cfg.Duration)
@@ -447,7 +457,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			failed = true
 			logf("%s: %d errors: %v", name, l.Errors, l.ErrorKinds)
 		}
-		if name == Claim || name == Gang || name == Fabric { // every node a claim took is released again
+		if name == Claim || name == Gang || name == Fabric || name == Fill { // every node a claim took is released again
 			var held int64
 			if err := pool.QueryRow(ctx, `SELECT count(*) FROM nodes WHERE current_job > $1`, firstJob).Scan(&held); err != nil {
 				return nil, fmt.Errorf("bench: %s: %w", name, err)

@@ -181,7 +181,27 @@ func TestHarnessEndToEnd(t *testing.T) {
 				t.Errorf("%s: driven by %v, want %s", name, l["client"], want)
 			}
 		}
-		if pgbench != "" && name != ListAll && name != Startup { // those two have no pgbench script
+		if name == Fill { // every gang the fleet had, none left, each scheduler refused at the end
+			fl, _ := l["fill"].(map[string]any)
+			capacity, _ := fl["capacity"].(float64)
+			placed, _ := fl["placed"].(float64)
+			left, ok := fl["left"].(float64)
+			refused, _ := fl["refused"].(float64)
+			released, _ := fl["release_rate"].(float64)
+			qs, _ := fl["quarters"].([]any)
+			var inQuarters float64
+			for _, q := range qs {
+				n, _ := q.(map[string]any)["claims"].(float64)
+				inQuarters += n
+			}
+			if capacity <= 0 || placed != capacity || !ok || left != 0 || refused < gangClients || released <= 0 || len(qs) != 4 || inQuarters != placed {
+				t.Errorf("fill: %v, want every gang of the capacity placed, none left, %d refusals at least, releases timed", fl, gangClients)
+			}
+			if !strings.Contains(table, "gangs placed") {
+				t.Errorf("the table has no fill line:\n%s", table)
+			}
+		}
+		if pgbench != "" && name != ListAll && name != Startup && name != Fill { // those have no pgbench script
 			p, _ := l["pgbench"].(map[string]any)
 			if tps, _ := p["tps"].(float64); tps <= 0 || p["error"] != nil {
 				t.Errorf("%s: pgbench %v, want a tps and no error", name, p)

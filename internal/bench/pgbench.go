@@ -256,9 +256,9 @@ func tail(s string, n int) string {
 }
 
 // pgbenchClaimed counts the nodes the pgbench scripts' claims recorded
-// (bench_node_changes, kind claimed).
+// (bench_node_changes, kind claimed: a row's width is its nodes).
 func pgbenchClaimed(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
 	var n int64
-	err := pool.QueryRow(ctx, `SELECT count(*) FROM bench_node_changes WHERE kind = 'claimed'`).Scan(&n)
+	err := pool.QueryRow(ctx, `SELECT coalesce(sum(width), 0) FROM bench_node_changes WHERE kind = 'claimed'`).Scan(&n)
 	return n, err
 }

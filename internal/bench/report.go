@@ -102,6 +102,14 @@ func Markdown(rep *Report) string {
 			fmt.Fprintf(&b, "- %s: the honest schedulers %s/s beside the abandoning clients against %s/s alone (%.2f×); %d of %d claims abandoned, %d nodes held after their release\n",
 				r.Workload, thousands(ab.Rate), thousands(ab.UndisturbedRate), ab.Ratio, ab.Abandoned, ab.Sent, ab.HeldAfter)
 		}
+		if fl := r.Fill; fl != nil {
+			var qs []string
+			for i, q := range fl.Quarters {
+				qs = append(qs, fmt.Sprintf("%d–%d%% full: p50 %.1f ms, p99 %.1f ms (%d)", i*25, i*25+25, q.P50MS, q.P99MS, q.Claims))
+			}
+			fmt.Fprintf(&b, "- %s: %d of %d gangs placed, %d still fitting after the last refusal, %d refusals; claims by how full the fleet was: %s; then %s releases/s, p50 %.1f ms, p99 %.1f ms\n",
+				r.Workload, fl.Placed, fl.Capacity, fl.Left, fl.Refused, strings.Join(qs, "; "), thousands(fl.ReleaseRate), fl.ReleaseP50MS, fl.ReleaseP99MS)
+		}
 		if rn := r.Renew; rn != nil {
 			fmt.Fprintf(&b, "- %s: %d renewals of %d-node jobs: %d renewed events on the watch (%.2f per renewal, listing %d nodes), %.0f bytes of stream per renewal; %d other events meanwhile %v\n",
 				r.Workload, rn.Renewals, rn.NodesPerJob, rn.Renewed, rn.EventsPerRenewal, rn.NodesListed, rn.BytesPerRenewal, rn.Other, rn.OtherKinds)

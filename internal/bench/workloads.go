@@ -22,6 +22,7 @@ const (
 	Claim     = "claim"
 	Gang      = "gang"
 	Fabric    = "fabric"
+	Fill      = "fill"
 	Selector  = "selector"
 	Abandon   = "abandon"
 	Renew     = "renew"
@@ -33,7 +34,7 @@ const (
 // AllWorkloads is every workload, in run order. startup comes last: it
 // restarts the server (the workloads after it, if any, run on the
 // restarted one).
-var AllWorkloads = []string{Heartbeat, Retrieve, FreePage, Selector, Claim, Gang, Fabric, Abandon, Renew, ListAll, Replica, Startup}
+var AllWorkloads = []string{Heartbeat, Retrieve, FreePage, Selector, Claim, Gang, Fabric, Fill, Abandon, Renew, ListAll, Replica, Startup}
 
 // gangClients is the number of concurrent schedulers of the gang workload,
 // whatever -clients says: the target is stated for 16.
@@ -136,6 +137,10 @@ func (t *target) workload(name string, clients int) (workload, error) {
 			op: func(ctx context.Context, c *http.Client, _ *rand.Rand) error {
 				return t.claimReleaseWith(ctx, c, claimShape{count: fabricHosts * gangSize, perHost: gangSize, sameFabric: true})
 			}}, nil
+	case Fill:
+		// No op: Run drives it itself (runFill).
+		return workload{name: name, path: fmt.Sprintf("fabric fill: claim %d×%d per_host, same_fabric and keep them until none fits; then release all", fabricHosts, gangSize),
+			clients: gangClients}, nil
 	case Abandon:
 		// No op: Run drives both phases itself (runAbandon).
 		return workload{name: name, path: fmt.Sprintf("abandon: %d schedulers claim 1 + release while %d others give up on claims after 1-3 ms", abandonHonest, abandonClients),

@@ -27,7 +27,8 @@ UPDATE bench_nodes SET current_job = :job, expired_job = NULL, lease_expires_at 
 \endpipeline
 \startpipeline
 WITH u AS MATERIALIZED (SELECT n.pk, to_jsonb(n) AS doc, to_jsonb(n) AS before FROM bench_nodes n WHERE current_job = :job),
-  changes AS (INSERT INTO bench_node_changes (kind, node_pk, doc) SELECT 'claimed', u.pk, u.doc FROM u),
+  changes AS (INSERT INTO bench_node_changes (kind, node_pk, doc, width)
+    SELECT 'claimed', min(u.pk), jsonb_agg(u.doc ORDER BY u.pk), count(*) FROM u HAVING count(*) > 0),
   audit AS (INSERT INTO bench_audit_log (principal, role, action, target_type, target_pk, before, after)
     SELECT 'bench-scheduler', 'scheduler', 'node.claim', 'node', u.pk, u.before, u.doc FROM u)
 SELECT pg_notify('registryd_bench', '');
@@ -42,7 +43,8 @@ UPDATE bench_nodes SET current_job = NULL, lease_expires_at = NULL, updated_at =
 \startpipeline
 WITH u AS MATERIALIZED (SELECT n.pk, to_jsonb(n) AS doc, to_jsonb(n) AS before FROM bench_nodes n
     WHERE ip = :ip::inet AND updated_at = now() AND current_job IS NULL),
-  changes AS (INSERT INTO bench_node_changes (kind, node_pk, doc) SELECT 'released', u.pk, u.doc FROM u),
+  changes AS (INSERT INTO bench_node_changes (kind, node_pk, doc, width)
+    SELECT 'released', min(u.pk), jsonb_agg(u.doc ORDER BY u.pk), count(*) FROM u HAVING count(*) > 0),
   audit AS (INSERT INTO bench_audit_log (principal, role, action, target_type, target_pk, before, after)
     SELECT 'bench-scheduler', 'scheduler', 'node.release', 'node', u.pk, u.before, u.doc FROM u)
 SELECT pg_notify('registryd_bench', '');
