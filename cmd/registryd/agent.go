@@ -212,7 +212,7 @@ func agentCmd(ctx context.Context, args []string, getenv func(string) string, st
 // runAgent runs the agent until ctx ends (a signal), which is a clean exit,
 // or for one pass with once.
 func runAgent(ctx context.Context, cfg agentConfig, once bool, stdout, stderr io.Writer) error {
-	logger := newLogger(config{LogLevel: cfg.LogLevel, LogFormat: cfg.LogFormat}, stderr)
+	logger := newLogger(config{LogLevel: cfg.LogLevel, LogFormat: cfg.LogFormat, UnknownSettings: unknownSettings(environ())}, stderr)
 	// The state's folder is made now, owner-only, so a place the agent
 	// cannot write stops the start rather than every pass.
 	if err := os.MkdirAll(filepath.Dir(cfg.StatePath), 0o700); err != nil {

@@ -28,6 +28,10 @@ type config struct {
 	Migrate         bool          // REGISTRY_MIGRATE: migrate up at start
 	LogLevel        slog.Level    // REGISTRY_LOG_LEVEL
 	LogFormat       string        // REGISTRY_LOG_FORMAT: json or text
+	// UnknownSettings are the warnings about REGISTRY_ variables of the
+	// environment that no command reads (unknownSettings): the command's
+	// logger says them first.
+	UnknownSettings []string
 	LogHeartbeats   bool          // REGISTRY_LOG_HEARTBEATS: an access log line for every successful ping too
 	MaxConns        int32         // REGISTRY_DB_MAX_CONNS
 	AcquireTimeout  time.Duration // REGISTRY_DB_ACQUIRE_TIMEOUT: bound on the wait for a pooled connection

@@ -36,6 +36,10 @@ func main() {
 	os.Exit(exitCode(err))
 }
 
+// environ is the environment's variables (NAME=VALUE), for the warning
+// about unknown settings.
+var environ = os.Environ
+
 // errUsage is a command line registryd does not understand; the usage has
 // been printed.
 var errUsage = errors.New("usage")
@@ -102,6 +106,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
+	cfg.UnknownSettings = unknownSettings(environ())
 	switch strings.Fields(c.name)[0] {
 	case "serve":
 		return serve(ctx, cfg, rest, stdout, stderr)

@@ -30,12 +30,18 @@ import (
 	"github.com/registryd/registryd/internal/watch"
 )
 
+// newLogger is a command's logger, in cfg's level and format; it first
+// warns of cfg.UnknownSettings.
 func newLogger(cfg config, w io.Writer) *slog.Logger {
 	opts := &slog.HandlerOptions{Level: cfg.LogLevel}
+	logger := slog.New(slog.NewJSONHandler(w, opts))
 	if cfg.LogFormat == "text" {
-		return slog.New(slog.NewTextHandler(w, opts))
+		logger = slog.New(slog.NewTextHandler(w, opts))
 	}
-	return slog.New(slog.NewJSONHandler(w, opts))
+	for _, msg := range cfg.UnknownSettings {
+		logger.Warn(msg)
+	}
+	return logger
 }
 
 // serve is `registryd serve`: it listens, opens (or starts) the database,

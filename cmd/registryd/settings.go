@@ -231,3 +231,37 @@ func redactSecrets(msg string, getenv func(string) string) string {
 	}
 	return msg
 }
+
+// unknownSettings are warnings, one per REGISTRY_ variable of environ
+// (NAME=VALUE pairs) that is no setting of any command, naming the setting
+// it is most likely a typo of when one is close enough: a misspelt
+// REGISTRY_LISTN would otherwise be ignored without a word.
+func unknownSettings(environ []string) []string {
+	var out []string
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(name, "REGISTRY_") || slices.ContainsFunc(settings, func(s setting) bool { return s.Name == name }) {
+			continue
+		}
+		msg := name + " is not a setting registryd reads; it is ignored"
+		if near := closestSetting(name); near != "" {
+			msg += "; did you mean " + near + "?"
+		}
+		out = append(out, msg)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// closestSetting is the setting whose name is fewest edits from name,
+// when that is at most a third of name's length after the prefix (ties:
+// the first in the table); "" when none is.
+func closestSetting(name string) string {
+	best, bestD := "", len(strings.TrimPrefix(name, "REGISTRY_"))/3+1
+	for _, s := range settings {
+		if d := editDistance(name, s.Name); d < bestD {
+			best, bestD = s.Name, d
+		}
+	}
+	return best
+}
