@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -135,6 +136,8 @@ func Do(ctx context.Context, client *http.Client, r Retry, providerName, op stri
 			return body, nil
 		case ctx.Err() != nil:
 			return nil, ctx.Err()
+		case errors.Is(err, errOtherOrigin):
+			return nil, &Error{Provider: providerName, Op: op, Message: err.Error()} // no use asking again
 		case err != nil:
 			last = &Error{Provider: providerName, Op: op, Message: err.Error()}
 		default:
@@ -174,8 +177,11 @@ func once(ctx context.Context, client *http.Client, timeout time.Duration,
 	if err != nil {
 		return nil, 0, 0, err
 	}
-	resp, err := client.Do(req)
+	resp, err := sameOrigin(client, req.URL).Do(req)
 	if err != nil {
+		if errors.Is(err, errOtherOrigin) {
+			return nil, 0, 0, errors.Unwrap(err) // not the url.Error: its URL may hold keys
+		}
 		var ue interface{ Timeout() bool }
 		if errors.As(err, &ue) && ue.Timeout() {
 			return nil, 0, 0, fmt.Errorf("no answer within %s", timeout)
@@ -188,6 +194,32 @@ func once(ctx context.Context, client *http.Client, timeout time.Duration,
 		return nil, 0, 0, fmt.Errorf("reading the answer: %s", transportMessage(err))
 	}
 	return body, resp.StatusCode, parseRetryAfter(resp.Header.Get("Retry-After")), nil
+}
+
+// errOtherOrigin is what a redirect to another origin ends in.
+var errOtherOrigin = errors.New("credentials are sent to the configured endpoint only")
+
+// sameOrigin is client following redirects only within origin's scheme,
+// host and port, as client would: a provider's keys ride in headers (SCP's
+// access key and signature) or the query string (E2E's apikey), and Go
+// keeps custom headers and the redirect's query on a redirect to another
+// host. A redirect elsewhere fails, naming the host it pointed to.
+func sameOrigin(client *http.Client, origin *url.URL) *http.Client {
+	c := *client
+	next := client.CheckRedirect
+	c.CheckRedirect = func(req *http.Request, via []*http.Request) error {
+		if req.URL.Scheme != origin.Scheme || req.URL.Host != origin.Host {
+			return fmt.Errorf("the provider redirected to %s://%s: %w", req.URL.Scheme, req.URL.Host, errOtherOrigin)
+		}
+		if next != nil {
+			return next(req, via)
+		}
+		if len(via) >= 10 {
+			return errors.New("stopped after 10 redirects")
+		}
+		return nil
+	}
+	return &c
 }
 
 // transportMessage drops the URL from net/http errors: it may carry keys in

@@ -107,3 +107,53 @@ func TestParseRetryAfter(t *testing.T) {
 		t.Errorf("garbage: %v", d)
 	}
 }
+
+// A redirect to another origin is refused before anything reaches it:
+// Go would carry the provider's key headers and the redirect's query to
+// the other host. The call fails at once, naming the host, not the keys;
+// a redirect within the endpoint's origin is followed.
+func TestDoRefusesRedirectsElsewhere(t *testing.T) {
+	var elsewhere atomic.Int32
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		elsewhere.Add(1)
+		w.Write([]byte(`{"stolen":true}`))
+	}))
+	defer other.Close()
+	var calls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		switch r.URL.Path {
+		case "/away":
+			http.Redirect(w, r, other.URL+"/v1/gpu-nodes?apikey="+r.URL.Query().Get("apikey"), http.StatusFound)
+		case "/moved":
+			http.Redirect(w, r, "/here", http.StatusMovedPermanently)
+		case "/here":
+			w.Write([]byte(`{"ok":true}`))
+		}
+	}))
+	defer srv.Close()
+	get := func(path string) ([]byte, error) {
+		return Do(context.Background(), &http.Client{}, Retry{Attempts: 3, Base: time.Millisecond}, "scp", "list",
+			func(ctx context.Context) (*http.Request, error) {
+				req, err := http.NewRequestWithContext(ctx, "GET", srv.URL+path+"?apikey=SECRET", nil)
+				if err == nil {
+					req.Header.Set("Scp-Accesskey", "SECRET")
+				}
+				return req, err
+			}, func([]byte) string { return "" })
+	}
+	_, err := get("/away")
+	if err == nil || elsewhere.Load() != 0 {
+		t.Fatalf("redirect to another host: err %v, %d requests reached it", err, elsewhere.Load())
+	}
+	if msg := err.Error(); strings.Contains(msg, "SECRET") || !strings.Contains(msg, strings.TrimPrefix(other.URL, "http://")) ||
+		!strings.Contains(msg, "configured endpoint only") {
+		t.Errorf("error %q: want the other host named, the keys not", msg)
+	}
+	if calls.Load() != 1 {
+		t.Errorf("%d calls to the endpoint: a refused redirect is not retried", calls.Load())
+	}
+	if body, err := get("/moved"); err != nil || string(body) != `{"ok":true}` {
+		t.Errorf("redirect within the endpoint: %s, %v", body, err)
+	}
+}

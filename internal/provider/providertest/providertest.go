@@ -2,7 +2,10 @@
 package providertest
 
 import (
+	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/registryd/registryd/internal/provider"
@@ -61,5 +64,29 @@ func CheckInventory(t testing.TB, inv provider.Inventory) {
 			}
 		}
 		seen[h.ExternalID] = true
+	}
+}
+
+// CheckRedirectRefused starts an endpoint that redirects every request to
+// another host, calls fetch with the endpoint's URL and fails t unless
+// the fetch failed naming the other host, without secret in its error,
+// and the other host heard nothing.
+func CheckRedirectRefused(t *testing.T, status int, secret string, fetch func(endpoint string) error) {
+	t.Helper()
+	var heard atomic.Int32
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		heard.Add(1)
+	}))
+	t.Cleanup(other.Close)
+	endpoint := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, other.URL+r.URL.RequestURI(), status)
+	}))
+	t.Cleanup(endpoint.Close)
+	err := fetch(endpoint.URL)
+	if err == nil || heard.Load() != 0 {
+		t.Fatalf("fetch: %v; the other host heard %d requests", err, heard.Load())
+	}
+	if msg := err.Error(); !strings.Contains(msg, "redirected to "+other.URL) || strings.Contains(msg, secret) {
+		t.Errorf("error %q: want the other host named and no secret", msg)
 	}
 }
