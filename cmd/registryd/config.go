@@ -20,14 +20,14 @@ import (
 
 // config is every setting, loaded once from the environment and validated.
 type config struct {
-	DatabaseURL     string        // REGISTRY_DATABASE_URL; empty: embedded PostgreSQL
-	Listen          string        // REGISTRY_LISTEN
-	DataDir         string        // REGISTRY_DATA_DIR (embedded PostgreSQL's data)
-	DataDirSet      bool          // whether REGISTRY_DATA_DIR was given
-	EmbeddedWait    time.Duration // REGISTRY_EMBEDDED_WAIT: bound on a wait for another registryd's turn on the embedded PostgreSQL
-	Migrate         bool          // REGISTRY_MIGRATE: migrate up at start
-	LogLevel        slog.Level    // REGISTRY_LOG_LEVEL
-	LogFormat       string        // REGISTRY_LOG_FORMAT: json or text
+	DatabaseURL  string        // REGISTRY_DATABASE_URL; empty: embedded PostgreSQL
+	Listen       string        // REGISTRY_LISTEN
+	DataDir      string        // REGISTRY_DATA_DIR (embedded PostgreSQL's data)
+	DataDirSet   bool          // whether REGISTRY_DATA_DIR was given
+	EmbeddedWait time.Duration // REGISTRY_EMBEDDED_WAIT: bound on a wait for another registryd's turn on the embedded PostgreSQL
+	Migrate      bool          // REGISTRY_MIGRATE: migrate up at start
+	LogLevel     slog.Level    // REGISTRY_LOG_LEVEL
+	LogFormat    string        // REGISTRY_LOG_FORMAT: json or text
 	// UnknownSettings are the warnings about REGISTRY_ variables of the
 	// environment that no command reads (unknownSettings): the command's
 	// logger says them first.
