@@ -60,15 +60,18 @@ Revoke tokens with registryd token revoke.`,
 the tokens within seconds. --sub revokes every token of a principal
 issued until now, --jti one token. Over HTTP: POST /v1/tokens/revoke.`,
 		flags: func() *flag.FlagSet { fs, _ := revokeFlags(); return fs }},
-	{name: "sync", synopsis: "sync --once [--no-wait]", reads: cmdSync,
+	{name: "sync", synopsis: "sync --once [--no-wait] [--allow-removal]", reads: cmdSync,
 		summary: "import the inventory of every configured cloud once",
 		about: `Runs one import pass of every configured provider (REGISTRY_SCP_*,
 REGISTRY_E2E_*), prints a summary each, and exits 1 if any failed.
 serve runs the same pass every REGISTRY_SYNC_INTERVAL. While another
 registryd is in the middle of a pass, it waits for that pass to end (at
 most REGISTRY_SYNC_TIMEOUT) and then runs its own; --no-wait refuses at
-once instead.`,
-		flags: func() *flag.FlagSet { fs, _, _ := syncFlags(); return fs }},
+once instead. A pass that would take away more than
+REGISTRY_SYNC_MAX_REMOVAL percent of a provider's nodes takes away none
+until REGISTRY_SYNC_REMOVAL_PASSES passes in a row have found as much;
+--allow-removal lets this pass take them.`,
+		flags: func() *flag.FlagSet { fs, _, _, _ := syncFlags(); return fs }},
 	{name: "agent", synopsis: "agent [--once]", reads: cmdAgent,
 		summary: "the GPU host agent: discover, register, heartbeat",
 		about: `Runs on a GPU host: finds its GPUs (nvidia-smi on PATH; without it, or
@@ -260,11 +263,12 @@ func revokeFlags() (*flag.FlagSet, *revokeOptions) {
 	return fs, o
 }
 
-func syncFlags() (fs *flag.FlagSet, once, noWait *bool) {
+func syncFlags() (fs *flag.FlagSet, once, noWait, allowRemoval *bool) {
 	fs = newFlagSet("sync")
 	once = fs.Bool("once", false, "run one pass of every configured provider and exit (required)")
 	noWait = fs.Bool("no-wait", false, "while another registryd is in the middle of a pass, fail at once instead of waiting for it (at most REGISTRY_SYNC_TIMEOUT)")
-	return fs, once, noWait
+	allowRemoval = fs.Bool("allow-removal", false, "take away the nodes a provider no longer lists even when they are more than REGISTRY_SYNC_MAX_REMOVAL percent of its fleet (after checking that they are really gone)")
+	return fs, once, noWait, allowRemoval
 }
 
 func agentFlags() (*flag.FlagSet, *bool) {

@@ -64,6 +64,12 @@ type config struct {
 	E2E          e2eConfig
 	SyncInterval time.Duration // REGISTRY_SYNC_INTERVAL
 	SyncTimeout  time.Duration // REGISTRY_SYNC_TIMEOUT
+	// SyncMaxRemoval and SyncRemovalPasses are the mass-removal guard
+	// (REGISTRY_SYNC_MAX_REMOVAL, REGISTRY_SYNC_REMOVAL_PASSES); the
+	// guard lets removals through at once when SyncAllowRemoval
+	// (`sync --once --allow-removal`).
+	SyncMaxRemoval, SyncRemovalPasses int
+	SyncAllowRemoval                  bool
 
 	NodeTTL time.Duration // REGISTRY_NODE_TTL: silence after which a watched node is lost
 
@@ -211,6 +217,8 @@ func (c *config) loadSync(getenv func(string) string, errs *[]string) {
 	const want = "want a duration of at least 1s, such as 5m"
 	c.SyncInterval = envDuration(getenv, "REGISTRY_SYNC_INTERVAL", 0, time.Second, 0, want, errs)
 	c.SyncTimeout = envDuration(getenv, "REGISTRY_SYNC_TIMEOUT", 0, time.Second, 0, want, errs)
+	c.SyncMaxRemoval = envIntIn(getenv, "REGISTRY_SYNC_MAX_REMOVAL", 1, 100, "want a percentage between 1 and 100 (no limit), such as 10", errs)
+	c.SyncRemovalPasses = envIntIn(getenv, "REGISTRY_SYNC_REMOVAL_PASSES", 1, 100, "want a number of passes between 1 and 100, such as 3", errs)
 	c.SCP = scpConfig{
 		Endpoint:  getenv("REGISTRY_SCP_ENDPOINT"),
 		AccessKey: secret(getenv, "REGISTRY_SCP_ACCESS_KEY", errs),
@@ -340,6 +348,22 @@ func loadLogging(getenv func(string) string, def string, errs *[]string) (level 
 		*errs = append(*errs, fmt.Sprintf("REGISTRY_LOG_FORMAT=%q: want json or text", format))
 	}
 	return level, format
+}
+
+// envIntIn reads the integer setting name, which must lie in [lo, hi]; 0
+// when unset (a command that does not read it: its default is in the
+// settings table).
+func envIntIn(getenv func(string) string, name string, lo, hi int, want string, errs *[]string) int {
+	v := getenv(name)
+	if v == "" {
+		return 0
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < lo || n > hi {
+		*errs = append(*errs, fmt.Sprintf("%s=%q: %s", name, v, want))
+		return 0
+	}
+	return n
 }
 
 // maxNodeCache bounds REGISTRY_NODE_CACHE: ten million nodes take

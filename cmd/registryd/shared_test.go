@@ -598,3 +598,27 @@ func TestServeStopWaitsForCommands(t *testing.T) {
 		t.Errorf("serve exit: %v\n%s", err, srv.stderr.String())
 	}
 }
+
+// `registryd sync --once` holds back a removal of more than
+// REGISTRY_SYNC_MAX_REMOVAL percent of a provider's nodes, and says how
+// to let it through; with --allow-removal the pass takes them away.
+func TestSyncOnceHoldsMassRemoval(t *testing.T) {
+	t.Parallel()
+	scp := fakeSCP(t)
+	env := scpEnv(map[string]string{"REGISTRY_DATA_DIR": filepath.Join(pgtest.TempDir(t), "data")}, scp)
+	if out, stderr, err := runCmd(t, env, "sync", "--once"); err != nil || !strings.Contains(out, "scp: 2 hosts seen → 8 nodes: 8 added") {
+		t.Fatalf("first pass: %v\n%s\n%s", err, out, stderr)
+	}
+	scp.Lock()
+	scp.Nodes = nil // the provider answers an empty list
+	scp.Unlock()
+	out, stderr, err := runCmd(t, env, "sync", "--once")
+	if err != nil || !strings.Contains(out, "0 removed") || !strings.Contains(out, "REMOVALS HELD BACK: 8 of the 8 nodes") ||
+		!strings.Contains(out, "registryd sync --once --allow-removal") {
+		t.Fatalf("empty answer: %v\n%s\n%s", err, out, stderr)
+	}
+	out, stderr, err = runCmd(t, env, "sync", "--once", "--allow-removal")
+	if err != nil || !strings.Contains(out, "8 removed") || strings.Contains(out, "HELD BACK") {
+		t.Fatalf("--allow-removal: %v\n%s\n%s", err, out, stderr)
+	}
+}

@@ -49,11 +49,14 @@ func newSyncer(cfg config, st *store.Store, logger *slog.Logger, wait time.Durat
 		return nil, err
 	}
 	return syncer.New(syncer.Config{
-		Sources:     srcs,
-		Interval:    cfg.SyncInterval,
-		PassTimeout: cfg.SyncTimeout,
-		Logger:      logger,
-		OnPass:      onPass,
+		Sources:           srcs,
+		Interval:          cfg.SyncInterval,
+		PassTimeout:       cfg.SyncTimeout,
+		Logger:            logger,
+		OnPass:            onPass,
+		MaxRemovalPercent: cfg.SyncMaxRemoval,
+		RemovalPasses:     cfg.SyncRemovalPasses,
+		AllowRemoval:      cfg.SyncAllowRemoval,
 		Locker: func(ctx context.Context) (syncer.Store, func(), bool, error) {
 			leader, release, ok, err := takeLease(ctx, st, syncLease, cfg.LeaderTTL, 0)
 			if err == nil && !ok && wait > 0 {
@@ -74,7 +77,7 @@ func newSyncer(cfg config, st *store.Store, logger *slog.Logger, wait time.Durat
 // syncCmd is `registryd sync --once`: one pass of every enabled provider,
 // a summary each, and a non-zero exit if any failed.
 func syncCmd(ctx context.Context, cfg config, args []string, stdout, stderr io.Writer) error {
-	fs, once, noWait := syncFlags()
+	fs, once, noWait, allowRemoval := syncFlags()
 	c, _ := findCommand("sync")
 	if err := fs.Parse(args); err != nil {
 		return usageError(stderr, c, err)
@@ -88,6 +91,7 @@ func syncCmd(ctx context.Context, cfg config, args []string, stdout, stderr io.W
 		return err
 	}
 	defer db.close()
+	cfg.SyncAllowRemoval = *allowRemoval
 	wait := cfg.SyncTimeout
 	if *noWait {
 		wait = 0

@@ -105,7 +105,7 @@ func New() *Metrics {
 	m.syncSeconds = f.histogramVec("sync_pass_duration_seconds", "Time of one provider's sync pass, failed ones included.",
 		[]float64{0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}, "provider")
 	m.syncNodes = f.counterVec("sync_nodes_total",
-		`Nodes a sync pass handled, by provider and result: "added", "updated", "unchanged", "removed", "kept_busy".`, "provider", "result")
+		`Nodes a sync pass handled, by provider and result: "added", "updated", "unchanged", "removed", "kept_busy", "withheld" (would have been removed or marked gone, held back by the mass-removal guard).`, "provider", "result")
 	m.syncFailures = f.counterVec("sync_failures_total", "Sync passes of a provider that failed (nothing changed for it).", "provider")
 	m.syncLastOK = f.gaugeVec("sync_last_success_timestamp_seconds", "When a provider's last successful sync pass ended, as a Unix time.", "provider")
 
@@ -253,7 +253,7 @@ func (m *Metrics) SyncPass(provider string, d time.Duration, r registry.ImportRe
 		return
 	}
 	for result, n := range map[string]int{"added": r.Added, "updated": r.Updated, "unchanged": r.Unchanged,
-		"removed": r.Removed, "kept_busy": r.KeptBusy} {
+		"removed": r.Removed, "kept_busy": r.KeptBusy, "withheld": r.Withheld} {
 		m.syncNodes.WithLabelValues(provider, result).Add(float64(n))
 	}
 	m.syncLastOK.WithLabelValues(provider).Set(float64(end.UnixNano()) / 1e9)

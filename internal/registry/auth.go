@@ -135,7 +135,7 @@ type AuditFilter struct {
 }
 
 // AuditTargetTypes are the kinds of rows the audit log records writes of.
-var AuditTargetTypes = []string{"node", "hardware", "token"}
+var AuditTargetTypes = []string{"node", "hardware", "token", "provider"}
 
 // The actions the audit log records; the store writes only these.
 const (
@@ -155,6 +155,9 @@ const (
 	ActionHardwareUpdate = "hardware.update"
 	ActionHardwareDelete = "hardware.delete"
 	ActionTokenRevoke    = "token.revoke"
+	// ActionSyncRemovalsHeld is a sync pass holding back the removal of
+	// more of a provider's nodes than the mass-removal guard allows.
+	ActionSyncRemovalsHeld = "sync.removals_held"
 )
 
 // AuditActions lists every action an audit entry can record.
@@ -163,6 +166,7 @@ var AuditActions = []string{
 	ActionNodeCordon, ActionNodeUncordon, ActionNodeRenew,
 	ActionNodeLost, ActionNodeFound, ActionNodeExpire,
 	ActionHardwareCreate, ActionHardwareUpdate, ActionHardwareDelete, ActionTokenRevoke,
+	ActionSyncRemovalsHeld,
 }
 
 // AuditRoles lists every role an audit entry can carry: a token's role, or

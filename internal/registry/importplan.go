@@ -1,6 +1,7 @@
 package registry
 
 import (
+	"context"
 	"fmt"
 	"strings"
 )
@@ -21,6 +22,9 @@ type ImportPlan struct {
 	Want    map[ImportKey]ImportedNode // the inventory's nodes by (ip, index)
 	Skipped []string                   // external ids of hosts skipped this pass
 	HW      map[string]int64           // hardware generation pk by GPU model
+	// HoldRemovals keeps every node the inventory no longer names as it
+	// is (ImportWithheld), as the mass-removal guard decides (RemovalGuard).
+	HoldRemovals bool
 }
 
 // ImportDecisionKind is what a pass does to one existing node.
@@ -35,6 +39,7 @@ const (
 	ImportKeptBusy                              // vanished, holds a job, already marked gone
 	ImportMarkGone                              // vanished, holds a job: mark gone
 	ImportRemove                                // vanished and free
+	ImportWithheld                              // would be marked gone or removed, but the pass holds removals back
 )
 
 // ImportDecision is what a pass does to one node, with what it needs.
@@ -80,6 +85,8 @@ func (d ImportDecision) Count(res *ImportResult) {
 		res.KeptSkipped++
 	case ImportKeptBusy, ImportMarkGone:
 		res.KeptBusy++
+	case ImportWithheld:
+		res.Withheld++
 	}
 }
 
@@ -117,11 +124,53 @@ func (p ImportPlan) Decide(n Node) ImportDecision {
 	case UnderAny(n.ExternalID, p.Skipped):
 		return ImportDecision{Kind: ImportKeptSkipped}
 	case n.CurrentJob == nil:
-		return ImportDecision{Kind: ImportRemove}
+		return p.vanished(ImportRemove)
 	case n.ProviderState == nil || *n.ProviderState != ProviderGone || n.Schedulable:
-		return ImportDecision{Kind: ImportMarkGone}
+		return p.vanished(ImportMarkGone)
 	}
 	return ImportDecision{Kind: ImportKeptBusy}
+}
+
+// vanished is the decision k for a node the inventory no longer names,
+// unless the pass holds removals back.
+func (p ImportPlan) vanished(k ImportDecisionKind) ImportDecision {
+	if p.HoldRemovals {
+		return ImportDecision{Kind: ImportWithheld}
+	}
+	return ImportDecision{Kind: k}
+}
+
+// RemovalGuard is the mass-removal guard of a pass: a pass that would
+// take away (remove, or mark gone) more than MaxPercent of a provider's
+// nodes takes away none, unless Allow; so one empty or truncated answer
+// cannot wipe a fleet. MaxPercent 100 turns it off.
+type RemovalGuard struct {
+	MaxPercent int
+	Allow      bool
+	// Pass and Passes are, for the audit entry, how many passes in a row
+	// this one makes that found too many removals, and how many it takes
+	// to let them through.
+	Pass, Passes int
+}
+
+type removalGuardKey struct{}
+
+// WithRemovalGuard has an import pass under ctx hold back its removals
+// when g says they are too many (the store's ApplyImport reads it).
+func WithRemovalGuard(ctx context.Context, g RemovalGuard) context.Context {
+	return context.WithValue(ctx, removalGuardKey{}, g)
+}
+
+// RemovalGuardOf is the guard WithRemovalGuard put in ctx, if any.
+func RemovalGuardOf(ctx context.Context) (RemovalGuard, bool) {
+	g, ok := ctx.Value(removalGuardKey{}).(RemovalGuard)
+	return g, ok
+}
+
+// Holds reports whether a pass that would take away n of the provider's
+// total nodes must hold the removals back.
+func (g RemovalGuard) Holds(n, total int) bool {
+	return !g.Allow && n > 0 && g.MaxPercent < 100 && int64(n)*100 > int64(g.MaxPercent)*int64(total)
 }
 
 // Same reports whether cur already holds everything the provider says.

@@ -29,6 +29,11 @@ type ImportResult struct {
 	// this pass skipped (no address, unknown product, …): left as they are
 	// rather than removed as if the host had vanished.
 	KeptSkipped int
+	// Withheld are nodes the inventory no longer names that this pass
+	// would have removed or marked gone but kept as they are: more than
+	// the mass-removal guard allows were about to go (RemovalGuard), of
+	// Total, the provider's nodes before the pass.
+	Withheld, Total int
 	// Conflicts are (ip, index) pairs another provider already imported.
 	Conflicts []string
 	// HardwareAdded are hardware generations created for new GPU models.

@@ -1,7 +1,6 @@
 package store
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -48,7 +47,10 @@ func chunkOf(ctx context.Context) int {
 //     by the first pass after its release;
 //   - unless its external id is one of skipped (a host the provider still
 //     reports but this pass could not map) or under one ("cluster" covers
-//     "cluster/worker"): then it is left as it is.
+//     "cluster/worker"): then it is left as it is;
+//   - and unless ctx carries a mass-removal guard (registry.WithRemovalGuard) that
+//     the pass's removals exceed: then every node the inventory no longer
+//     names is left as it is, counted in ImportResult.Withheld.
 //
 // Every change is audited under actor and appears on the watch feed.
 //
@@ -96,6 +98,22 @@ func (s *Store) ApplyImport(ctx context.Context, actor registry.Actor, source st
 			}
 		}
 		p := registry.ImportPlan{Source: source, Skipped: skipped, HW: hw}
+		if g, ok := registry.RemovalGuardOf(ctx); ok {
+			away, err := tx.removals(ctx, p, candidates, chunk, &res)
+			if err != nil {
+				return err
+			}
+			if p.HoldRemovals = g.Holds(away, res.Total); p.HoldRemovals {
+				doc := map[string]any{"provider": source, "would_take_away": away, "of": res.Total,
+					"max_percent": g.MaxPercent, "pass": g.Pass, "passes": g.Passes}
+				b, _ := json.Marshal(doc)
+				if _, err := tx.db.Exec(ctx, `
+					INSERT INTO audit_log (principal, role, action, target_type, target_pk, after)
+					VALUES ($1, $2, $3, 'provider', NULL, $4)`, actor.Sub, string(actor.Role), registry.ActionSyncRemovalsHeld, string(b)); err != nil {
+					return err
+				}
+			}
+		}
 		for c := range slices.Chunk(candidates, chunk) {
 			if err := tx.importChanges(ctx, actor, p, nodes, c, &res); err != nil {
 				return err
@@ -110,6 +128,37 @@ func (s *Store) ApplyImport(ctx context.Context, actor registry.Actor, source st
 		return res, fmt.Errorf("store: import %s: %w", source, translate(err))
 	}
 	return res, nil
+}
+
+// removals counts the nodes of p.Source before the pass (res.Total) and
+// returns how many the pass would take away (remove, or mark gone): the
+// candidates the inventory no longer names, decided as the pass would.
+func (s *Store) removals(ctx context.Context, p registry.ImportPlan, cands []importCandidate, chunk int, res *registry.ImportResult) (int, error) {
+	var vanished []int64
+	for _, c := range cands {
+		if c.seq < 0 {
+			vanished = append(vanished, c.pk)
+		}
+	}
+	if len(vanished) == 0 {
+		return 0, nil
+	}
+	if err := s.db.QueryRow(ctx, `SELECT count(*) FROM nodes WHERE source = $1`, p.Source).Scan(&res.Total); err != nil {
+		return 0, err
+	}
+	away := 0
+	for pks := range slices.Chunk(vanished, chunk) {
+		nodes, err := collectRows(ctx, s.db, scanNode, `SELECT `+nodeColumns+` FROM nodes WHERE pk = ANY($1)`, pks)
+		if err != nil {
+			return 0, err
+		}
+		for _, n := range nodes {
+			if k := p.Decide(n).Kind; k == registry.ImportRemove || k == registry.ImportMarkGone {
+				away++
+			}
+		}
+	}
+	return away, nil
 }
 
 // dedupImport returns the positions in nodes of the first node of each
@@ -534,26 +583,17 @@ func (s *Store) recordImported(ctx context.Context, actor registry.Actor, kind, 
 	if before != nil {
 		befores = make([]*string, len(nodes))
 	}
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	encode := func(n registry.Node) (string, error) {
-		buf.Reset()
-		if err := enc.Encode(docOfNode(n)); err != nil {
-			return "", err
-		}
-		return string(bytes.TrimSuffix(buf.Bytes(), []byte("\n"))), nil
+	// The documents as AppendJSON writes them (stored as jsonb, whatever
+	// their spelling), without encoding/json's second pass over each.
+	buf := make([]byte, 0, 1024)
+	encode := func(n registry.Node) string {
+		buf = docOfNode(n).appendJSON(buf[:0])
+		return string(buf)
 	}
 	for i, n := range nodes {
-		doc, err := encode(n)
-		if err != nil {
-			return err
-		}
-		pks[i], docs[i] = n.PK, doc
+		pks[i], docs[i] = n.PK, encode(n)
 		if b, ok := before[n.PK]; ok {
-			d, err := encode(b)
-			if err != nil {
-				return err
-			}
+			d := encode(b)
 			befores[i] = &d
 		}
 	}

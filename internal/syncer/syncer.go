@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/registryd/registryd/internal/provider"
@@ -51,11 +52,23 @@ type Config struct {
 	// OnPass, when set, gets every provider's pass as it ends (for
 	// metrics), in RunOnce and so in Run.
 	OnPass func(Summary)
+	// MaxRemovalPercent is the mass-removal guard (registry.RemovalGuard):
+	// a pass that would take away (remove, or mark gone) more than this
+	// share of a provider's nodes takes away none of them, until
+	// RemovalPasses passes in a row have found as much, or AllowRemoval
+	// lets this syncer's passes through. 0 means 10; 100 turns it off.
+	MaxRemovalPercent int
+	RemovalPasses     int // default 3
+	AllowRemoval      bool
 }
 
 // Syncer runs import passes.
 type Syncer struct {
 	cfg Config
+	mu  sync.Mutex
+	// held counts, by provider, the passes in a row that held removals
+	// back (in this process: a replica taking over starts again at 0).
+	held map[string]int
 }
 
 // New validates cfg.
@@ -75,7 +88,13 @@ func New(cfg Config) (*Syncer, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Syncer{cfg: cfg}, nil
+	if cfg.MaxRemovalPercent <= 0 {
+		cfg.MaxRemovalPercent = 10
+	}
+	if cfg.RemovalPasses <= 0 {
+		cfg.RemovalPasses = 3
+	}
+	return &Syncer{cfg: cfg, held: map[string]int{}}, nil
 }
 
 // Summary is what one pass did for one provider.
@@ -85,8 +104,10 @@ type Summary struct {
 	Nodes     int // registry nodes the inventory maps to
 	Skipped   []provider.Skip
 	Result    registry.ImportResult
-	Duration  time.Duration
-	Err       error // the provider failed; nothing was changed for it
+	// Guard is the mass-removal guard the pass ran under.
+	Guard    registry.RemovalGuard
+	Duration time.Duration
+	Err      error // the provider failed; nothing was changed for it
 }
 
 // String is the one-paragraph report `registryd sync --once` prints.
@@ -103,6 +124,12 @@ func (s Summary) String() string {
 		fmt.Fprintf(&b, ", %d kept as they were because their host was skipped", r.KeptSkipped)
 	}
 	fmt.Fprintf(&b, " (%s)", s.Duration.Round(time.Millisecond))
+	if r.Withheld > 0 {
+		g := s.Guard
+		fmt.Fprintf(&b, "\n  REMOVALS HELD BACK: %d of the %d nodes would have gone (more than %d %%), so none did;"+
+			" pass %d of %d in a row that finds this many (the %s removes them), or remove them now with registryd sync --once --allow-removal",
+			r.Withheld, r.Total, g.MaxPercent, g.Pass, g.Passes, ordinal(g.Passes))
+	}
 	if len(r.HardwareAdded) > 0 {
 		fmt.Fprintf(&b, "\n  hardware generations created: %s", strings.Join(r.HardwareAdded, ", "))
 	}
@@ -178,12 +205,40 @@ func (s *Syncer) pass(ctx context.Context, st Store, src Source) Summary {
 	for _, sk := range skipped {
 		keep = append(keep, sk.ExternalID)
 	}
-	sum.Result, err = st.ApplyImport(ctx, actor, src.Name(), nodes, keep)
+	s.mu.Lock()
+	streak := s.held[src.Name()]
+	s.mu.Unlock()
+	sum.Guard = registry.RemovalGuard{MaxPercent: s.cfg.MaxRemovalPercent, Pass: streak + 1, Passes: s.cfg.RemovalPasses,
+		Allow: s.cfg.AllowRemoval || streak+1 >= s.cfg.RemovalPasses}
+	sum.Result, err = st.ApplyImport(registry.WithRemovalGuard(ctx, sum.Guard), actor, src.Name(), nodes, keep)
 	if err != nil {
 		sum.Err = err
+	} else {
+		s.mu.Lock()
+		if sum.Result.Withheld > 0 {
+			s.held[src.Name()] = streak + 1
+		} else {
+			delete(s.held, src.Name())
+		}
+		s.mu.Unlock()
 	}
 	sum.Duration = s.cfg.Now().Sub(start)
 	return sum
+}
+
+// ordinal is n as "1st", "2nd", "3rd", "4th", ….
+func ordinal(n int) string {
+	switch {
+	case n%100 >= 11 && n%100 <= 13:
+		return fmt.Sprintf("%dth", n)
+	case n%10 == 1:
+		return fmt.Sprintf("%dst", n)
+	case n%10 == 2:
+		return fmt.Sprintf("%dnd", n)
+	case n%10 == 3:
+		return fmt.Sprintf("%drd", n)
+	}
+	return fmt.Sprintf("%dth", n)
 }
 
 // Nodes maps an inventory to registry nodes: one per GPU per host, or one
@@ -275,8 +330,13 @@ func (s *Syncer) Run(ctx context.Context) {
 			}
 			s.cfg.Logger.Info("sync", "provider", sum.Provider, "hosts", sum.HostsSeen, "nodes", sum.Nodes,
 				"added", sum.Result.Added, "updated", sum.Result.Updated, "unchanged", sum.Result.Unchanged,
-				"removed", sum.Result.Removed, "kept_busy", sum.Result.KeptBusy, "kept_skipped", sum.Result.KeptSkipped, "skipped", len(sum.Skipped),
+				"removed", sum.Result.Removed, "kept_busy", sum.Result.KeptBusy, "kept_skipped", sum.Result.KeptSkipped, "withheld", sum.Result.Withheld, "skipped", len(sum.Skipped),
 				"conflicts", len(sum.Result.Conflicts), "duration_ms", sum.Duration.Milliseconds())
+			if r, g := sum.Result, sum.Guard; r.Withheld > 0 {
+				s.cfg.Logger.Warn("sync held back removals: more of the provider's nodes were about to go than the guard allows",
+					"provider", sum.Provider, "would_remove", r.Withheld, "of", r.Total, "max_percent", g.MaxPercent,
+					"pass", g.Pass, "passes", g.Passes)
+			}
 			for _, sk := range sum.Skipped {
 				s.cfg.Logger.Warn("sync skipped a host", "provider", sum.Provider, "host", sk.Name, "id", sk.ExternalID, "reason", sk.Reason)
 			}

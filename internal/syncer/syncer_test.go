@@ -32,22 +32,27 @@ type bundle struct {
 	scp    *scptest.Server
 	e2e    *e2etest.Server
 	syncer *syncer.Syncer
+	srcs   []syncer.Source // the two clients, SCP's first
 }
 
 var fastRetry = provider.Retry{Attempts: 3, Base: 10 * time.Millisecond, Max: 2 * time.Second, Timeout: time.Second}
 
 func newSyncer(t testing.TB, st *store.Store, srcs ...syncer.Source) *syncer.Syncer {
 	t.Helper()
-	s, err := syncer.New(syncer.Config{
-		Sources: srcs,
-		Locker: func(ctx context.Context) (syncer.Store, func(), bool, error) {
-			l, ok, err := st.TryLock(ctx, lockKey)
-			if err != nil || !ok {
-				return nil, nil, ok, err
-			}
-			return l.Store(), func() { l.Release(context.WithoutCancel(ctx)) }, true, nil
-		},
-	})
+	return newSyncerWith(t, st, syncer.Config{Sources: srcs})
+}
+
+// newSyncerWith is a syncer of cfg whose Locker takes st's lock.
+func newSyncerWith(t testing.TB, st *store.Store, cfg syncer.Config) *syncer.Syncer {
+	t.Helper()
+	cfg.Locker = func(ctx context.Context) (syncer.Store, func(), bool, error) {
+		l, ok, err := st.TryLock(ctx, lockKey)
+		if err != nil || !ok {
+			return nil, nil, ok, err
+		}
+		return l.Store(), func() { l.Release(context.WithoutCancel(ctx)) }, true, nil
+	}
+	s, err := syncer.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,6 +74,7 @@ func setup(t *testing.T) *bundle {
 	if err != nil {
 		t.Fatal(err)
 	}
+	b.srcs = []syncer.Source{sc, ec}
 	b.syncer = newSyncer(t, st, sc, ec)
 	return b
 }
@@ -260,9 +266,10 @@ func TestSyncFaults(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			b := imported(t)
 			before := b.table()
-			// The next inventory differs: 5 hosts gone, one more e2e worker.
+			// The next inventory differs: 4 hosts gone (32 of 345 nodes,
+			// within the mass-removal guard's 10 %), one more e2e worker.
 			b.scp.Lock()
-			b.scp.Nodes = b.scp.Nodes[5:]
+			b.scp.Nodes = b.scp.Nodes[4:]
 			tc.fault(b)
 			b.scp.Unlock()
 			b.e2e.Lock()
@@ -278,8 +285,8 @@ func TestSyncFaults(t *testing.T) {
 				if err != nil {
 					t.Fatalf("transient fault was not retried: %v", err)
 				}
-				if after.Nodes["scp"] != before.Nodes["scp"]-40 {
-					t.Errorf("scp: %d → %d nodes, want 40 fewer", before.Nodes["scp"], after.Nodes["scp"])
+				if after.Nodes["scp"] != before.Nodes["scp"]-32 {
+					t.Errorf("scp: %d → %d nodes, want 32 fewer", before.Nodes["scp"], after.Nodes["scp"])
 				}
 				return
 			}

@@ -21,22 +21,23 @@ import (
 
 // Defines values for AuditFilterAction.
 const (
-	AuditFilterActionHardwareCreate AuditFilterAction = "hardware.create"
-	AuditFilterActionHardwareDelete AuditFilterAction = "hardware.delete"
-	AuditFilterActionHardwareUpdate AuditFilterAction = "hardware.update"
-	AuditFilterActionNodeAdopt      AuditFilterAction = "node.adopt"
-	AuditFilterActionNodeClaim      AuditFilterAction = "node.claim"
-	AuditFilterActionNodeCordon     AuditFilterAction = "node.cordon"
-	AuditFilterActionNodeCreate     AuditFilterAction = "node.create"
-	AuditFilterActionNodeDelete     AuditFilterAction = "node.delete"
-	AuditFilterActionNodeExpire     AuditFilterAction = "node.expire"
-	AuditFilterActionNodeFound      AuditFilterAction = "node.found"
-	AuditFilterActionNodeLost       AuditFilterAction = "node.lost"
-	AuditFilterActionNodeRelease    AuditFilterAction = "node.release"
-	AuditFilterActionNodeRenew      AuditFilterAction = "node.renew"
-	AuditFilterActionNodeUncordon   AuditFilterAction = "node.uncordon"
-	AuditFilterActionNodeUpdate     AuditFilterAction = "node.update"
-	AuditFilterActionTokenRevoke    AuditFilterAction = "token.revoke"
+	AuditFilterActionHardwareCreate   AuditFilterAction = "hardware.create"
+	AuditFilterActionHardwareDelete   AuditFilterAction = "hardware.delete"
+	AuditFilterActionHardwareUpdate   AuditFilterAction = "hardware.update"
+	AuditFilterActionNodeAdopt        AuditFilterAction = "node.adopt"
+	AuditFilterActionNodeClaim        AuditFilterAction = "node.claim"
+	AuditFilterActionNodeCordon       AuditFilterAction = "node.cordon"
+	AuditFilterActionNodeCreate       AuditFilterAction = "node.create"
+	AuditFilterActionNodeDelete       AuditFilterAction = "node.delete"
+	AuditFilterActionNodeExpire       AuditFilterAction = "node.expire"
+	AuditFilterActionNodeFound        AuditFilterAction = "node.found"
+	AuditFilterActionNodeLost         AuditFilterAction = "node.lost"
+	AuditFilterActionNodeRelease      AuditFilterAction = "node.release"
+	AuditFilterActionNodeRenew        AuditFilterAction = "node.renew"
+	AuditFilterActionNodeUncordon     AuditFilterAction = "node.uncordon"
+	AuditFilterActionNodeUpdate       AuditFilterAction = "node.update"
+	AuditFilterActionSyncRemovalsHeld AuditFilterAction = "sync.removals_held"
+	AuditFilterActionTokenRevoke      AuditFilterAction = "token.revoke"
 )
 
 // Valid indicates whether the value is a known member of the AuditFilterAction enum.
@@ -71,6 +72,8 @@ func (e AuditFilterAction) Valid() bool {
 	case AuditFilterActionNodeUncordon:
 		return true
 	case AuditFilterActionNodeUpdate:
+		return true
+	case AuditFilterActionSyncRemovalsHeld:
 		return true
 	case AuditFilterActionTokenRevoke:
 		return true
@@ -110,6 +113,7 @@ func (e AuditFilterRole) Valid() bool {
 const (
 	AuditFilterTargetTypeHardware AuditFilterTargetType = "hardware"
 	AuditFilterTargetTypeNode     AuditFilterTargetType = "node"
+	AuditFilterTargetTypeProvider AuditFilterTargetType = "provider"
 	AuditFilterTargetTypeToken    AuditFilterTargetType = "token"
 )
 
@@ -119,6 +123,8 @@ func (e AuditFilterTargetType) Valid() bool {
 	case AuditFilterTargetTypeHardware:
 		return true
 	case AuditFilterTargetTypeNode:
+		return true
+	case AuditFilterTargetTypeProvider:
 		return true
 	case AuditFilterTargetTypeToken:
 		return true
@@ -304,7 +310,7 @@ type AuditEntry struct {
 	// Example: 42
 	ActingNode *int64 `json:"acting_node"`
 
-	// Action What was done: `node.create`, `node.update`, `node.delete`, `node.adopt` (an agent registered a node the sync worker had imported and became its owner), `node.claim`, `node.release`, `node.cordon`, `node.uncordon`, `node.renew` (a lease renewed), `hardware.create`, `hardware.update`, `hardware.delete` or `token.revoke` (its target pk is the revocation's id, its `after` says what was revoked), and the lifecycle sweeper's `node.lost` and `node.found` (principal `system:lifecycle`) and `node.expire` (principal `system:lease`: a leased claim ran out and the registry released the node; `before` holds the job); more actions may appear later. The sync worker writes `node.create`, `node.update`, `node.delete` and `hardware.create`.
+	// Action What was done: `node.create`, `node.update`, `node.delete`, `node.adopt` (an agent registered a node the sync worker had imported and became its owner), `node.claim`, `node.release`, `node.cordon`, `node.uncordon`, `node.renew` (a lease renewed), `hardware.create`, `hardware.update`, `hardware.delete` or `token.revoke` (its target pk is the revocation's id, its `after` says what was revoked), and the lifecycle sweeper's `node.lost` and `node.found` (principal `system:lifecycle`) and `node.expire` (principal `system:lease`: a leased claim ran out and the registry released the node; `before` holds the job); more actions may appear later. The sync worker writes `node.create`, `node.update`, `node.delete` and `hardware.create`, and `sync.removals_held` (target type `provider`, no pk) when a pass held back the removal of more of a provider's nodes than the mass-removal guard allows: its `after` says how many of how many, the share allowed and how many passes in a row have held them.
 	//
 	// Example: node.update
 	Action string `json:"action"`
@@ -350,7 +356,7 @@ type AuditEntry struct {
 	// Example: 42
 	TargetPK *int64 `json:"target_pk"`
 
-	// TargetType The kind of row written, `node`, `hardware` or `token`; more may appear later.
+	// TargetType The kind of row written, `node`, `hardware` or `token`, or `provider` for a sync pass's own entry; more may appear later.
 	//
 	// Example: node
 	TargetType string `json:"target_type"`
