@@ -70,6 +70,7 @@ type config struct {
 	// (`sync --once --allow-removal`).
 	SyncMaxRemoval, SyncRemovalPasses int
 	SyncAllowRemoval                  bool
+	SyncMaxReadMiB                    int // REGISTRY_SYNC_MAX_READ_MIB
 
 	NodeTTL time.Duration // REGISTRY_NODE_TTL: silence after which a watched node is lost
 
@@ -219,6 +220,7 @@ func (c *config) loadSync(getenv func(string) string, errs *[]string) {
 	c.SyncTimeout = envDuration(getenv, "REGISTRY_SYNC_TIMEOUT", 0, time.Second, 0, want, errs)
 	c.SyncMaxRemoval = envIntIn(getenv, "REGISTRY_SYNC_MAX_REMOVAL", 1, 100, "want a percentage between 1 and 100 (no limit), such as 10", errs)
 	c.SyncRemovalPasses = envIntIn(getenv, "REGISTRY_SYNC_REMOVAL_PASSES", 1, 100, "want a number of passes between 1 and 100, such as 3", errs)
+	c.SyncMaxReadMiB = envIntIn(getenv, "REGISTRY_SYNC_MAX_READ_MIB", 1, 1<<16, "want a number of MiB between 1 and 65536, such as 256", errs)
 	c.SCP = scpConfig{
 		Endpoint:  getenv("REGISTRY_SCP_ENDPOINT"),
 		AccessKey: secret(getenv, "REGISTRY_SCP_ACCESS_KEY", errs),

@@ -130,6 +130,8 @@ var settings = []setting{
 		Meaning: "percent of a provider's nodes one pass may take away; a pass that would take more takes none (100: no limit)"},
 	{Name: "REGISTRY_SYNC_REMOVAL_PASSES", Default: "3", value: "3", Cmds: cmdServe | cmdSync,
 		Meaning: "passes in a row that must find a removal over the limit before it goes ahead"},
+	{Name: "REGISTRY_SYNC_MAX_READ_MIB", Default: "256", value: "256", Cmds: cmdServe | cmdSync,
+		Meaning: "MiB one provider's pass may read from it, all answers together; a pass past it fails and changes nothing"},
 	{Name: "REGISTRY_METRICS_LISTEN", Default: "(unset: on REGISTRY_LISTEN)", Cmds: cmdServe,
 		Meaning: "host:port of a separate listener for /metrics (then not served on the API port)"},
 	{Name: "REGISTRY_METRICS_FLEET_INTERVAL", Default: "15s", value: "15s", Cmds: cmdServe,

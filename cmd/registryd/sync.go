@@ -57,6 +57,7 @@ func newSyncer(cfg config, st *store.Store, logger *slog.Logger, wait time.Durat
 		MaxRemovalPercent: cfg.SyncMaxRemoval,
 		RemovalPasses:     cfg.SyncRemovalPasses,
 		AllowRemoval:      cfg.SyncAllowRemoval,
+		MaxReadBytes:      int64(cfg.SyncMaxReadMiB) << 20,
 		Locker: func(ctx context.Context) (syncer.Store, func(), bool, error) {
 			leader, release, ok, err := takeLease(ctx, st, syncLease, cfg.LeaderTTL, 0)
 			if err == nil && !ok && wait > 0 {

@@ -76,6 +76,10 @@ func TestSyncConfigErrors(t *testing.T) {
 		{map[string]string{"REGISTRY_E2E_ENDPOINT": "https://x", "REGISTRY_E2E_API_KEY": "k"}, "REGISTRY_E2E_LOCATION, REGISTRY_E2E_PROJECT_ID, REGISTRY_E2E_TOKEN are not set"},
 		{map[string]string{"REGISTRY_SYNC_TIMEOUT": "often"}, "REGISTRY_SYNC_TIMEOUT"}, // sync --once reads no REGISTRY_SYNC_INTERVAL
 		{map[string]string{"REGISTRY_SCP_GPU_TABLE": "H100=lots"}, "REGISTRY_SCP_GPU_TABLE"},
+		{map[string]string{"REGISTRY_SYNC_MAX_REMOVAL": "0"}, `REGISTRY_SYNC_MAX_REMOVAL="0": want a percentage between 1 and 100`},
+		{map[string]string{"REGISTRY_SYNC_MAX_REMOVAL": "10%"}, "REGISTRY_SYNC_MAX_REMOVAL"},
+		{map[string]string{"REGISTRY_SYNC_REMOVAL_PASSES": "101"}, "REGISTRY_SYNC_REMOVAL_PASSES"},
+		{map[string]string{"REGISTRY_SYNC_MAX_READ_MIB": "lots"}, "REGISTRY_SYNC_MAX_READ_MIB"},
 		{map[string]string{"REGISTRY_SCP_SECRET_KEY": "a", "REGISTRY_SCP_SECRET_KEY_FILE": "/nonexistent"}, "not both"},
 		{map[string]string{"REGISTRY_DATABASE_URL": db, "REGISTRY_MIGRATE": "true", "REGISTRY_JWT_SECRET": testSecret}, "no provider is configured"},
 	} {

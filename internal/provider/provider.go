@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -136,7 +137,7 @@ func Do(ctx context.Context, client *http.Client, r Retry, providerName, op stri
 			return body, nil
 		case ctx.Err() != nil:
 			return nil, ctx.Err()
-		case errors.Is(err, errOtherOrigin):
+		case errors.Is(err, errOtherOrigin), errors.Is(err, errOverBudget):
 			return nil, &Error{Provider: providerName, Op: op, Message: err.Error()} // no use asking again
 		case err != nil:
 			last = &Error{Provider: providerName, Op: op, Message: err.Error()}
@@ -189,12 +190,52 @@ func once(ctx context.Context, client *http.Client, timeout time.Duration,
 		return nil, 0, 0, errors.New(transportMessage(err))
 	}
 	defer resp.Body.Close()
-	body, err = io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	limit := int64(maxAnswer)
+	b, _ := ctx.Value(budgetKey{}).(*readBudget)
+	if b != nil {
+		limit = min(limit, max(b.left.Load(), 0)+1) // one byte past it tells
+	}
+	body, err = io.ReadAll(io.LimitReader(resp.Body, limit))
+	if b != nil && b.left.Add(-int64(len(body))) < 0 {
+		return nil, 0, 0, fmt.Errorf("the pass has read more than %s from the provider, its budget: %w", sizeText(b.limit), errOverBudget)
+	}
 	if err != nil {
 		return nil, 0, 0, fmt.Errorf("reading the answer: %s", transportMessage(err))
 	}
 	return body, resp.StatusCode, parseRetryAfter(resp.Header.Get("Retry-After")), nil
 }
+
+// maxAnswer bounds one answer's body.
+const maxAnswer = 64 << 20
+
+type budgetKey struct{}
+
+// readBudget is what the calls of one pass may still read.
+type readBudget struct {
+	limit int64
+	left  atomic.Int64
+}
+
+// WithReadBudget bounds what every call of Do under ctx reads from the
+// provider, together, to limit bytes: a call past it fails, and is not
+// retried, so a pass over it fails and changes nothing however the
+// provider pages (the sync worker's REGISTRY_SYNC_MAX_READ_MIB).
+func WithReadBudget(ctx context.Context, limit int64) context.Context {
+	b := &readBudget{limit: limit}
+	b.left.Store(limit)
+	return context.WithValue(ctx, budgetKey{}, b)
+}
+
+// sizeText is n bytes in MiB when it is a whole number of them.
+func sizeText(n int64) string {
+	if n >= 1<<20 && n%(1<<20) == 0 {
+		return fmt.Sprintf("%d MiB", n>>20)
+	}
+	return fmt.Sprintf("%d bytes", n)
+}
+
+// errOverBudget is what a call past the pass's read budget ends in.
+var errOverBudget = errors.New("inventory not applied")
 
 // errOtherOrigin is what a redirect to another origin ends in.
 var errOtherOrigin = errors.New("credentials are sent to the configured endpoint only")

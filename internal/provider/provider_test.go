@@ -157,3 +157,39 @@ func TestDoRefusesRedirectsElsewhere(t *testing.T) {
 		t.Errorf("redirect within the endpoint: %s, %v", body, err)
 	}
 }
+
+// The calls of a pass share one read budget: the answer that passes it
+// fails the call at once (no retry, nothing more read), however small
+// each answer is.
+func TestDoReadBudget(t *testing.T) {
+	var calls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		w.Write([]byte(strings.Repeat("x", 600)))
+	}))
+	defer srv.Close()
+	ctx := WithReadBudget(context.Background(), 1000)
+	get := func() error {
+		_, err := Do(ctx, &http.Client{}, Retry{Attempts: 3, Base: time.Millisecond}, "scp", "list",
+			func(ctx context.Context) (*http.Request, error) {
+				return http.NewRequestWithContext(ctx, "GET", srv.URL, nil)
+			},
+			func([]byte) string { return "" })
+		return err
+	}
+	if err := get(); err != nil {
+		t.Fatalf("600 of 1,000 bytes: %v", err)
+	}
+	err := get()
+	if err == nil || !strings.Contains(err.Error(), "has read more than") || calls.Load() != 2 {
+		t.Fatalf("1,200 of 1,000 bytes: %v after %d calls, want a failure without retry", err, calls.Load())
+	}
+	// Without a budget, the same answers are fine.
+	if _, err := Do(context.Background(), &http.Client{}, Retry{}, "scp", "list",
+		func(ctx context.Context) (*http.Request, error) {
+			return http.NewRequestWithContext(ctx, "GET", srv.URL, nil)
+		},
+		func([]byte) string { return "" }); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -134,3 +134,23 @@ func removeAll(t *testing.T, cfg syncer.Config) {
 		t.Errorf("%+v: %+v, want all %d removed", cfg, r, before.Nodes["scp"])
 	}
 }
+
+// A pass that reads more than its budget from a provider fails and
+// changes nothing for it, whatever it read before.
+func TestPassOverReadBudget(t *testing.T) {
+	b := imported(t)
+	before := b.table()
+	b.scp.Lock()
+	b.scp.Nodes = b.scp.Nodes[1:] // a change the pass would apply
+	b.scp.Unlock()
+	sums, err := newSyncerWith(t, b.store, syncer.Config{Sources: b.srcs[:1], MaxReadBytes: 4096}).RunOnce(context.Background())
+	if err == nil || sums[0].Err == nil || !strings.Contains(sums[0].Err.Error(), "has read more than 4096 bytes") {
+		t.Fatalf("a pass past 4 KiB: %v %v", err, sums)
+	}
+	if got := b.table(); got.Nodes["scp"] != before.Nodes["scp"] {
+		t.Errorf("the failed pass changed scp's nodes: %d → %d", before.Nodes["scp"], got.Nodes["scp"])
+	}
+	if sums, err := newSyncerWith(t, b.store, syncer.Config{Sources: b.srcs[:1]}).RunOnce(context.Background()); err != nil || sums[0].Result.Removed != 8 {
+		t.Fatalf("the same pass within the default budget: %v %+v", err, sums)
+	}
+}

@@ -60,7 +60,14 @@ type Config struct {
 	MaxRemovalPercent int
 	RemovalPasses     int // default 3
 	AllowRemoval      bool
+	// MaxReadBytes bounds what one provider's pass reads from it, all
+	// answers together (provider.WithReadBudget); default 256 MiB, about
+	// four times what a fleet of 1,000,000 GPUs takes.
+	MaxReadBytes int64
 }
+
+// DefaultMaxReadBytes is Config.MaxReadBytes's default.
+const DefaultMaxReadBytes = 256 << 20
 
 // Syncer runs import passes.
 type Syncer struct {
@@ -93,6 +100,9 @@ func New(cfg Config) (*Syncer, error) {
 	}
 	if cfg.RemovalPasses <= 0 {
 		cfg.RemovalPasses = 3
+	}
+	if cfg.MaxReadBytes <= 0 {
+		cfg.MaxReadBytes = DefaultMaxReadBytes
 	}
 	return &Syncer{cfg: cfg, held: map[string]int{}}, nil
 }
@@ -190,7 +200,7 @@ func (s *Syncer) RunOnce(ctx context.Context) ([]Summary, error) {
 func (s *Syncer) pass(ctx context.Context, st Store, src Source) Summary {
 	start := s.cfg.Now()
 	sum := Summary{Provider: src.Name()}
-	inv, err := src.Fetch(ctx)
+	inv, err := src.Fetch(provider.WithReadBudget(ctx, s.cfg.MaxReadBytes))
 	if err != nil {
 		sum.Err = err
 		sum.Duration = s.cfg.Now().Sub(start)
