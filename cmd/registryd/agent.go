@@ -30,17 +30,20 @@ const defaultAgentState = "/var/lib/registryd-agent/state.json"
 // hosts, far from the database and the token keys, so none of the
 // server's settings are read or required.
 type agentConfig struct {
-	Server    *url.URL        // REGISTRY_SERVER: the registry's base URL
-	Token     string          // REGISTRY_TOKEN
-	TokenFile string          // REGISTRY_TOKEN_FILE: read for every request
-	IP        string          // REGISTRY_AGENT_IP; empty: the route to the server's
-	Interval  time.Duration   // REGISTRY_AGENT_INTERVAL
-	Fabric    string          // REGISTRY_AGENT_FABRIC
-	Labels    registry.Labels // REGISTRY_AGENT_LABELS
-	StatePath string          // REGISTRY_AGENT_STATE
-	Path      string          // PATH, where nvidia-smi is looked up
-	LogLevel  slog.Level      // REGISTRY_LOG_LEVEL
-	LogFormat string          // REGISTRY_LOG_FORMAT
+	Server *url.URL // REGISTRY_SERVER: the registry's base URL
+	// InsecureHTTP lets Server be plain http to another host
+	// (REGISTRY_AGENT_INSECURE_HTTP); without it only loopback may be.
+	InsecureHTTP bool
+	Token        string          // REGISTRY_TOKEN
+	TokenFile    string          // REGISTRY_TOKEN_FILE: read for every request
+	IP           string          // REGISTRY_AGENT_IP; empty: the route to the server's
+	Interval     time.Duration   // REGISTRY_AGENT_INTERVAL
+	Fabric       string          // REGISTRY_AGENT_FABRIC
+	Labels       registry.Labels // REGISTRY_AGENT_LABELS
+	StatePath    string          // REGISTRY_AGENT_STATE
+	Path         string          // PATH, where nvidia-smi is looked up
+	LogLevel     slog.Level      // REGISTRY_LOG_LEVEL
+	LogFormat    string          // REGISTRY_LOG_FORMAT
 
 	// Tests only; not from the environment.
 	memInfo                string
@@ -74,6 +77,7 @@ func loadAgentConfig(rawenv func(string) string) (agentConfig, error) {
 	var errs []string
 	c.LogLevel, c.LogFormat = loadLogging(getenv, defaultLogFormat(cmdAgent), &errs)
 
+	c.InsecureHTTP = envBool(getenv, "REGISTRY_AGENT_INSECURE_HTTP", &errs)
 	switch raw := getenv("REGISTRY_SERVER"); {
 	case raw == "":
 		errs = append(errs, "REGISTRY_SERVER is not set: the registry's base URL, such as https://registry.example.com")
@@ -87,6 +91,9 @@ func loadAgentConfig(rawenv func(string) string) (agentConfig, error) {
 			errs = append(errs, fmt.Sprintf("%s: %v", shown, err))
 		}
 		c.Server = u
+		if u != nil && u.Scheme == "http" && !isLoopback(u.Hostname()) && !c.InsecureHTTP {
+			errs = append(errs, fmt.Sprintf("REGISTRY_SERVER is plain http to %s, which is not this host: the agent's token would cross the network readable; use https (or set REGISTRY_AGENT_INSECURE_HTTP=true on a network you trust)", u.Host))
+		}
 	}
 
 	tok := getenv("REGISTRY_TOKEN")
@@ -219,7 +226,7 @@ func runAgent(ctx context.Context, cfg agentConfig, once bool, stdout, stderr io
 		return fmt.Errorf("REGISTRY_AGENT_STATE: %w", err)
 	}
 	if cfg.Server.Scheme == "http" && !isLoopback(cfg.Server.Hostname()) {
-		logger.Warn("REGISTRY_SERVER is plain http to another host: the token crosses the network readable; use https", "server", cfg.Server.Redacted())
+		logger.Warn("REGISTRY_SERVER is plain http to another host (REGISTRY_AGENT_INSECURE_HTTP=true): the token crosses the network readable; use https", "server", cfg.Server.Redacted())
 	}
 	api, err := newAgentAPI(cfg, logger)
 	if err != nil {

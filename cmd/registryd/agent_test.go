@@ -533,6 +533,9 @@ func TestAgentCommand(t *testing.T) {
 		{with("REGISTRY_SERVER", "https://registry.example.com/?x=1"), "query"},
 		{with("REGISTRY_SERVER", "https://:443"), "names no host"},
 		{with("REGISTRY_SERVER", "https://registry.example.com:99999"), "port"},
+		{with("REGISTRY_SERVER", "http://registry.example.com"), "REGISTRY_SERVER is plain http to registry.example.com, which is not this host"},
+		{with("REGISTRY_SERVER", "http://10.0.0.5:8080"), "set REGISTRY_AGENT_INSECURE_HTTP=true"},
+		{with("REGISTRY_SERVER", "http://10.0.0.5:8080", "REGISTRY_AGENT_INSECURE_HTTP", "maybe"), "REGISTRY_AGENT_INSECURE_HTTP"},
 		{with("REGISTRY_TOKEN", ""), "set REGISTRY_TOKEN or REGISTRY_TOKEN_FILE to an agent token"},
 		{with("REGISTRY_TOKEN_FILE", tokFile), "set REGISTRY_TOKEN or REGISTRY_TOKEN_FILE, not both"},
 		{with("REGISTRY_TOKEN", "", "REGISTRY_TOKEN_FILE", filepath.Join(dir, "missing")), "REGISTRY_TOKEN_FILE"},
@@ -564,6 +567,19 @@ func TestAgentCommand(t *testing.T) {
 	if _, _, err := runCmd(t, with("REGISTRY_AGENT_STATE", filepath.Join(blocker, "sub", "state.json")), "agent"); err == nil ||
 		!strings.Contains(err.Error(), "REGISTRY_AGENT_STATE") {
 		t.Errorf("unwritable state: %v", err)
+	}
+
+	// Plain http to another host, allowed on purpose: the agent starts,
+	// and says what it costs.
+	{
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		var stderr apitest.Buffer
+		env := with("REGISTRY_SERVER", "http://10.0.0.5:8080", "REGISTRY_AGENT_INSECURE_HTTP", "true", "REGISTRY_AGENT_IP", "10.0.0.7")
+		if err := run(ctx, []string{"agent"}, envFunc(env), io.Discard, &stderr); err != nil ||
+			!strings.Contains(stderr.String(), "the token crosses the network readable") {
+			t.Errorf("http to another host with REGISTRY_AGENT_INSECURE_HTTP=true: %v\n%s", err, stderr.String())
+		}
 	}
 
 	// None of the server's settings is needed, and bad ones are not the

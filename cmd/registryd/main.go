@@ -96,7 +96,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		// The agent has settings of its own and runs on GPU hosts, where
 		// the server's settings (database, token keys) are neither set
 		// nor to be checked.
-		return agentCmd(ctx, rest, getenv, stdout, stderr)
+		return warnOnFailure(agentCmd(ctx, rest, getenv, stdout, stderr), stderr)
 	case "healthcheck":
 		// Runs in the server's container, next to settings it has no need
 		// to check (it only asks the server over HTTP).
@@ -104,7 +104,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	cfg, err := loadCommandConfig(c.reads, getenv)
 	if err != nil {
-		return err
+		return warnOnFailure(err, stderr)
 	}
 	cfg.UnknownSettings = unknownSettings(environ())
 	switch strings.Fields(c.name)[0] {
@@ -113,11 +113,24 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case "migrate":
 		return migrate(ctx, cfg, args[1:], stdout, stderr)
 	case "token":
-		return token(ctx, cfg, args[1:], stdout, stderr)
+		return warnOnFailure(token(ctx, cfg, args[1:], stdout, stderr), stderr)
 	case "sync":
 		return syncCmd(ctx, cfg, rest, stdout, stderr)
 	}
 	return fmt.Errorf("command %q is not wired", c.name)
+}
+
+// warnOnFailure returns err, first writing to stderr the warnings about
+// unknown settings when it is a failure: a command that stops before its
+// logger says them (a setting missing because it was misspelt) still
+// names the misspelling.
+func warnOnFailure(err error, stderr io.Writer) error {
+	if err != nil && !errors.Is(err, errUsage) {
+		for _, w := range unknownSettings(environ()) {
+			fmt.Fprintln(stderr, "registryd: warning:", w)
+		}
+	}
+	return err
 }
 
 // helpCmd is `registryd help [COMMAND]`.

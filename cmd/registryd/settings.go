@@ -158,6 +158,8 @@ var settings = []setting{
 		Meaning: "or a file holding it, read for every request (not both)"},
 	{Name: "REGISTRY_AGENT_IP", Default: "the local address of the route to REGISTRY_SERVER's host", Cmds: cmdAgent,
 		Meaning: "this host's address in the registry"},
+	{Name: "REGISTRY_AGENT_INSECURE_HTTP", Default: "false", value: "false", Cmds: cmdAgent,
+		Meaning: "allow an http:// REGISTRY_SERVER on another host (the token then crosses the network readable)"},
 	{Name: "REGISTRY_AGENT_FABRIC", Default: "(unset)", Cmds: cmdAgent,
 		Meaning: "this host's fabric (its InfiniBand or RoCE domain), for hosts no cloud import describes"},
 	{Name: "REGISTRY_AGENT_LABELS", Default: "(unset)", Cmds: cmdAgent,

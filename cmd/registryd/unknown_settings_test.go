@@ -40,3 +40,19 @@ func TestCommandWarnsOfUnknownSettings(t *testing.T) {
 		t.Errorf("stderr lacks the warning:\n%s", stderr)
 	}
 }
+
+// A command whose configuration fails, as a misspelt required setting
+// makes it, still names the misspelling (its logger never started).
+func TestFailedConfigWarnsOfUnknownSettings(t *testing.T) {
+	saved := environ
+	t.Cleanup(func() { environ = saved })
+	environ = func() []string { return []string{p + "SCP_SECRT_KEY=sk"} }
+	_, stderr, err := runCmd(t, map[string]string{"REGISTRY_SCP_ENDPOINT": "https://scp.invalid", "REGISTRY_SCP_ACCESS_KEY": "ak"}, "sync", "--once")
+	if err == nil || !strings.Contains(err.Error(), "REGISTRY_SCP_SECRET_KEY") {
+		t.Fatalf("sync --once without the secret key: %v", err)
+	}
+	if !strings.Contains(stderr, "registryd: warning: "+p+"SCP_SECRT_KEY is not a setting registryd reads") ||
+		!strings.Contains(stderr, "did you mean REGISTRY_SCP_SECRET_KEY?") {
+		t.Errorf("stderr lacks the warning:\n%s", stderr)
+	}
+}

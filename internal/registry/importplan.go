@@ -142,15 +142,49 @@ func (p ImportPlan) vanished(k ImportDecisionKind) ImportDecision {
 
 // RemovalGuard is the mass-removal guard of a pass: a pass that would
 // take away (remove, or mark gone) more than MaxPercent of a provider's
-// nodes takes away none, unless Allow; so one empty or truncated answer
-// cannot wipe a fleet. MaxPercent 100 turns it off.
+// nodes takes away none, unless Allow, or unless it is the Passes-th pass
+// in a row to find such a removal, none of them larger than the first:
+// so one empty or truncated answer cannot wipe a fleet, and a removal that
+// grows (a provider failing further) starts the count over. MaxPercent
+// 100 turns it off.
 type RemovalGuard struct {
 	MaxPercent int
 	Allow      bool
-	// Pass and Passes are, for the audit entry, how many passes in a row
-	// this one makes that found too many removals, and how many it takes
-	// to let them through.
-	Pass, Passes int
+	Passes     int
+	// Held is how many passes in a row before this one held a removal
+	// back, and HeldAway how many nodes the first of them would have
+	// taken away.
+	Held, HeldAway int
+}
+
+// Pass is which pass in a row this one is to hold back a removal of n
+// nodes: the next after Held when n is no larger than the first's, else
+// the first of a new run.
+func (g RemovalGuard) Pass(n int) int {
+	if g.Held > 0 && n <= g.HeldAway {
+		return g.Held + 1
+	}
+	return 1
+}
+
+// Holds reports whether a pass that would take away n of the provider's
+// total nodes must hold the removals back.
+func (g RemovalGuard) Holds(n, total int) bool {
+	over := n > 0 && g.MaxPercent < 100 && int64(n)*100 > int64(g.MaxPercent)*int64(total)
+	return over && !g.Allow && g.Pass(n) < g.Passes
+}
+
+// After is the guard of the next pass, after this one held back a
+// removal of n nodes (0: held nothing).
+func (g RemovalGuard) After(n int) RemovalGuard {
+	next := RemovalGuard{MaxPercent: g.MaxPercent, Allow: g.Allow, Passes: g.Passes}
+	if n > 0 {
+		next.Held, next.HeldAway = g.Pass(n), n
+		if g.Pass(n) > 1 {
+			next.HeldAway = g.HeldAway
+		}
+	}
+	return next
 }
 
 type removalGuardKey struct{}
@@ -165,12 +199,6 @@ func WithRemovalGuard(ctx context.Context, g RemovalGuard) context.Context {
 func RemovalGuardOf(ctx context.Context) (RemovalGuard, bool) {
 	g, ok := ctx.Value(removalGuardKey{}).(RemovalGuard)
 	return g, ok
-}
-
-// Holds reports whether a pass that would take away n of the provider's
-// total nodes must hold the removals back.
-func (g RemovalGuard) Holds(n, total int) bool {
-	return !g.Allow && n > 0 && g.MaxPercent < 100 && int64(n)*100 > int64(g.MaxPercent)*int64(total)
 }
 
 // Same reports whether cur already holds everything the provider says.

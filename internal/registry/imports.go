@@ -32,7 +32,8 @@ type ImportResult struct {
 	// Withheld are nodes the inventory no longer names that this pass
 	// would have removed or marked gone but kept as they are: more than
 	// the mass-removal guard allows were about to go (RemovalGuard), of
-	// Total, the provider's nodes before the pass.
+	// Total, the provider's nodes before the pass added any (counted only
+	// under a guard).
 	Withheld, Total int
 	// Conflicts are (ip, index) pairs another provider already imported.
 	Conflicts []string

@@ -141,6 +141,9 @@ func (s *Store) SequenceEvents(ctx context.Context, seen int64) (feed registry.F
 	err = s.pipelined(ctx, func(tx *pipeTx) error {
 		b := tx.batch()
 		b.Queue(`SELECT pg_advisory_xact_lock($1)`, int64(sequencerLockID))
+		// This sequencer stamps rows of several events as blocks
+		// (migration 00022's trigger refuses older ones).
+		b.Queue(`SELECT set_config('registryd.event_blocks', 'on', true)`)
 		b.Queue(newEpochSQL, seen).QueryRow(func(row pgx.Row) error {
 			var reason *string
 			var seq *int64

@@ -92,20 +92,26 @@ func (s *Store) ApplyImport(ctx context.Context, actor registry.Actor, source st
 				res.Unchanged--
 			}
 		}
+		guard, guarded := registry.RemovalGuardOf(ctx)
+		if guarded { // the provider's nodes before the pass adds any
+			if err := tx.db.QueryRow(ctx, `SELECT count(*) FROM nodes WHERE source = $1`, source).Scan(&res.Total); err != nil {
+				return err
+			}
+		}
 		for c := range slices.Chunk(inserts, chunk) {
 			if err := tx.importInsert(ctx, actor, source, hw, sets, nodes, c, &res); err != nil {
 				return err
 			}
 		}
 		p := registry.ImportPlan{Source: source, Skipped: skipped, HW: hw}
-		if g, ok := registry.RemovalGuardOf(ctx); ok {
-			away, err := tx.removals(ctx, p, candidates, chunk, &res)
+		if guarded {
+			away, err := tx.removals(ctx, p, candidates, chunk)
 			if err != nil {
 				return err
 			}
-			if p.HoldRemovals = g.Holds(away, res.Total); p.HoldRemovals {
+			if p.HoldRemovals = guard.Holds(away, res.Total); p.HoldRemovals {
 				doc := map[string]any{"provider": source, "would_take_away": away, "of": res.Total,
-					"max_percent": g.MaxPercent, "pass": g.Pass, "passes": g.Passes}
+					"max_percent": guard.MaxPercent, "pass": guard.Pass(away), "passes": guard.Passes}
 				b, _ := json.Marshal(doc)
 				if _, err := tx.db.Exec(ctx, `
 					INSERT INTO audit_log (principal, role, action, target_type, target_pk, after)
@@ -130,21 +136,15 @@ func (s *Store) ApplyImport(ctx context.Context, actor registry.Actor, source st
 	return res, nil
 }
 
-// removals counts the nodes of p.Source before the pass (res.Total) and
-// returns how many the pass would take away (remove, or mark gone): the
-// candidates the inventory no longer names, decided as the pass would.
-func (s *Store) removals(ctx context.Context, p registry.ImportPlan, cands []importCandidate, chunk int, res *registry.ImportResult) (int, error) {
+// removals returns how many nodes the pass would take away (remove, or
+// mark gone): the candidates the inventory no longer names, decided as
+// the pass would.
+func (s *Store) removals(ctx context.Context, p registry.ImportPlan, cands []importCandidate, chunk int) (int, error) {
 	var vanished []int64
 	for _, c := range cands {
 		if c.seq < 0 {
 			vanished = append(vanished, c.pk)
 		}
-	}
-	if len(vanished) == 0 {
-		return 0, nil
-	}
-	if err := s.db.QueryRow(ctx, `SELECT count(*) FROM nodes WHERE source = $1`, p.Source).Scan(&res.Total); err != nil {
-		return 0, err
 	}
 	away := 0
 	for pks := range slices.Chunk(vanished, chunk) {

@@ -3,9 +3,11 @@ package syncer_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 
+	"github.com/registryd/registryd/internal/provider/scp/scptest"
 	"github.com/registryd/registryd/internal/registry"
 	"github.com/registryd/registryd/internal/syncer"
 )
@@ -152,5 +154,68 @@ func TestPassOverReadBudget(t *testing.T) {
 	}
 	if sums, err := newSyncerWith(t, b.store, syncer.Config{Sources: b.srcs[:1]}).RunOnce(context.Background()); err != nil || sums[0].Result.Removed != 8 {
 		t.Fatalf("the same pass within the default budget: %v %+v", err, sums)
+	}
+}
+
+// A removal that grows while it is held starts the count over: two passes
+// held back 5 hosts that went (12 % of the nodes); the third, which would
+// let those through, finds the provider answering nothing at all and
+// holds that back as the first of a new run instead of wiping the fleet.
+func TestGrowingRemovalStartsOver(t *testing.T) {
+	b := imported(t)
+	before := b.table()
+	b.scp.Lock()
+	all := b.scp.Nodes
+	b.scp.Nodes = all[5:] // 40 of 345 nodes gone
+	b.scp.Unlock()
+	for pass := 1; pass <= 2; pass++ {
+		sums, err := b.run()
+		if err != nil || sums[0].Result.Withheld != 40 || !strings.Contains(sums[0].String(), "pass "+string(rune('0'+pass))+" of 3") {
+			t.Fatalf("pass %d: %v %+v\n%s", pass, err, sums[0].Result, sums[0])
+		}
+	}
+	b.scp.Lock()
+	b.scp.Nodes = nil
+	b.scp.Unlock()
+	sums, err := b.run()
+	if err != nil || sums[0].Result.Withheld != 345 || sums[0].Result.Removed != 0 || !strings.Contains(sums[0].String(), "pass 1 of 3") {
+		t.Fatalf("the empty answer after two held passes: %v %+v\n%s", err, sums[0].Result, sums[0])
+	}
+	if got := b.table(); got.Nodes["scp"] != before.Nodes["scp"] {
+		t.Fatalf("scp nodes %d → %d", before.Nodes["scp"], got.Nodes["scp"])
+	}
+	// Back to the 5 hosts gone: a smaller removal goes on with the run
+	// (pass 2), and the next pass takes those 40 away.
+	b.scp.Lock()
+	b.scp.Nodes = all[5:]
+	b.scp.Unlock()
+	if sums, err := b.run(); err != nil || sums[0].Result.Withheld != 40 || !strings.Contains(sums[0].String(), "pass 2 of 3") {
+		t.Fatalf("the 5 hosts again: %v %+v\n%s", err, sums[0].Result, sums[0])
+	}
+	if sums, err := b.run(); err != nil || sums[0].Result.Removed != 40 || sums[0].Result.Withheld != 0 {
+		t.Fatalf("the third pass of the run: %v %+v", err, sums[0].Result)
+	}
+}
+
+// The guard's share is of the nodes before the pass: a pass that adds
+// nodes while others vanish does not dilute the removal (15 of 100 gone
+// and 50 new is 15 %, not 10 % of 150).
+func TestRemovalShareOfNodesBefore(t *testing.T) {
+	b := imported(t)
+	b.scp.Lock()
+	nodes := append([]scptest.Node(nil), b.scp.Nodes[5:]...) // 40 of 345 gone …
+	for i := range 40 {                                      // … and 40 hosts (320 nodes) new
+		n := b.scp.Nodes[10]
+		n.ID, n.Name, n.PolicyIP = fmt.Sprintf("scp-new-%02d", i), fmt.Sprintf("new-%02d", i), fmt.Sprintf("10.11.0.%d", i+1)
+		nodes = append(nodes, n)
+	}
+	b.scp.Nodes = nodes
+	b.scp.Unlock()
+	sums, err := b.run()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := sums[0].Result; r.Withheld != 40 || r.Total != 345 || r.Added != 320 || r.Removed != 0 {
+		t.Errorf("%+v: want the 40 of the 345 nodes before held back, the 320 new added", r)
 	}
 }

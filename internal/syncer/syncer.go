@@ -54,9 +54,10 @@ type Config struct {
 	OnPass func(Summary)
 	// MaxRemovalPercent is the mass-removal guard (registry.RemovalGuard):
 	// a pass that would take away (remove, or mark gone) more than this
-	// share of a provider's nodes takes away none of them, until
-	// RemovalPasses passes in a row have found as much, or AllowRemoval
-	// lets this syncer's passes through. 0 means 10; 100 turns it off.
+	// share of a provider's nodes takes away none of them, unless it is
+	// the RemovalPasses-th pass in a row to find such a removal, none
+	// larger than the first, or AllowRemoval lets this syncer's passes
+	// through. 0 means 10; 100 turns it off.
 	MaxRemovalPercent int
 	RemovalPasses     int // default 3
 	AllowRemoval      bool
@@ -73,9 +74,10 @@ const DefaultMaxReadBytes = 256 << 20
 type Syncer struct {
 	cfg Config
 	mu  sync.Mutex
-	// held counts, by provider, the passes in a row that held removals
-	// back (in this process: a replica taking over starts again at 0).
-	held map[string]int
+	// guards are, by provider, the mass-removal guard of its next pass:
+	// how many passes in a row held a removal back (in this process: a
+	// replica taking over starts again at 0).
+	guards map[string]registry.RemovalGuard
 }
 
 // New validates cfg.
@@ -104,7 +106,7 @@ func New(cfg Config) (*Syncer, error) {
 	if cfg.MaxReadBytes <= 0 {
 		cfg.MaxReadBytes = DefaultMaxReadBytes
 	}
-	return &Syncer{cfg: cfg, held: map[string]int{}}, nil
+	return &Syncer{cfg: cfg, guards: map[string]registry.RemovalGuard{}}, nil
 }
 
 // Summary is what one pass did for one provider.
@@ -137,8 +139,8 @@ func (s Summary) String() string {
 	if r.Withheld > 0 {
 		g := s.Guard
 		fmt.Fprintf(&b, "\n  REMOVALS HELD BACK: %d of the %d nodes would have gone (more than %d %%), so none did;"+
-			" pass %d of %d in a row that finds this many (the %s removes them), or remove them now with registryd sync --once --allow-removal",
-			r.Withheld, r.Total, g.MaxPercent, g.Pass, g.Passes, ordinal(g.Passes))
+			" pass %d of %d in a row that finds no more than this (the %s removes them), or remove them now with registryd sync --once --allow-removal",
+			r.Withheld, r.Total, g.MaxPercent, g.Pass(r.Withheld), g.Passes, ordinal(g.Passes))
 	}
 	if len(r.HardwareAdded) > 0 {
 		fmt.Fprintf(&b, "\n  hardware generations created: %s", strings.Join(r.HardwareAdded, ", "))
@@ -216,20 +218,15 @@ func (s *Syncer) pass(ctx context.Context, st Store, src Source) Summary {
 		keep = append(keep, sk.ExternalID)
 	}
 	s.mu.Lock()
-	streak := s.held[src.Name()]
+	sum.Guard = s.guards[src.Name()]
 	s.mu.Unlock()
-	sum.Guard = registry.RemovalGuard{MaxPercent: s.cfg.MaxRemovalPercent, Pass: streak + 1, Passes: s.cfg.RemovalPasses,
-		Allow: s.cfg.AllowRemoval || streak+1 >= s.cfg.RemovalPasses}
+	sum.Guard.MaxPercent, sum.Guard.Passes, sum.Guard.Allow = s.cfg.MaxRemovalPercent, s.cfg.RemovalPasses, s.cfg.AllowRemoval
 	sum.Result, err = st.ApplyImport(registry.WithRemovalGuard(ctx, sum.Guard), actor, src.Name(), nodes, keep)
 	if err != nil {
 		sum.Err = err
 	} else {
 		s.mu.Lock()
-		if sum.Result.Withheld > 0 {
-			s.held[src.Name()] = streak + 1
-		} else {
-			delete(s.held, src.Name())
-		}
+		s.guards[src.Name()] = sum.Guard.After(sum.Result.Withheld)
 		s.mu.Unlock()
 	}
 	sum.Duration = s.cfg.Now().Sub(start)
@@ -345,7 +342,7 @@ func (s *Syncer) Run(ctx context.Context) {
 			if r, g := sum.Result, sum.Guard; r.Withheld > 0 {
 				s.cfg.Logger.Warn("sync held back removals: more of the provider's nodes were about to go than the guard allows",
 					"provider", sum.Provider, "would_remove", r.Withheld, "of", r.Total, "max_percent", g.MaxPercent,
-					"pass", g.Pass, "passes", g.Passes)
+					"pass", g.Pass(r.Withheld), "passes", g.Passes)
 			}
 			for _, sk := range sum.Skipped {
 				s.cfg.Logger.Warn("sync skipped a host", "provider", sum.Provider, "host", sk.Name, "id", sk.ExternalID, "reason", sk.Reason)

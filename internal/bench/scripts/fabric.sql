@@ -9,7 +9,7 @@
 -- (one for the gang, as registryd writes it) and the audit rows, and of
 -- the release. The writes go to a gang of the client's own (hosts 8k to
 -- 8k+3 of the seeded fleet, all free and in one fabric; k differs between
--- clients in a fleet of 1,024 nodes or more), not to the hosts the lookup found: no two clients ever meet,
+-- clients in a fleet of 2,048 nodes or more), not to the hosts the lookup found: no two clients ever meet,
 -- so this is what the database does for the same statements without the
 -- contention, the retries and the waits that registryd's claimers meet.
 -- An upper bound, then, and gangs that were not whole are counted apart.
