@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -43,6 +44,7 @@ func TestServeMetrics(t *testing.T) {
 		{"registryd_heartbeat_pending_age_seconds", nil, 0},
 		{"registryd_heartbeats_lost_total", nil, 0},
 		{"registryd_watch_streams", nil, 0},
+		{"registryd_build_info", []string{"goversion", runtime.Version()}, 1},
 	} {
 		if got, ok := s.Value(t, c.name, c.labels...); !ok || got != c.want {
 			t.Errorf("%s%v = %v (present %v), want %v", c.name, c.labels, got, ok, c.want)

@@ -66,3 +66,32 @@ func versionText(bi *debug.BuildInfo) string {
 	fmt.Fprintf(&b, "go:        %s %s/%s\n", goVersion, runtime.GOOS, runtime.GOARCH)
 	return b.String()
 }
+
+// buildLabels are registryd_build_info's labels: the module version
+// ("(devel)" when there is none), the VCS revision ("" when unknown, with
+// "-modified" for a tree with uncommitted changes) and the Go version.
+func buildLabels(bi *debug.BuildInfo) (version, revision, goVersion string) {
+	version, goVersion = "(devel)", runtime.Version()
+	if bi == nil {
+		return version, "", goVersion
+	}
+	if v := bi.Main.Version; v != "" {
+		version = v
+	}
+	if bi.GoVersion != "" {
+		goVersion = bi.GoVersion
+	}
+	modified := false
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			revision = s.Value
+		case "vcs.modified":
+			modified = s.Value == "true"
+		}
+	}
+	if revision != "" && modified {
+		revision += "-modified"
+	}
+	return version, revision, goVersion
+}

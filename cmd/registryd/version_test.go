@@ -148,3 +148,22 @@ func TestVersionText(t *testing.T) {
 		t.Errorf("clean checkout:\n%s", out)
 	}
 }
+
+// registryd_build_info's labels: the module version, the revision (marked
+// when the tree was modified) and the Go version; a binary without build
+// information is (devel) with no revision.
+func TestBuildLabels(t *testing.T) {
+	t.Parallel()
+	bi := &debug.BuildInfo{GoVersion: "go1.99.1", Main: debug.Module{Version: "v1.2.3"},
+		Settings: []debug.BuildSetting{{Key: "vcs.revision", Value: "abc123"}, {Key: "vcs.modified", Value: "true"}}}
+	if v, r, g := buildLabels(bi); v != "v1.2.3" || r != "abc123-modified" || g != "go1.99.1" {
+		t.Errorf("buildLabels = %q, %q, %q", v, r, g)
+	}
+	bi.Settings[1].Value = "false"
+	if _, r, _ := buildLabels(bi); r != "abc123" {
+		t.Errorf("unmodified revision %q", r)
+	}
+	if v, r, g := buildLabels(nil); v != "(devel)" || r != "" || g != runtime.Version() {
+		t.Errorf("no build information: %q, %q, %q", v, r, g)
+	}
+}

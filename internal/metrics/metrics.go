@@ -58,6 +58,8 @@ type Metrics struct {
 	syncNodes    *prometheus.CounterVec
 	syncFailures *prometheus.CounterVec
 	syncLastOK   *prometheus.GaugeVec
+
+	buildInfo *prometheus.GaugeVec
 }
 
 // New makes the families and registers them, with the process and Go
@@ -109,8 +111,19 @@ func New() *Metrics {
 	m.syncFailures = f.counterVec("sync_failures_total", "Sync passes of a provider that failed (nothing changed for it).", "provider")
 	m.syncLastOK = f.gaugeVec("sync_last_success_timestamp_seconds", "When a provider's last successful sync pass ended, as a Unix time.", "provider")
 
+	m.buildInfo = f.gaugeVec("build_info",
+		`Always 1, labelled with the build: version (the module's, or "(devel)"), revision (the VCS commit, "" when unknown) and goversion.`,
+		"version", "revision", "goversion")
+
 	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// SetBuild records the build registryd_build_info describes; a later call
+// replaces it.
+func (m *Metrics) SetBuild(version, revision, goVersion string) {
+	m.buildInfo.Reset()
+	m.buildInfo.WithLabelValues(version, revision, goVersion).Set(1)
 }
 
 // Handler serves the exposition (text or protobuf, as the scraper asks).

@@ -307,3 +307,21 @@ func freePort(t *testing.T) int {
 	ln.Close()
 	return port
 }
+
+// registryd_build_info is one series of value 1 with the build's labels;
+// setting it again replaces it.
+func TestBuildInfo(t *testing.T) {
+	t.Parallel()
+	m := metrics.New()
+	m.SetBuild("v0.9.0", "aaa", "go1.1")
+	m.SetBuild("v1.0.0", "bbb", "go1.2")
+	srv := httptest.NewServer(m.Handler())
+	defer srv.Close()
+	s := apitest.Scrape(t, srv.URL)
+	if v, ok := s.Value(t, "registryd_build_info", "version", "v1.0.0", "revision", "bbb", "goversion", "go1.2"); !ok || v != 1 {
+		t.Errorf("build_info = %v (present %v)", v, ok)
+	}
+	if n := len(s.Family("registryd_build_info")); n != 1 {
+		t.Errorf("%d build_info series, want the last build's only", n)
+	}
+}
