@@ -13,6 +13,7 @@ import (
 
 	"github.com/registryd/registryd/internal/metrics"
 	"github.com/registryd/registryd/internal/nodecache"
+	"github.com/registryd/registryd/internal/registry"
 	"github.com/registryd/registryd/internal/store"
 	"github.com/registryd/registryd/internal/syncer"
 )
@@ -86,6 +87,9 @@ func watchStore(ctx context.Context, m *metrics.Metrics, st *store.Store, interv
 func syncPasses(m *metrics.Metrics) func(syncer.Summary) {
 	return func(s syncer.Summary) { m.SyncPass(s.Provider, s.Duration, s.Result, s.Err, time.Now()) }
 }
+
+// sweepPasses records each lifecycle sweeper pass in m.
+func sweepPasses(m *metrics.Metrics) func(time.Duration, registry.Sweep, error) { return m.SweepPass }
 
 // loopbackHost reports whether the host of addr (host:port) is a
 // loopback address or "localhost"; an empty host (every interface) is not.

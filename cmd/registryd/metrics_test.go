@@ -58,6 +58,11 @@ func TestServeMetrics(t *testing.T) {
 			t.Errorf("no %s", name)
 		}
 	}
+	// serve's lifecycle sweeper reports its passes.
+	apitest.Eventually(t, 10*time.Second, "a sweeper pass in the metrics", func() bool {
+		v, ok := apitest.Scrape(t, srv.url+"/metrics").Value(t, "registryd_sweeper_passes_total", "outcome", "ok")
+		return ok && v >= 1
+	})
 }
 
 // Concurrent claims and releases through the API commit in shared

@@ -249,7 +249,7 @@ func (w *wiring) startWorkers(ctx context.Context) error {
 	if syncWorker != nil {
 		w.stops.push(lifecycle.Go(ctx, syncWorker.Run))
 	}
-	sweep, err := newSweeper(w.cfg, w.db.store, w.logger)
+	sweep, err := newSweeper(w.cfg, w.db.store, w.logger, sweepPasses(w.metrics))
 	if err != nil {
 		return err
 	}

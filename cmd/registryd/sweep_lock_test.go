@@ -20,7 +20,7 @@ func TestSweeperGivesItsLeaseBack(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	st := pgtest.Open(t, pgtest.New(t), store.Options{})
-	sw, err := newSweeper(config{NodeTTL: time.Minute, LeaderTTL: time.Minute}, st, slog.New(slog.DiscardHandler))
+	sw, err := newSweeper(config{NodeTTL: time.Minute, LeaderTTL: time.Minute}, st, slog.New(slog.DiscardHandler), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

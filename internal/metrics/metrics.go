@@ -60,6 +60,10 @@ type Metrics struct {
 	syncLastOK   *prometheus.GaugeVec
 
 	buildInfo *prometheus.GaugeVec
+
+	sweepPasses      *prometheus.CounterVec
+	sweepSeconds     prometheus.Histogram
+	sweepTransitions *prometheus.CounterVec
 }
 
 // New makes the families and registers them, with the process and Go
@@ -111,12 +115,31 @@ func New() *Metrics {
 	m.syncFailures = f.counterVec("sync_failures_total", "Sync passes of a provider that failed (nothing changed for it).", "provider")
 	m.syncLastOK = f.gaugeVec("sync_last_success_timestamp_seconds", "When a provider's last successful sync pass ended, as a Unix time.", "provider")
 
+	m.sweepPasses = f.counterVec("sweeper_passes_total",
+		`Lifecycle sweeper passes this replica ran (it runs them while it leads), by outcome: "ok" or "failed".`, "outcome")
+	m.sweepSeconds = f.histogram("sweeper_pass_duration_seconds", "Time of one lifecycle sweeper pass, failed ones included.",
+		[]float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10})
+	m.sweepTransitions = f.counterVec("sweeper_transitions_total",
+		`Nodes the sweeper moved, by kind: "lost" (silent past the node TTL), "found" (heard from again), "expired" (a lease ran out and the node was released).`, "kind")
 	m.buildInfo = f.gaugeVec("build_info",
 		`Always 1, labelled with the build: version (the module's, or "(devel)"), revision (the VCS commit, "" when unknown) and goversion.`,
 		"version", "revision", "goversion")
 
 	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// SweepPass records one lifecycle sweeper pass.
+func (m *Metrics) SweepPass(d time.Duration, done registry.Sweep, err error) {
+	m.sweepSeconds.Observe(d.Seconds())
+	if err != nil {
+		m.sweepPasses.WithLabelValues("failed").Inc()
+		return
+	}
+	m.sweepPasses.WithLabelValues("ok").Inc()
+	m.sweepTransitions.WithLabelValues("lost").Add(float64(len(done.Lost)))
+	m.sweepTransitions.WithLabelValues("found").Add(float64(len(done.Found)))
+	m.sweepTransitions.WithLabelValues("expired").Add(float64(len(done.Expired)))
 }
 
 // SetBuild records the build registryd_build_info describes; a later call

@@ -325,3 +325,32 @@ func TestBuildInfo(t *testing.T) {
 		t.Errorf("%d build_info series, want the last build's only", n)
 	}
 }
+
+// A sweeper pass counts by outcome, with its time and its transitions by
+// kind; a failed one counts apart and moves nothing.
+func TestSweepPass(t *testing.T) {
+	t.Parallel()
+	m := metrics.New()
+	m.SweepPass(30*time.Millisecond, registry.Sweep{Lost: []int64{1, 2}, Expired: []int64{3}}, nil)
+	m.SweepPass(10*time.Millisecond, registry.Sweep{Found: []int64{1}}, nil)
+	m.SweepPass(time.Second, registry.Sweep{Lost: []int64{9}}, errors.New("lock timeout"))
+	srv := httptest.NewServer(m.Handler())
+	defer srv.Close()
+	s := apitest.Scrape(t, srv.URL)
+	for _, c := range []struct {
+		name   string
+		labels []string
+		want   float64
+	}{
+		{"registryd_sweeper_passes_total", []string{"outcome", "ok"}, 2},
+		{"registryd_sweeper_passes_total", []string{"outcome", "failed"}, 1},
+		{"registryd_sweeper_pass_duration_seconds", nil, 3},
+		{"registryd_sweeper_transitions_total", []string{"kind", "lost"}, 2},
+		{"registryd_sweeper_transitions_total", []string{"kind", "found"}, 1},
+		{"registryd_sweeper_transitions_total", []string{"kind", "expired"}, 1},
+	} {
+		if got, ok := s.Value(t, c.name, c.labels...); !ok || got != c.want {
+			t.Errorf("%s%v = %v (present %v), want %v", c.name, c.labels, got, ok, c.want)
+		}
+	}
+}

@@ -48,6 +48,9 @@ type Config struct {
 	TTL      time.Duration // the node TTL (REGISTRY_NODE_TTL)
 	Interval time.Duration // between passes; default DefaultInterval
 	Logger   *slog.Logger
+	// OnPass, when set, gets every pass this replica runs as it ends:
+	// how long it took, what it changed, and its error (for metrics).
+	OnPass func(d time.Duration, done registry.Sweep, err error)
 }
 
 // Sweeper runs lifecycle passes while it holds the lock.
@@ -107,7 +110,11 @@ func (s *Sweeper) Run(ctx context.Context) {
 // lead runs passes through st until one fails or ctx ends.
 func (s *Sweeper) lead(ctx context.Context, st Store) error {
 	for {
+		start := time.Now()
 		done, err := st.SweepLifecycle(ctx, s.cfg.TTL)
+		if s.cfg.OnPass != nil && ctx.Err() == nil {
+			s.cfg.OnPass(time.Since(start), done, err)
+		}
 		if err != nil {
 			return err
 		}
