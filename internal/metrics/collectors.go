@@ -23,7 +23,7 @@ type PoolStats struct {
 
 // Pool reports the connection pool's figures, read by stats at each scrape.
 func (m *Metrics) Pool(stats func() PoolStats) {
-	m.reg.MustRegister(&poolCollector{stats: stats})
+	m.register(&poolCollector{stats: stats})
 }
 
 var (
@@ -99,7 +99,7 @@ func (m *Metrics) Fleet(ctx context.Context, opts FleetOptions) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	m.reg.MustRegister(&fleetCollector{ctx: ctx, opts: opts})
+	m.register(&fleetCollector{ctx: ctx, opts: opts})
 }
 
 var (
@@ -228,7 +228,7 @@ type NodeCacheStats struct {
 
 // NodeCache reports the node cache's figures, read by stats at each scrape.
 func (m *Metrics) NodeCache(stats func() NodeCacheStats) {
-	m.reg.MustRegister(&nodeCacheCollector{stats: stats})
+	m.register(&nodeCacheCollector{stats: stats})
 }
 
 var (

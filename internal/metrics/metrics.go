@@ -11,7 +11,11 @@
 package metrics
 
 import (
+	"context"
+	"maps"
 	"net/http"
+	"regexp"
+	"slices"
 	"strconv"
 	"time"
 
@@ -27,6 +31,8 @@ const namespace = "registryd"
 // Metrics holds every family. The zero value is not usable; call New.
 type Metrics struct {
 	reg *prometheus.Registry
+	// names are the families registered so far (register).
+	names map[string]bool
 
 	httpRequests *prometheus.CounterVec
 	httpDuration *prometheus.HistogramVec
@@ -69,8 +75,8 @@ type Metrics struct {
 // New makes the families and registers them, with the process and Go
 // runtime collectors, on a registry of their own.
 func New() *Metrics {
-	m := &Metrics{reg: prometheus.NewRegistry()}
-	f := promauto{m.reg}
+	m := &Metrics{reg: prometheus.NewRegistry(), names: map[string]bool{}}
+	f := promauto{m}
 	m.httpRequests = f.counterVec("http_requests_total",
 		"HTTP requests answered, by route pattern (not the raw path), method and status.", "route", "method", "status")
 	m.httpDuration = f.histogramVec("http_request_duration_seconds",
@@ -125,7 +131,7 @@ func New() *Metrics {
 		`Always 1, labelled with the build: version (the module's, or "(devel)"), revision (the VCS commit, "" when unknown) and goversion.`,
 		"version", "revision", "goversion")
 
-	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.register(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
@@ -237,9 +243,9 @@ func (m *Metrics) HeartbeatsLost(nodes int) { m.hbLost.Add(float64(nodes)) }
 // heartbeats wait to be flushed and how long the oldest has waited: what a
 // crash of this replica would lose.
 func (m *Metrics) HeartbeatsPending(pending func() int, age func() time.Duration) {
-	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: namespace, Name: "heartbeats_pending",
+	m.register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: namespace, Name: "heartbeats_pending",
 		Help: "Nodes whose acknowledged heartbeat waits for the next flush (lost if the replica dies now)."}, func() float64 { return float64(pending()) }))
-	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: namespace, Name: "heartbeat_pending_age_seconds",
+	m.register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: namespace, Name: "heartbeat_pending_age_seconds",
 		Help: "How long the oldest acknowledged heartbeat not yet written has waited (about the flush interval when healthy)."}, func() float64 { return age().Seconds() }))
 }
 
@@ -295,41 +301,73 @@ func (m *Metrics) SyncPass(provider string, d time.Duration, r registry.ImportRe
 	m.syncLastOK.WithLabelValues(provider).Set(float64(end.UnixNano()) / 1e9)
 }
 
+// register registers cs and remembers the names of their families.
+func (m *Metrics) register(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		ch := make(chan *prometheus.Desc)
+		go func() { c.Describe(ch); close(ch) }()
+		for d := range ch {
+			if n := fqNameRE.FindStringSubmatch(d.String()); n != nil {
+				m.names[n[1]] = true
+			}
+		}
+	}
+	m.reg.MustRegister(cs...)
+}
+
+// fqNameRE finds a family's name in a Desc's String.
+var fqNameRE = regexp.MustCompile(`fqName: "([^"]+)"`)
+
+// Families is the name of every family registered so far, sorted.
+func (m *Metrics) Families() []string { return slices.Sorted(maps.Keys(m.names)) }
+
+// AllFamilies is the name of every family a serving registryd exports
+// (with the collectors serve adds), sorted: dashboards and alert rules
+// are checked against it.
+func AllFamilies() []string {
+	m := New()
+	m.Pool(func() PoolStats { return PoolStats{} })
+	m.Fleet(context.Background(), FleetOptions{})
+	m.NodeCache(func() NodeCacheStats { return NodeCacheStats{} })
+	m.HeartbeatsPending(func() int { return 0 }, func() time.Duration { return 0 })
+	return m.Families()
+}
+
 // promauto makes families with the namespace and registers them.
-type promauto struct{ reg *prometheus.Registry }
+type promauto struct{ m *Metrics }
 
 func (p promauto) counter(name, help string) prometheus.Counter {
 	c := prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Name: name, Help: help})
-	p.reg.MustRegister(c)
+	p.m.register(c)
 	return c
 }
 
 func (p promauto) counterVec(name, help string, labels ...string) *prometheus.CounterVec {
 	c := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: name, Help: help}, labels)
-	p.reg.MustRegister(c)
+	p.m.register(c)
 	return c
 }
 
 func (p promauto) gauge(name, help string) prometheus.Gauge {
 	g := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: namespace, Name: name, Help: help})
-	p.reg.MustRegister(g)
+	p.m.register(g)
 	return g
 }
 
 func (p promauto) gaugeVec(name, help string, labels ...string) *prometheus.GaugeVec {
 	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: name, Help: help}, labels)
-	p.reg.MustRegister(g)
+	p.m.register(g)
 	return g
 }
 
 func (p promauto) histogram(name, help string, buckets []float64) prometheus.Histogram {
 	h := prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: namespace, Name: name, Help: help, Buckets: buckets})
-	p.reg.MustRegister(h)
+	p.m.register(h)
 	return h
 }
 
 func (p promauto) histogramVec(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
 	h := prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: namespace, Name: name, Help: help, Buckets: buckets}, labels)
-	p.reg.MustRegister(h)
+	p.m.register(h)
 	return h
 }
