@@ -12,6 +12,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -28,7 +29,7 @@ import (
 // The kinds the manifests may hold; anything else is refused.
 var scheme = func() *runtime.Scheme {
 	s := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, appsv1.AddToScheme, policyv1.AddToScheme} {
+	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, appsv1.AddToScheme, policyv1.AddToScheme, networkingv1.AddToScheme} {
 		if err := add(s); err != nil {
 			panic(err)
 		}
@@ -186,6 +187,7 @@ func Check(objs []runtime.Object, server, agent []string) []string {
 	var daemons []*appsv1.DaemonSet
 	var services []*corev1.Service
 	var pdbs []*policyv1.PodDisruptionBudget
+	var netpols []*networkingv1.NetworkPolicy
 	namespaces := map[string]*corev1.Namespace{}
 	configMaps := map[string]*corev1.ConfigMap{} // by namespace/name
 	secrets := map[string]*corev1.Secret{}       // by namespace/name
@@ -199,6 +201,8 @@ func Check(objs []runtime.Object, server, agent []string) []string {
 			services = append(services, o)
 		case *policyv1.PodDisruptionBudget:
 			pdbs = append(pdbs, o)
+		case *networkingv1.NetworkPolicy:
+			netpols = append(netpols, o)
 		case *corev1.ConfigMap:
 			configMaps[o.Namespace+"/"+o.Name] = o
 		case *corev1.Secret:
@@ -220,6 +224,7 @@ func Check(objs []runtime.Object, server, agent []string) []string {
 	}
 	d := deploys[0]
 	pod := d.Spec.Template.Spec
+	checkNetworkPolicy(d, netpols, bad)
 
 	// Every Secret a pod uses is one the kustomization makes, with the key.
 	secretKey := func(where, ns, name, key string, optional *bool) {
@@ -561,6 +566,65 @@ func portNumber(c corev1.Container, p intstr.IntOrString) int32 {
 		}
 	}
 	return 0
+}
+
+// checkNetworkPolicy wants one NetworkPolicy of d's namespace selecting
+// its pods for both directions: in, the http port only; out, DNS,
+// PostgreSQL (5432) and HTTPS (443), and no rule open to every port.
+func checkNetworkPolicy(d *appsv1.Deployment, netpols []*networkingv1.NetworkPolicy, bad func(string, ...any)) {
+	var np *networkingv1.NetworkPolicy
+	for _, p := range netpols {
+		if p.Namespace == d.Namespace && matches(p.Spec.PodSelector.MatchLabels, d.Spec.Template.Labels) {
+			np = p
+		}
+	}
+	if np == nil {
+		bad("no NetworkPolicy selects the Deployment's pods in namespace %s", d.Namespace)
+		return
+	}
+	if !slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeIngress) || !slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeEgress) {
+		bad("NetworkPolicy %s has policyTypes %v, want Ingress and Egress", np.Name, np.Spec.PolicyTypes)
+	}
+	port := func(p networkingv1.NetworkPolicyPort) string {
+		proto := corev1.ProtocolTCP
+		if p.Protocol != nil {
+			proto = *p.Protocol
+		}
+		if p.Port == nil {
+			return "every " + string(proto) + " port"
+		}
+		return p.Port.String() + "/" + string(proto)
+	}
+	var in, out []string
+	for _, r := range np.Spec.Ingress {
+		if len(r.Ports) == 0 {
+			in = append(in, "every port")
+		}
+		for _, p := range r.Ports {
+			in = append(in, port(p))
+		}
+	}
+	for _, r := range np.Spec.Egress {
+		if len(r.Ports) == 0 {
+			out = append(out, "every port")
+		}
+		for _, p := range r.Ports {
+			out = append(out, port(p))
+		}
+	}
+	if !slices.Equal(in, []string{"http/TCP"}) {
+		bad("NetworkPolicy %s lets in %v, want the http port (http/TCP) only", np.Name, in)
+	}
+	for _, want := range []string{"53/UDP", "53/TCP", "5432/TCP", "443/TCP"} {
+		if !slices.Contains(out, want) {
+			bad("NetworkPolicy %s lets out %v, which lacks %s", np.Name, out, want)
+		}
+	}
+	for _, o := range out {
+		if strings.HasPrefix(o, "every") {
+			bad("NetworkPolicy %s lets out %s", np.Name, o)
+		}
+	}
 }
 
 // matches reports whether the selector selects labels.

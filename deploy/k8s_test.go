@@ -87,7 +87,7 @@ func TestKubernetesManifests(t *testing.T) {
 	}
 	// Three generated Secrets, one ConfigMap, and the rest.
 	for kind, n := range map[string]int{"Secret": 3, "ConfigMap": 1, "Deployment": 1, "DaemonSet": 1, "Service": 1,
-		"PodDisruptionBudget": 1, "Namespace": 2, "ServiceAccount": 2} {
+		"PodDisruptionBudget": 1, "Namespace": 2, "ServiceAccount": 2, "NetworkPolicy": 1} {
 		if kinds[kind] != n {
 			t.Errorf("%d %s, want %d", kinds[kind], kind, n)
 		}
@@ -132,6 +132,10 @@ func TestKubernetesManifestsBroken(t *testing.T) {
 		{"Service selects nothing", "registryd.yaml", "  type: ClusterIP\n  selector:\n    app.kubernetes.io/name: registryd\n", "  type: ClusterIP\n  selector:\n    app.kubernetes.io/name: registry\n", "Service selector"},
 		{"budget allows every replica down", "registryd.yaml", "  maxUnavailable: 1\n", "  maxUnavailable: 3\n", "PodDisruptionBudget maxUnavailable 3"},
 		{"agent token by subPath", "registryd-agent.yaml", "              mountPath: /var/run/secrets/registryd\n", "              mountPath: /var/run/secrets/registryd\n              subPath: token\n", "subPath"},
+		{"no network policy", "networkpolicy.yaml", "      app.kubernetes.io/name: registryd\n", "      app.kubernetes.io/name: registry\n", "no NetworkPolicy selects the Deployment's pods"},
+		{"network policy without PostgreSQL", "networkpolicy.yaml", "        - port: 5432\n", "        - port: 5433\n", "lacks 5432/TCP"},
+		{"network policy open to every port in", "networkpolicy.yaml", "    - ports:\n        - port: http\n          protocol: TCP\n", "    - {}\n", "lets in [every port]"},
+		{"network policy open to every port out", "networkpolicy.yaml", "  egress:\n", "  egress:\n    - {}\n", "lets out every port"},
 		{"agent token in the manifest", "registryd-agent.yaml", "            - name: REGISTRY_AGENT_INTERVAL\n", "            - name: REGISTRY_TOKEN\n              value: eyJ.x.y\n            - name: REGISTRY_AGENT_INTERVAL\n", "token is in the manifest"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
