@@ -28,6 +28,18 @@ func (c *Client) RevokeTokens(ctx context.Context, r RevokeRequest, opts ...Call
 	return out, err
 }
 
+// RenewToken exchanges the agent token the client sends, while it is
+// valid, for a fresh one (POST /v1/tokens/renew). The client keeps using
+// its TokenSource: storing the new token where that source reads it is
+// the caller's job.
+func (c *Client) RenewToken(ctx context.Context, opts ...CallOption) (RenewedToken, error) {
+	cl := newCall(opts)
+	var out RenewedToken
+	resp, err := c.raw.RenewToken(cl.ctx(ctx), &oapi.RenewTokenParams{NodeID: cl.nodeID}, cl.editors()...)
+	_, err = cl.finish(resp, err, &out, http.StatusOK)
+	return out, err
+}
+
 // Healthz is the liveness probe (no token needed).
 func (c *Client) Healthz(ctx context.Context, opts ...CallOption) (Health, error) {
 	cl := newCall(opts)

@@ -19,7 +19,7 @@ func TestCodesMatchSpec(t *testing.T) {
 	ours := []string{
 		client.CodeJobOwnedByOther, client.CodeInsufficientCapacity, client.CodeNoSingleHost,
 		client.CodeNotEnoughHosts, client.CodeNoFabricFit,
-		client.CodeLeaseExpired, client.CodeJobHoldsNothing, client.CodeTooManyMatched,
+		client.CodeLeaseExpired, client.CodeJobHoldsNothing, client.CodeTooManyMatched, client.CodeTokenNotRenewable,
 		client.CodeIdempotencyKeyReused, client.CodeIdempotentAnswerLost, client.CodeIdempotencyKeyTakenOver,
 		client.CodeInvalidRequest, client.CodeUnauthorized, client.CodeForbidden, client.CodeNotFound,
 		client.CodeMethodNotAllowed, client.CodeConflict, client.CodePreconditionFailed,

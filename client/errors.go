@@ -124,6 +124,10 @@ const (
 	// CodeTooManyMatched (409): a cordon's filters match more nodes than
 	// one cordon takes.
 	CodeTooManyMatched = "too_many_matched"
+	// CodeTokenNotRenewable (403): RenewToken with a token the server does
+	// not renew (not an agent's, not bound to addresses, revoked, or a
+	// server that signs no tokens).
+	CodeTokenNotRenewable = "token_not_renewable"
 	// CodeIdempotencyKeyReused (422): the Idempotency-Key was first used
 	// with another request.
 	CodeIdempotencyKeyReused = "idempotency_key_reused"

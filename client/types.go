@@ -98,6 +98,8 @@ type (
 	RevokeRequest = oapi.RevokeRequest
 	// Revocation is a stored revocation.
 	Revocation = oapi.Revocation
+	// RenewedToken is an agent token's renewal (RenewToken).
+	RenewedToken = oapi.RenewedToken
 
 	// Ping is the answer of Ping: the server's time.
 	Ping = oapi.Ping

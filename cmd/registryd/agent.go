@@ -18,6 +18,7 @@ import (
 
 	"github.com/registryd/registryd/client"
 	"github.com/registryd/registryd/internal/agent"
+	"github.com/registryd/registryd/internal/lifecycle"
 	"github.com/registryd/registryd/internal/registry"
 )
 
@@ -48,6 +49,7 @@ type agentConfig struct {
 	// Tests only; not from the environment.
 	memInfo                string
 	backoffMin, backoffMax time.Duration
+	tokenCheck             time.Duration // the keeper's longest wait between checks
 	refresh                time.Duration
 	afterPass              func(agent.Report)
 }
@@ -228,7 +230,7 @@ func runAgent(ctx context.Context, cfg agentConfig, once bool, stdout, stderr io
 	if cfg.Server.Scheme == "http" && !isLoopback(cfg.Server.Hostname()) {
 		logger.Warn("REGISTRY_SERVER is plain http to another host (REGISTRY_AGENT_INSECURE_HTTP=true): the token crosses the network readable; use https", "server", cfg.Server.Redacted())
 	}
-	api, err := newAgentAPI(cfg, logger)
+	api, keeper, err := newAgentAPI(cfg, logger)
 	if err != nil {
 		return err
 	}
@@ -252,6 +254,8 @@ func runAgent(ctx context.Context, cfg agentConfig, once bool, stdout, stderr io
 		return err
 	}
 	if !once {
+		stopKeeper := lifecycle.Go(ctx, func(ctx context.Context) { keeper.Run(ctx, api.renewToken) })
+		defer stopKeeper()
 		return a.Run(ctx)
 	}
 	rep := a.RunOnce(ctx)

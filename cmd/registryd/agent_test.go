@@ -41,6 +41,9 @@ type agentRig struct {
 	agentEnv map[string]string
 	memInfo  string
 	refresh  time.Duration // how often the agent reads its nodes again; its default when 0
+	// tokenCheck is the agent's longest wait between looks at its token's
+	// age; its default when 0.
+	tokenCheck time.Duration
 }
 
 const agentHostMem = int64(256) << 30
@@ -128,6 +131,7 @@ func (r *agentRig) startAgent() *runningAgent {
 	ra := &runningAgent{passes: make(chan agent.Report, 1000), logs: &apitest.Buffer{}}
 	cfg.Interval, cfg.backoffMin, cfg.backoffMax = 100*time.Millisecond, 50*time.Millisecond, 400*time.Millisecond
 	cfg.refresh = r.refresh
+	cfg.tokenCheck = r.tokenCheck
 	cfg.memInfo = r.memInfo
 	cfg.afterPass = func(rep agent.Report) {
 		select {

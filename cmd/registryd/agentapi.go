@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/registryd/registryd/client"
-	"github.com/registryd/registryd/internal/agent"
 	"github.com/registryd/registryd/internal/registry"
 )
 
@@ -24,15 +23,19 @@ type agentAPI struct {
 	c *client.Client
 }
 
-// newAgentAPI is the client of REGISTRY_SERVER with the agent's token:
-// REGISTRY_TOKEN, or REGISTRY_TOKEN_FILE read for every request, so a
-// token rotated on disk is used from the next request on.
-func newAgentAPI(cfg agentConfig, logger *slog.Logger) (agent.API, error) {
-	tokens := client.WithToken(cfg.Token)
+// newAgentAPI is the client of REGISTRY_SERVER with the agent's token,
+// held by a tokenKeeper: REGISTRY_TOKEN, or REGISTRY_TOKEN_FILE read for
+// every request (a token rotated on disk is used from the next request
+// on), or the keeper's latest renewal of either. The keeper's Run renews
+// it through this client.
+func newAgentAPI(cfg agentConfig, logger *slog.Logger) (agentAPI, *tokenKeeper, error) {
+	configured := client.TokenSource(func(context.Context) (string, error) { return cfg.Token, nil })
 	if cfg.TokenFile != "" {
-		tokens = client.WithTokenSource(client.TokenFile(cfg.TokenFile))
+		configured = client.TokenFile(cfg.TokenFile)
 	}
-	c, err := client.New(cfg.Server.String(), tokens,
+	keeper := newTokenKeeper(configured, cfg.StatePath, logger)
+	keeper.check = cfg.tokenCheck
+	c, err := client.New(cfg.Server.String(), client.WithTokenSource(keeper.Token),
 		client.WithUserAgent("registryd-agent"),
 		client.WithHTTPClient(&http.Client{Timeout: agentRequestTimeout}),
 		// One retry for a blip (a 503 with Retry-After, a reset
@@ -40,9 +43,16 @@ func newAgentAPI(cfg agentConfig, logger *slog.Logger) (agent.API, error) {
 		// from, so that it can log it and keep its pace.
 		client.WithRetry(client.Retry{Attempts: 2}))
 	if err != nil {
-		return nil, fmt.Errorf("REGISTRY_SERVER: %w", err)
+		return agentAPI{}, nil, fmt.Errorf("REGISTRY_SERVER: %w", err)
 	}
-	return agentAPI{c: c}, nil
+	return agentAPI{c: c}, keeper, nil
+}
+
+// renewToken is the keeper's renewal: POST /v1/tokens/renew.
+func (a agentAPI) renewToken(ctx context.Context) (client.RenewedToken, error) {
+	ctx, cancel := context.WithTimeout(ctx, agentRequestTimeout)
+	defer cancel()
+	return a.c.RenewToken(ctx)
 }
 
 // domainError maps the server's refusals to the registry's sentinels, as

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -61,7 +62,7 @@ func TestAgentAPIPingMaxStale(t *testing.T) {
 	}))
 	defer srv.Close()
 	u, _ := url.Parse(srv.URL)
-	api, err := newAgentAPI(agentConfig{Server: u, Token: "token"}, slog.Default())
+	api, _, err := newAgentAPI(agentConfig{Server: u, Token: "token", StatePath: filepath.Join(t.TempDir(), "state.json")}, slog.Default())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -304,6 +304,11 @@ func (w *wiring) startWatchHub(ctx context.Context) {
 // once the limit is reached (oldest idle first).
 func (w *wiring) newAPIServer(ctx context.Context) error {
 	cfg := w.cfg
+	var renewer api.TokenRenewer
+	if w.secret != nil {
+		renewer = &auth.Renewer{Verifier: w.verifier, Observe: w.metrics.TokenRenewed, Signer: auth.Signer{
+			Secret: w.secret, Issuer: cfg.JWTIssuer, Audience: cfg.JWTAudience, Lifetimes: cfg.TokenLifetimes}}
+	}
 	handler := api.New(api.Config{
 		Store:      w.db.store,
 		Logger:     w.logger,
@@ -311,6 +316,7 @@ func (w *wiring) newAPIServer(ctx context.Context) error {
 		Docs:       docs.FS(),
 		CORS:       cfg.CORSOrigins,
 		Auth:       w.verifier,
+		Renewer:    renewer,
 		Heartbeats: w.beats,
 		Nodes:      w.nodes,
 		Events:     w.hub,

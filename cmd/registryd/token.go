@@ -67,8 +67,12 @@ func token(ctx context.Context, cfg config, args []string, stdout, stderr io.Wri
 		set, _ := registry.ParseIPSet(ips) // Mint has accepted them
 		bound = ", bound to " + registry.FormatIPSet(set)
 	}
-	fmt.Fprintf(stdout, "# %s token for %q%s, valid until %s, id (jti) %s\n%s\n",
-		r, *sub, bound, m.Expires.UTC().Format(time.RFC3339), m.ID, m.Token)
+	renews := ""
+	if r == registry.RoleAgent && ips != nil {
+		renews = "; registryd agent renews it while it runs"
+	}
+	fmt.Fprintf(stdout, "# %s token for %q%s, valid until %s, id (jti) %s%s\n%s\n",
+		r, *sub, bound, m.Expires.UTC().Format(time.RFC3339), m.ID, renews, m.Token)
 	return nil
 }
 

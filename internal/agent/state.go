@@ -94,12 +94,8 @@ func loadState(path string) (map[Key]int64, error) {
 	return nodes, nil
 }
 
-// saveState writes nodes to path atomically: a temporary file in the same
-// directory, synced, renamed over the old one, then the directory synced,
-// so a crash leaves either the old state or the new, never half of one.
-// The file is 0600 and a directory it creates 0700: the state says which
-// nodes the agent acts as.
-func saveState(path string, nodes map[Key]int64) (err error) {
+// saveState writes nodes to path (see WriteFileAtomic).
+func saveState(path string, nodes map[Key]int64) error {
 	st := stateFile{Version: stateVersion, Nodes: []stateEntry{}}
 	for k, pk := range nodes {
 		st.Nodes = append(st.Nodes, stateEntry{Key: k, PK: pk})
@@ -109,6 +105,15 @@ func saveState(path string, nodes map[Key]int64) (err error) {
 	if err != nil {
 		return err
 	}
+	return WriteFileAtomic(path, append(b, '\n'))
+}
+
+// WriteFileAtomic writes data to path atomically: a temporary file in the
+// same directory, synced, renamed over the old one, then the directory
+// synced, so a crash leaves either the old file or the new, never half of
+// one. The file is 0600 and a directory it creates 0700: what the agent
+// keeps (its nodes, its token) is its own.
+func WriteFileAtomic(path string, data []byte) (err error) {
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
@@ -127,7 +132,7 @@ func saveState(path string, nodes map[Key]int64) (err error) {
 	if err := tmp.Chmod(0o600); err != nil {
 		return err
 	}
-	if _, err := tmp.Write(append(b, '\n')); err != nil {
+	if _, err := tmp.Write(data); err != nil {
 		return err
 	}
 	if err := tmp.Sync(); err != nil {

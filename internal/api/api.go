@@ -87,6 +87,9 @@ type Config struct {
 	ListBatch int
 	// Auth verifies bearer tokens. Without it every /v1 request is refused.
 	Auth Authenticator
+	// Renewer renews agent tokens (POST /v1/tokens/renew); without it
+	// renewals are refused.
+	Renewer TokenRenewer
 	// Heartbeats receives the nodes that act through Node-Id; optional.
 	Heartbeats Heartbeats
 	// Nodes serves reads of nodes (GET, HEAD, lists, the Node-Id check)
@@ -138,6 +141,7 @@ type Server struct {
 	listBatch  int
 	logBeats   bool
 	auth       Authenticator
+	renewer    TokenRenewer
 	heartbeats Heartbeats
 	nodes      NodeCache
 	events     Events
@@ -174,6 +178,7 @@ func newServer(cfg Config) *Server {
 		listBatch:  cfg.ListBatch,
 		logBeats:   cfg.LogHeartbeats,
 		auth:       cfg.Auth,
+		renewer:    cfg.Renewer,
 		heartbeats: cfg.Heartbeats,
 		nodes:      cfg.Nodes,
 		events:     cfg.Events,
@@ -251,6 +256,7 @@ func (s *Server) routeV1(r chi.Router) {
 		r.With(read).Post("/fabrics/list", s.handle(s.listFabrics))
 		r.With(s.require(registry.PermReadAudit)).Post("/audit/list", s.handle(s.listAudit))
 		r.With(s.require(registry.PermRevokeTokens)).Post("/tokens/revoke", s.handle(s.revokeTokens))
+		r.With(read).Post("/tokens/renew", s.handle(s.renewToken))
 	})
 }
 

@@ -141,6 +141,9 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			s.writeError(w, r, &unauthorized{detail: err.Error(), invalid: true})
 			return
 		}
+		if p.Role == registry.RoleAgent {
+			s.observer.AgentTokenSeen(p.Sub, p.Token)
+		}
 		if st := stateOf(r.Context()); st != nil {
 			st.principal, st.authed = p, true
 			next.ServeHTTP(w, r)

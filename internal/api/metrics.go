@@ -26,6 +26,9 @@ type Observer interface {
 	// WatchClosed gets one of the watchEnd reasons.
 	WatchClosed(reason string)
 	WatchRefused()
+	// AgentTokenSeen gets every accepted agent token's subject and what
+	// the token says of itself.
+	AgentTokenSeen(sub string, t registry.TokenInfo)
 }
 
 // Why a watch stream ended, as WatchClosed is told.
@@ -41,6 +44,7 @@ const (
 type noObserver struct{}
 
 func (noObserver) RequestStarted()                                {}
+func (noObserver) AgentTokenSeen(string, registry.TokenInfo)      {}
 func (noObserver) RequestDone(string, string, int, time.Duration) {}
 func (noObserver) Claimed(string, int, time.Duration)             {}
 func (noObserver) Released(int, int, time.Duration)               {}

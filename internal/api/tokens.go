@@ -1,6 +1,7 @@
 package api
 
 import (
+	"errors"
 	"net/http"
 	"time"
 
@@ -58,4 +59,55 @@ func (s *Server) revokeTokens(w http.ResponseWriter, r *http.Request) error {
 		j.Until = &u
 	}
 	return writeJSON(w, http.StatusOK, j)
+}
+
+// TokenRenewer mints the renewal of a valid token: POST /v1/tokens/renew.
+// *auth.Renewer is one.
+type TokenRenewer interface {
+	// Renew returns a fresh token in place of token, which the request
+	// presented and authenticate accepted. A refusal that is the token's
+	// fault is a *registry.Error of kind registry.ErrForbidden.
+	Renew(token string) (registry.RenewedToken, error)
+}
+
+// renewedTokenJSON is a renewal on the wire.
+type renewedTokenJSON struct {
+	Token   string    `json:"token"`
+	ID      string    `json:"id"`
+	Lineage string    `json:"lineage"`
+	Expires time.Time `json:"expires"`
+}
+
+// renewToken is POST /v1/tokens/renew: an agent exchanges its token, while
+// still valid, for a fresh one with the same subject, addresses and
+// lifetime, so that no human needs to hand it another (see
+// auth.Verifier.Renewal). The body is empty or {}.
+func (s *Server) renewToken(w http.ResponseWriter, r *http.Request) error {
+	obj, err := decodeObject(w, r, true)
+	if err != nil {
+		return err
+	}
+	if err := newFields(obj).err(); err != nil {
+		return err
+	}
+	if p := principalFrom(r.Context()); p.Role != registry.RoleAgent {
+		return &registry.Error{Kind: registry.ErrForbidden, Code: registry.CodeNotRenewable,
+			Message: "only agent tokens are renewed; role " + string(p.Role) + " tokens are minted again with registryd token"}
+	}
+	if s.renewer == nil {
+		return &registry.Error{Kind: registry.ErrForbidden, Code: registry.CodeNotRenewable,
+			Message: "this server signs no tokens (only REGISTRY_JWT_PUBLIC_KEYS is set): renew tokens with their issuer"}
+	}
+	token, err := parseBearer(r.Header.Values("Authorization"))
+	if err != nil {
+		return err
+	}
+	out, err := s.renewer.Renew(token)
+	if err != nil {
+		if !errors.Is(err, registry.ErrForbidden) && !errors.Is(err, registry.ErrUnavailable) {
+			s.logger.ErrorContext(r.Context(), "token renewal failed", "err", err)
+		}
+		return err
+	}
+	return writeJSON(w, http.StatusOK, renewedTokenJSON{Token: out.Token, ID: out.ID, Lineage: out.Lineage, Expires: out.Expires.UTC()})
 }

@@ -197,6 +197,12 @@ func NewVerifier(cfg Config) (*Verifier, error) {
 type claims struct {
 	Role string    `json:"role"`
 	IPs  *[]string `json:"ips,omitempty"`
+	// Lineage ("lid") and LineageStart ("lat") are set on a renewed
+	// token: the "jti" and "iat" of the token minted by hand that the
+	// renewals descend from. Revoking that jti, or the subject's tokens
+	// issued before a time after lat, revokes every renewal of it too.
+	Lineage      string           `json:"lid,omitempty"`
+	LineageStart *jwt.NumericDate `json:"lat,omitempty"`
 	jwt.RegisteredClaims
 }
 
@@ -232,7 +238,7 @@ func (v *Verifier) Verify(raw string) (registry.Principal, error) {
 	key := sha256.Sum256([]byte(raw))
 	if e := v.cache.get(&key); e != nil {
 		if e.usableAt(v.cfg.Now()) {
-			if err := v.checkRevoked(e.p.Sub, e.jti, e.iat); err != nil {
+			if err := v.checkRevoked(e); err != nil {
 				return registry.Principal{}, err
 			}
 			return e.p, nil
@@ -250,12 +256,17 @@ func (v *Verifier) Verify(raw string) (registry.Principal, error) {
 }
 
 // checkRevoked asks the revocation list, when there is one, about the
-// token of sub with id jti issued at iat.
-func (v *Verifier) checkRevoked(sub, jti string, iat *time.Time) error {
+// token e, and about the token minted by hand that it renews, if any: a
+// renewal is revoked with its lineage (by its jti, or by a revocation of
+// the subject's tokens issued after the lineage began).
+func (v *Verifier) checkRevoked(e *verified) error {
 	if v.cfg.Revocations == nil {
 		return nil
 	}
-	revoked, err := v.cfg.Revocations.Revoked(sub, jti, iat)
+	revoked, err := v.cfg.Revocations.Revoked(e.p.Sub, e.jti, e.iat)
+	if err == nil && !revoked && e.lid != "" {
+		revoked, err = v.cfg.Revocations.Revoked(e.p.Sub, e.lid, e.lat)
+	}
 	if err != nil {
 		return fmt.Errorf("auth: %w", err)
 	}
@@ -267,11 +278,23 @@ func (v *Verifier) checkRevoked(sub, jti string, iat *time.Time) error {
 
 // verify checks raw in full (see Verify) and returns what a cache keeps.
 func (v *Verifier) verify(raw string) (verified, error) {
+	e, _, err := v.verifyClaims(raw)
+	return e, err
+}
+
+// verifyClaims is verify, also returning the token's claims.
+func (v *Verifier) verifyClaims(raw string) (verified, claims, error) {
+	var c claims
+	e, err := v.check(raw, &c)
+	return e, c, err
+}
+
+func (v *Verifier) check(raw string, cp *claims) (verified, error) {
 	if _, err := CheckCompact(raw); err != nil {
 		return verified{}, err
 	}
-	var c claims
-	_, err := v.parser.ParseWithClaims(raw, &c, v.key)
+	c := cp
+	_, err := v.parser.ParseWithClaims(raw, c, v.key)
 	if err != nil {
 		return verified{}, &TokenError{Reason: reason(err)}
 	}
@@ -290,6 +313,16 @@ func (v *Verifier) verify(raw string) (verified, error) {
 	if msg := registry.CheckLabel(c.ID, registry.MaxTokenIDLen); msg != "" {
 		return verified{}, &TokenError{Reason: `the "jti" claim ` + msg}
 	}
+	if c.Lineage != "" || c.LineageStart != nil {
+		if msg := registry.CheckLabel(c.Lineage, registry.MaxTokenIDLen); msg != "" {
+			return verified{}, &TokenError{Reason: `the "lid" claim ` + msg}
+		}
+		// A renewal names when its lineage began, which is no later than
+		// it was itself issued.
+		if c.LineageStart == nil || c.IssuedAt == nil || c.LineageStart.After(c.IssuedAt.Time) {
+			return verified{}, &TokenError{Reason: `a renewed token needs "lat" no later than its "iat"`}
+		}
+	}
 	// A token minted before the cap, or by a careless script, must not
 	// live for a century: measure from iat, or from now without one.
 	start := v.cfg.Now()
@@ -299,7 +332,11 @@ func (v *Verifier) verify(raw string) (verified, error) {
 	if limit := v.cfg.Lifetimes.For(role); c.ExpiresAt.Sub(start) > limit+Leeway {
 		return verified{}, &TokenError{Reason: fmt.Sprintf("the token lives longer than the %s that %s tokens may (exp - iat)", FormatDuration(limit), role)}
 	}
-	p := registry.Principal{Sub: c.Subject, Role: role}
+	p := registry.Principal{Sub: c.Subject, Role: role, Token: registry.TokenInfo{
+		ID: c.ID, Lineage: cmp.Or(c.Lineage, c.ID), Expires: c.ExpiresAt.Time}}
+	if c.IssuedAt != nil {
+		p.Token.Issued = c.IssuedAt.Time
+	}
 	switch {
 	case c.IPs != nil && role != registry.RoleAgent:
 		// A claim that would bind nothing is a mistake of whoever minted
@@ -312,7 +349,10 @@ func (v *Verifier) verify(raw string) (verified, error) {
 	case role == registry.RoleAgent && v.cfg.RequireAgentIPs:
 		return verified{}, &TokenError{Reason: `agent tokens must carry an "ips" claim binding them to their hosts (REGISTRY_AGENT_REQUIRE_IP is on)`}
 	}
-	e := verified{p: p, jti: c.ID, end: c.ExpiresAt.Add(Leeway)}
+	e := verified{p: p, jti: c.ID, lid: c.Lineage, end: c.ExpiresAt.Add(Leeway)}
+	if c.LineageStart != nil {
+		e.lat = &c.LineageStart.Time
+	}
 	// The clock readings at which the parser's checks and the cap above
 	// pass: now < exp+Leeway, now >= nbf-Leeway, now >= iat-Leeway, and
 	// without iat, exp-now <= cap+Leeway.
@@ -325,7 +365,7 @@ func (v *Verifier) verify(raw string) (verified, error) {
 	if c.NotBefore != nil && c.NotBefore.Add(-Leeway).After(e.from) {
 		e.from = c.NotBefore.Add(-Leeway)
 	}
-	if err := v.checkRevoked(c.Subject, c.ID, e.iat); err != nil {
+	if err := v.checkRevoked(&e); err != nil {
 		return verified{}, err
 	}
 	return e, nil
@@ -393,6 +433,11 @@ type TokenSpec struct {
 	// IPs binds an agent token to addresses or CIDR prefixes (the "ips"
 	// claim); only agent tokens may carry it.
 	IPs []string
+	// Lineage and LineageStart, set together, make the token a renewal
+	// of the token minted by hand whose jti and iat they are (see
+	// Verifier.Renewal).
+	Lineage      string
+	LineageStart time.Time
 }
 
 // Minted is a signed token and what is needed to manage it.
@@ -459,11 +504,104 @@ func (s Signer) Mint(spec TokenSpec, now time.Time) (Minted, error) {
 	if s.Audience != "" {
 		c.Audience = jwt.ClaimStrings{s.Audience}
 	}
+	if spec.Lineage != "" {
+		if spec.LineageStart.IsZero() || spec.LineageStart.After(now.Add(Leeway)) {
+			return Minted{}, errors.New("auth: a renewal's lineage must have begun before now")
+		}
+		// A clock a little ahead where the lineage began: it began now.
+		start := spec.LineageStart
+		if start.After(now) {
+			start = now
+		}
+		c.Lineage, c.LineageStart = spec.Lineage, jwt.NewNumericDate(start)
+	}
 	tok, err := jwt.NewWithClaims(jwt.SigningMethodHS256, c).SignedString(s.Secret)
 	if err != nil {
 		return Minted{}, fmt.Errorf("auth: sign: %w", err)
 	}
 	return Minted{Token: tok, ID: c.ID, Expires: c.ExpiresAt.Time}, nil
+}
+
+// RenewalError says why a token may not be renewed, in words safe to show
+// its bearer.
+type RenewalError struct{ Reason string }
+
+func (e *RenewalError) Error() string { return "the token cannot be renewed: " + e.Reason }
+
+// Renewal verifies raw in full and returns what its renewal says: the
+// same subject, role and addresses, the same lifetime (exp − iat, within
+// today's cap for the role), and the lineage of the token minted by hand
+// that it descends from. Only agent tokens bound to addresses (an "ips"
+// claim) are renewed, so a renewable token is only ever good for the
+// hosts it names; they also need a "jti" and an "iat", which every token
+// registryd mints has. A refusal is a *TokenError (raw is not valid) or
+// a *RenewalError.
+func (v *Verifier) Renewal(raw string) (TokenSpec, error) {
+	e, c, err := v.verifyClaims(raw)
+	if err != nil {
+		return TokenSpec{}, err
+	}
+	switch {
+	case e.p.Role != registry.RoleAgent:
+		return TokenSpec{}, &RenewalError{Reason: "only agent tokens are renewed; mint another " + string(e.p.Role) + " token with registryd token"}
+	case c.IPs == nil:
+		return TokenSpec{}, &RenewalError{Reason: `it is not bound to addresses (no "ips" claim): mint one with registryd token --ip so that only its hosts can use it`}
+	case c.ID == "" || c.IssuedAt == nil:
+		return TokenSpec{}, &RenewalError{Reason: `it has no "jti" or no "iat" (not minted by registryd token)`}
+	}
+	spec := TokenSpec{Sub: e.p.Sub, Role: e.p.Role, IPs: *c.IPs,
+		TTL:     min(c.ExpiresAt.Sub(c.IssuedAt.Time), v.cfg.Lifetimes.For(e.p.Role)),
+		Lineage: c.ID, LineageStart: c.IssuedAt.Time}
+	if c.Lineage != "" {
+		spec.Lineage, spec.LineageStart = c.Lineage, c.LineageStart.Time
+	}
+	if spec.TTL <= 0 {
+		return TokenSpec{}, &RenewalError{Reason: `its "exp" is not after its "iat"`}
+	}
+	return spec, nil
+}
+
+// Renewer renews agent tokens: it checks the token again (revocation
+// included) and signs its renewal (see Verifier.Renewal).
+type Renewer struct {
+	Verifier *Verifier
+	Signer   Signer
+	Now      func() time.Time // time.Now when nil
+	// Observe, when set, is told each outcome: "renewed", "refused" or
+	// "error".
+	Observe func(result string)
+}
+
+// Renew returns the renewal of raw. A token that may not be renewed, or
+// was revoked or expired since the request was let in, is a
+// *registry.Error of kind registry.ErrForbidden with code
+// registry.CodeNotRenewable.
+func (r *Renewer) Renew(raw string) (registry.RenewedToken, error) {
+	observe := r.Observe
+	if observe == nil {
+		observe = func(string) {}
+	}
+	now := time.Now
+	if r.Now != nil {
+		now = r.Now
+	}
+	spec, err := r.Verifier.Renewal(raw)
+	var m Minted
+	if err == nil {
+		m, err = r.Signer.Mint(spec, now())
+	}
+	var re *RenewalError
+	var te *TokenError
+	switch {
+	case err == nil:
+		observe("renewed")
+		return registry.RenewedToken{Token: m.Token, ID: m.ID, Lineage: spec.Lineage, Expires: m.Expires}, nil
+	case errors.As(err, &re), errors.As(err, &te):
+		observe("refused")
+		return registry.RenewedToken{}, &registry.Error{Kind: registry.ErrForbidden, Code: registry.CodeNotRenewable, Message: err.Error()}
+	}
+	observe("error")
+	return registry.RenewedToken{}, err
 }
 
 // ParsePublicKeys reads every PUBLIC KEY (PKIX) or RSA PUBLIC KEY (PKCS #1)

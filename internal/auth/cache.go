@@ -25,6 +25,8 @@ type verified struct {
 	p         registry.Principal
 	jti       string
 	iat       *time.Time // nil: no "iat"
+	lid       string     // a renewal's lineage ("lid"), or ""
+	lat       *time.Time // when the lineage began ("lat"); nil without lid
 	from, end time.Time  // usable while from <= now < end
 }
 

@@ -70,6 +70,9 @@ type Metrics struct {
 	sweepPasses      *prometheus.CounterVec
 	sweepSeconds     prometheus.Histogram
 	sweepTransitions *prometheus.CounterVec
+
+	agentTokens   *agentTokens
+	tokenRenewals *prometheus.CounterVec
 }
 
 // New makes the families and registers them, with the process and Go
@@ -130,6 +133,11 @@ func New() *Metrics {
 	m.buildInfo = f.gaugeVec("build_info",
 		`Always 1, labelled with the build: version (the module's, or "(devel)"), revision (the VCS commit, "" when unknown) and goversion.`,
 		"version", "revision", "goversion")
+
+	m.tokenRenewals = f.counterVec("token_renewals_total",
+		`Agent token renewals (POST /v1/tokens/renew), by result: "renewed", "refused" (the token may not be renewed: 403), "error".`, "result")
+	m.agentTokens = &agentTokens{now: time.Now}
+	m.register(m.agentTokens)
 
 	m.register(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

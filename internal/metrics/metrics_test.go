@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/http/httptest"
 	"sync"
@@ -352,5 +353,56 @@ func TestSweepPass(t *testing.T) {
 		if got, ok := s.Value(t, c.name, c.labels...); !ok || got != c.want {
 			t.Errorf("%s%v = %v (present %v), want %v", c.name, c.labels, got, ok, c.want)
 		}
+	}
+}
+
+// The agent-token figures show, per subject, the earliest expiry and the
+// least share of lifetime left among the tokens used in the last 10
+// minutes. Tokens count one by one, though the agents of a DaemonSet share
+// a lineage: one that stops renewing shows among many that renew. A
+// token unused for 10 minutes (renewed, or its host gone) drops out.
+func TestAgentTokens(t *testing.T) {
+	t.Parallel()
+	m := metrics.New()
+	var mu sync.Mutex
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	metrics.SetClock(m, func() time.Time { mu.Lock(); defer mu.Unlock(); return now })
+	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	tok := func(id string, issued time.Time, life time.Duration) registry.TokenInfo {
+		return registry.TokenInfo{ID: id, Lineage: "pool-a-secret", Issued: issued, Expires: issued.Add(life)}
+	}
+	srv := httptest.NewServer(m.Handler())
+	defer srv.Close()
+	expect := func(sub string, expires time.Time, left float64) {
+		t.Helper()
+		s := apitest.Scrape(t, srv.URL)
+		if got, ok := s.Value(t, "registryd_agent_token_expiry_timestamp_seconds", "sub", sub); !ok || got != float64(expires.Unix()) {
+			t.Errorf("%s: expiry %v (present %v), want %v", sub, got, ok, expires.Unix())
+		}
+		if got, ok := s.Value(t, "registryd_agent_token_life_left_ratio", "sub", sub); !ok || math.Abs(got-left) > 0.001 {
+			t.Errorf("%s: life left %v (present %v), want %v", sub, got, ok, left)
+		}
+	}
+	t0 := now
+	// Two hosts of pool-a with 24h tokens of one lineage, one of them 18h
+	// old; pool-b with a 90-day token.
+	m.AgentTokenSeen("pool-a", tok("h1", t0, 24*time.Hour))
+	m.AgentTokenSeen("pool-a", tok("h2", t0.Add(-18*time.Hour), 24*time.Hour))
+	m.AgentTokenSeen("pool-b", registry.TokenInfo{Issued: t0, Expires: t0.Add(90 * 24 * time.Hour)}) // no jti
+	expect("pool-a", t0.Add(6*time.Hour), 0.25)
+	expect("pool-b", t0.Add(90*24*time.Hour), 1)
+
+	// h2 renews and uses only its renewal: 10 minutes on, the old token is
+	// gone from the figures, and so is pool-b, whose host went quiet.
+	advance(time.Minute)
+	renewedAt := now
+	m.AgentTokenSeen("pool-a", tok("h2-renewed", renewedAt, 24*time.Hour))
+	expect("pool-a", t0.Add(6*time.Hour), 0.25-float64(time.Minute)/float64(24*time.Hour))
+	advance(10*time.Minute + time.Second)
+	m.AgentTokenSeen("pool-a", tok("h1", t0, 24*time.Hour))
+	m.AgentTokenSeen("pool-a", tok("h2-renewed", renewedAt, 24*time.Hour))
+	expect("pool-a", t0.Add(24*time.Hour), 1-float64(11*time.Minute+time.Second)/float64(24*time.Hour))
+	if _, ok := apitest.Scrape(t, srv.URL).Value(t, "registryd_agent_token_expiry_timestamp_seconds", "sub", "pool-b"); ok {
+		t.Error("a subject whose tokens went unused for 10 minutes is still shown")
 	}
 }

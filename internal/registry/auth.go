@@ -76,6 +76,28 @@ type Principal struct {
 	// register, adopt or move a node to (the token's "ips" claim). See
 	// MayUseIP.
 	IPs []netip.Prefix
+	// Token is what the request's token says of itself; zero for
+	// principals that came from no token.
+	Token TokenInfo
+}
+
+// RenewedToken is a token's renewal (POST /v1/tokens/renew).
+type RenewedToken struct {
+	Token   string
+	ID      string // its "jti"
+	Lineage string // the "jti" of the token minted by hand it renews
+	Expires time.Time
+}
+
+// TokenInfo describes the token a principal came from.
+type TokenInfo struct {
+	// ID is the token's "jti" ("" without one).
+	ID string
+	// Lineage names the token minted by hand and every renewal of it
+	// (its "jti" then theirs "lid"); "" when the token has no "jti".
+	Lineage string
+	// Issued is its "iat" (zero without one); Expires its "exp".
+	Issued, Expires time.Time
 }
 
 // MayActAs reports whether p may act on behalf of node n (the Node-Id

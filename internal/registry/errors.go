@@ -124,6 +124,10 @@ const (
 	// CodeTooManyMatched (409): a cordon's filters match more nodes than
 	// one cordon takes.
 	CodeTooManyMatched = "too_many_matched"
+	// CodeNotRenewable (403): POST /v1/tokens/renew with a token that is
+	// not renewed (not an agent's, not bound to addresses, or not signed
+	// by this server).
+	CodeNotRenewable = "token_not_renewable"
 )
 
 // CodeOf is the code of err as a client is told it: its own, or its

@@ -1416,7 +1416,7 @@ type PingStatus string
 
 // Problem An RFC 9457 problem details document.
 type Problem struct {
-	// Code Why, for programs: branch on this, never on `detail`. Of claims, releases, renewals and cordons: `job_owned_by_other` (403: the job holds nodes another principal claimed), `insufficient_capacity` (409: fewer free nodes match than the claim asked for), `no_single_host` (409: no one host has them, for `same_host`), `not_enough_hosts` (409: fewer hosts than asked have `per_host` free matching nodes each), `no_fabric_fit` (409: no one fabric has the hosts a `same_fabric` claim asked for; the detail says the most one fabric has), `lease_expired` (404: the job's leases ran out), `job_holds_nothing` (404: a renewal of a job holding nothing), `too_many_matched` (409: a cordon's filters match more nodes than one cordon takes), `idempotency_key_reused` (422: an `Idempotency-Key` first used with another request), `idempotent_answer_lost` (409: the first request with the key changed nodes and its answer was lost with its replica), `idempotency_key_taken_over` (409: the request ran past its key's lease, a retry took the key over, and this one changed nothing). Every other problem carries its status's code: `invalid_request` (400), `unauthorized` (401), `forbidden` (403: the role lacks the permission), `not_found` (404), `method_not_allowed` (405), `conflict` (409), `precondition_failed` (412), `body_too_large` (413), `unsupported_media_type` (415), `too_many_requests` (429), `internal_error` (500), `busy` (503: a lock wait), `unavailable` (503). New codes may be added; treat an unknown one by its status.
+	// Code Why, for programs: branch on this, never on `detail`. Of claims, releases, renewals and cordons: `job_owned_by_other` (403: the job holds nodes another principal claimed), `insufficient_capacity` (409: fewer free nodes match than the claim asked for), `no_single_host` (409: no one host has them, for `same_host`), `not_enough_hosts` (409: fewer hosts than asked have `per_host` free matching nodes each), `no_fabric_fit` (409: no one fabric has the hosts a `same_fabric` claim asked for; the detail says the most one fabric has), `lease_expired` (404: the job's leases ran out), `job_holds_nothing` (404: a renewal of a job holding nothing), `too_many_matched` (409: a cordon's filters match more nodes than one cordon takes), `token_not_renewable` (403: a token renewal refused), `idempotency_key_reused` (422: an `Idempotency-Key` first used with another request), `idempotent_answer_lost` (409: the first request with the key changed nodes and its answer was lost with its replica), `idempotency_key_taken_over` (409: the request ran past its key's lease, a retry took the key over, and this one changed nothing). Every other problem carries its status's code: `invalid_request` (400), `unauthorized` (401), `forbidden` (403: the role lacks the permission), `not_found` (404), `method_not_allowed` (405), `conflict` (409), `precondition_failed` (412), `body_too_large` (413), `unsupported_media_type` (415), `too_many_requests` (429), `internal_error` (500), `busy` (503: a lock wait), `unavailable` (503). New codes may be added; treat an unknown one by its status.
 	//
 	// Example: insufficient_capacity
 	Code string `json:"code"`
@@ -1493,6 +1493,23 @@ type RenewResult struct {
 
 	// Nodes Every node the job holds, ordered by pk: the leased ones with their new `lease_expires_at`, the others (held until released) unchanged.
 	Nodes []Node `json:"nodes"`
+}
+
+// RenewedToken A renewed agent token.
+//
+// Example: {"expires":"2026-12-06T09:00:00Z","id":"9pQ2xLr0bFqv3yS4tD7wXg","lineage":"3q2-7wX5dGFhYmJjZGVmZw","token":"eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.e30.c2lnbmF0dXJl"}
+type RenewedToken struct {
+	// Expires When the new token expires (its `exp`).
+	Expires time.Time `json:"expires"`
+
+	// ID Its `jti`.
+	ID string `json:"id"`
+
+	// Lineage The `jti` of the token minted by hand that it renews; revoking it revokes every renewal.
+	Lineage string `json:"lineage"`
+
+	// Token The new bearer token.
+	Token string `json:"token"`
 }
 
 // Revocation A stored revocation: `sub` with `revoked_before`, or `jti` with `until` when its expiry is known.
@@ -1945,6 +1962,12 @@ type UpdateNodeParams struct {
 
 	// IfMatch One or more entity tags separated by commas, or `*`: node tags look like `"3"`, hardware generation tags like `"3-12"` (version and node count). The write happens only when one names the row's current `ETag` (strong comparison: weak tags such as `W/"3"` never match) or the value is `*`, which matches any version; otherwise 412 Precondition Failed and nothing changes. The check runs with the row locked, so two clients that read the same version cannot both write. For a hardware generation the node count is part of the tag: if a node moved to or from it since it was read, the tag no longer matches (412) even though the generation was not renamed. A row that does not exist is 404, `*` included. Send the `Etag` of the row as last read.
 	IfMatch *IfMatch `json:"If-Match,omitempty"`
+}
+
+// RenewTokenParams defines parameters for RenewToken.
+type RenewTokenParams struct {
+	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
+	NodeID *NodeID `json:"Node-Id,omitempty"`
 }
 
 // RevokeTokensParams defines parameters for RevokeTokens.
@@ -2748,6 +2771,14 @@ type ClientInterface interface {
 	//
 	// Corresponds with PUT /v1/nodes/{pk} (the `UpdateNode` operationId).
 	UpdateNode(ctx context.Context, pk NodePK, params *UpdateNodeParams, body UpdateNodeJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// RenewToken Exchange an agent token for a fresh one
+	//
+	// An agent exchanges its token, while it is still valid, for a new one with the same `sub`, role and `ips`, living as long as the token it replaces did (its `exp` minus its `iat`, within today's cap for the role). `registryd agent` renews when a third of its token's lifetime is left, so an agent runs unattended past every token lifetime. Only agent tokens bound to addresses (minted with `registryd token --ip`) are renewed: a stolen one stays good only for the hosts it names. Renewals keep their lineage: revoking the `jti` of the token minted by hand (the `lineage` of the answer), or the subject's tokens, revokes every renewal of it too, and a revoked token is not renewed. The old token stays valid until its own `exp`. The body is empty or `{}`. 403 with code `token_not_renewable` for a token that is not renewed (another role, no `ips`, no `jti` or `iat`, revoked or expired a moment ago, or a server that signs no tokens because only `REGISTRY_JWT_PUBLIC_KEYS` is set). Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+	// Roles: agent only; the others get 403.
+	//
+	// Corresponds with POST /v1/tokens/renew (the `RenewToken` operationId).
+	RenewToken(ctx context.Context, params *RenewTokenParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// RevokeTokensWithBody Revoke tokens before they expire
 	//
@@ -3846,6 +3877,24 @@ func (c *Client) UpdateNodeWithBody(ctx context.Context, pk NodePK, params *Upda
 // Corresponds with PUT /v1/nodes/{pk} (the `UpdateNode` operationId).
 func (c *Client) UpdateNode(ctx context.Context, pk NodePK, params *UpdateNodeParams, body UpdateNodeJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewUpdateNodeRequest(c.Server, pk, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// RenewToken Exchange an agent token for a fresh one
+//
+// An agent exchanges its token, while it is still valid, for a new one with the same `sub`, role and `ips`, living as long as the token it replaces did (its `exp` minus its `iat`, within today's cap for the role). `registryd agent` renews when a third of its token's lifetime is left, so an agent runs unattended past every token lifetime. Only agent tokens bound to addresses (minted with `registryd token --ip`) are renewed: a stolen one stays good only for the hosts it names. Renewals keep their lineage: revoking the `jti` of the token minted by hand (the `lineage` of the answer), or the subject's tokens, revokes every renewal of it too, and a revoked token is not renewed. The old token stays valid until its own `exp`. The body is empty or `{}`. 403 with code `token_not_renewable` for a token that is not renewed (another role, no `ips`, no `jti` or `iat`, revoked or expired a moment ago, or a server that signs no tokens because only `REGISTRY_JWT_PUBLIC_KEYS` is set). Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+// Roles: agent only; the others get 403.
+//
+// Corresponds with POST /v1/tokens/renew (the `RenewToken` operationId).
+func (c *Client) RenewToken(ctx context.Context, params *RenewTokenParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewRenewTokenRequest(c.Server, params)
 	if err != nil {
 		return nil, err
 	}
@@ -5910,6 +5959,48 @@ func NewUpdateNodeRequestWithBody(server string, pk NodePK, params *UpdateNodePa
 	return req, nil
 }
 
+// NewRenewTokenRequest constructs an http.Request for the RenewToken method
+func NewRenewTokenRequest(server string, params *RenewTokenParams) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/tokens/renew")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.NodeID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Node-Id", *params.NodeID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "integer", Format: "int64"})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Node-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
 // NewRevokeTokensRequest calls the generic RevokeTokens builder with application/json body
 func NewRevokeTokensRequest(server string, params *RevokeTokensParams, body RevokeTokensJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
@@ -6646,6 +6737,16 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with PUT /v1/nodes/{pk} (the `UpdateNode` operationId).
 	UpdateNodeWithResponse(ctx context.Context, pk NodePK, params *UpdateNodeParams, body UpdateNodeJSONRequestBody, reqEditors ...RequestEditorFn) (*UpdateNodeResponse, error)
+
+	// RenewTokenWithResponse Exchange an agent token for a fresh one
+	//
+	// An agent exchanges its token, while it is still valid, for a new one with the same `sub`, role and `ips`, living as long as the token it replaces did (its `exp` minus its `iat`, within today's cap for the role). `registryd agent` renews when a third of its token's lifetime is left, so an agent runs unattended past every token lifetime. Only agent tokens bound to addresses (minted with `registryd token --ip`) are renewed: a stolen one stays good only for the hosts it names. Renewals keep their lineage: revoking the `jti` of the token minted by hand (the `lineage` of the answer), or the subject's tokens, revokes every renewal of it too, and a revoked token is not renewed. The old token stays valid until its own `exp`. The body is empty or `{}`. 403 with code `token_not_renewable` for a token that is not renewed (another role, no `ips`, no `jti` or `iat`, revoked or expired a moment ago, or a server that signs no tokens because only `REGISTRY_JWT_PUBLIC_KEYS` is set). Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+	// Roles: agent only; the others get 403.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/tokens/renew (the `RenewToken` operationId).
+	RenewTokenWithResponse(ctx context.Context, params *RenewTokenParams, reqEditors ...RequestEditorFn) (*RenewTokenResponse, error)
 
 	// RevokeTokensWithBodyWithResponse Revoke tokens before they expire
 	//
@@ -11666,6 +11767,182 @@ func (r UpdateNodeResponse) ContentType() string {
 	return ""
 }
 
+// RenewTokenResponse200Headers the declared response headers of an HTTP 200 response for RenewToken
+type RenewTokenResponse200Headers struct {
+	XRequestID string
+}
+
+// RenewTokenResponse400Headers the declared response headers of an HTTP 400 response for RenewToken
+type RenewTokenResponse400Headers struct {
+	XRequestID string
+}
+
+// RenewTokenResponse401Headers the declared response headers of an HTTP 401 response for RenewToken
+type RenewTokenResponse401Headers struct {
+	WwwAuthenticate string
+	XRequestID      string
+}
+
+// RenewTokenResponse403Headers the declared response headers of an HTTP 403 response for RenewToken
+type RenewTokenResponse403Headers struct {
+	XRequestID string
+}
+
+// RenewTokenResponse404Headers the declared response headers of an HTTP 404 response for RenewToken
+type RenewTokenResponse404Headers struct {
+	XRequestID string
+}
+
+// RenewTokenResponse413Headers the declared response headers of an HTTP 413 response for RenewToken
+type RenewTokenResponse413Headers struct {
+	XRequestID string
+}
+
+// RenewTokenResponse415Headers the declared response headers of an HTTP 415 response for RenewToken
+type RenewTokenResponse415Headers struct {
+	XRequestID string
+}
+
+// RenewTokenResponse500Headers the declared response headers of an HTTP 500 response for RenewToken
+type RenewTokenResponse500Headers struct {
+	XRequestID string
+}
+
+// RenewTokenResponse503Headers the declared response headers of an HTTP 503 response for RenewToken
+type RenewTokenResponse503Headers struct {
+	RetryAfter int
+	XRequestID string
+}
+
+// RenewTokenResponseDefaultHeaders the declared response headers of an HTTP default response for RenewToken
+type RenewTokenResponseDefaultHeaders struct {
+	XRequestID string
+}
+
+type RenewTokenResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *RenewedToken
+	// ApplicationProblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationProblemJSON400 *BadRequest
+	// ApplicationProblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationProblemJSON401 *Unauthorized
+	// ApplicationProblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationProblemJSON403 *Forbidden
+	// ApplicationProblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationProblemJSON404 *NotFound
+	// ApplicationProblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationProblemJSON413 *PayloadTooLarge
+	// ApplicationProblemJSON415 the response for an HTTP 415 `application/problem+json` response
+	ApplicationProblemJSON415 *UnsupportedMediaType
+	// ApplicationProblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationProblemJSON500 *InternalError
+	// ApplicationProblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationProblemJSON503 *ServiceUnavailable
+	// ApplicationProblemJSONDefault the response for an HTTP default `application/problem+json` response
+	ApplicationProblemJSONDefault *Error
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *RenewTokenResponse200Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *RenewTokenResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *RenewTokenResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *RenewTokenResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *RenewTokenResponse404Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *RenewTokenResponse413Headers
+	// Headers415 the parsed response headers for an HTTP 415 response
+	Headers415 *RenewTokenResponse415Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *RenewTokenResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *RenewTokenResponse503Headers
+	// HeadersDefault the parsed response headers for an HTTP default response
+	HeadersDefault *RenewTokenResponseDefaultHeaders
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r RenewTokenResponse) GetJSON200() *RenewedToken {
+	return r.JSON200
+}
+
+// GetApplicationProblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r RenewTokenResponse) GetApplicationProblemJSON400() *BadRequest {
+	return r.ApplicationProblemJSON400
+}
+
+// GetApplicationProblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r RenewTokenResponse) GetApplicationProblemJSON401() *Unauthorized {
+	return r.ApplicationProblemJSON401
+}
+
+// GetApplicationProblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r RenewTokenResponse) GetApplicationProblemJSON403() *Forbidden {
+	return r.ApplicationProblemJSON403
+}
+
+// GetApplicationProblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r RenewTokenResponse) GetApplicationProblemJSON404() *NotFound {
+	return r.ApplicationProblemJSON404
+}
+
+// GetApplicationProblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r RenewTokenResponse) GetApplicationProblemJSON413() *PayloadTooLarge {
+	return r.ApplicationProblemJSON413
+}
+
+// GetApplicationProblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
+func (r RenewTokenResponse) GetApplicationProblemJSON415() *UnsupportedMediaType {
+	return r.ApplicationProblemJSON415
+}
+
+// GetApplicationProblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r RenewTokenResponse) GetApplicationProblemJSON500() *InternalError {
+	return r.ApplicationProblemJSON500
+}
+
+// GetApplicationProblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r RenewTokenResponse) GetApplicationProblemJSON503() *ServiceUnavailable {
+	return r.ApplicationProblemJSON503
+}
+
+// GetApplicationProblemJSONDefault returns the response for an HTTP default `application/problem+json` response
+func (r RenewTokenResponse) GetApplicationProblemJSONDefault() *Error {
+	return r.ApplicationProblemJSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r RenewTokenResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r RenewTokenResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r RenewTokenResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r RenewTokenResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // RevokeTokensResponse200Headers the declared response headers of an HTTP 200 response for RevokeTokens
 type RevokeTokensResponse200Headers struct {
 	XRequestID string
@@ -12766,6 +13043,22 @@ func (c *ClientWithResponses) UpdateNodeWithResponse(ctx context.Context, pk Nod
 		return nil, err
 	}
 	return ParseUpdateNodeResponse(rsp)
+}
+
+// RenewTokenWithResponse Exchange an agent token for a fresh one
+//
+// An agent exchanges its token, while it is still valid, for a new one with the same `sub`, role and `ips`, living as long as the token it replaces did (its `exp` minus its `iat`, within today's cap for the role). `registryd agent` renews when a third of its token's lifetime is left, so an agent runs unattended past every token lifetime. Only agent tokens bound to addresses (minted with `registryd token --ip`) are renewed: a stolen one stays good only for the hosts it names. Renewals keep their lineage: revoking the `jti` of the token minted by hand (the `lineage` of the answer), or the subject's tokens, revokes every renewal of it too, and a revoked token is not renewed. The old token stays valid until its own `exp`. The body is empty or `{}`. 403 with code `token_not_renewable` for a token that is not renewed (another role, no `ips`, no `jti` or `iat`, revoked or expired a moment ago, or a server that signs no tokens because only `REGISTRY_JWT_PUBLIC_KEYS` is set). Like every `/v1` operation: 401 without a valid bearer token; 400 for a malformed `Node-Id`, 403 for one the caller may not use, 404 for an admin's `Node-Id` naming a missing node.
+// Roles: agent only; the others get 403.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/tokens/renew (the `RenewToken` operationId).
+func (c *ClientWithResponses) RenewTokenWithResponse(ctx context.Context, params *RenewTokenParams, reqEditors ...RequestEditorFn) (*RenewTokenResponse, error) {
+	rsp, err := c.RenewToken(ctx, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseRenewTokenResponse(rsp)
 }
 
 // RevokeTokensWithBodyWithResponse Revoke tokens before they expire
@@ -18814,6 +19107,212 @@ func ParseUpdateNodeResponse(rsp *http.Response) (*UpdateNodeResponse, error) {
 		response.Headers503 = &headers
 	case true:
 		var headers UpdateNodeResponseDefaultHeaders
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.HeadersDefault = &headers
+	}
+
+	return response, nil
+}
+
+// ParseRenewTokenResponse parses an HTTP response from a RenewTokenWithResponse call
+func ParseRenewTokenResponse(rsp *http.Response) (*RenewTokenResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &RenewTokenResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest RenewedToken
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest UnsupportedMediaType
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON415 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSON503 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationProblemJSONDefault = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers RenewTokenResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 400:
+		var headers RenewTokenResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers RenewTokenResponse401Headers
+		if values := rsp.Header.Values("Www-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Www-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WwwAuthenticate = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers RenewTokenResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers RenewTokenResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 413:
+		var headers RenewTokenResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers413 = &headers
+	case rsp.StatusCode == 415:
+		var headers RenewTokenResponse415Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers415 = &headers
+	case rsp.StatusCode == 500:
+		var headers RenewTokenResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers RenewTokenResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = value
+		}
+		response.Headers503 = &headers
+	case true:
+		var headers RenewTokenResponseDefaultHeaders
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {

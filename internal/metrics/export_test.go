@@ -1,0 +1,6 @@
+package metrics
+
+import "time"
+
+// SetClock makes m read the time from now (tests of what ages).
+func SetClock(m *Metrics, now func() time.Time) { m.agentTokens.now = now }
