@@ -3,6 +3,7 @@ package main
 import (
 	"crypto"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"slices"
@@ -83,6 +84,9 @@ type config struct {
 	// observeGroup is told of every shared transaction of claims and
 	// releases (metrics).
 	observeGroup func(committed int, err error)
+	// migrations replace the embedded ones (tests of upgrades: one
+	// release's set, then the next's); not from the environment.
+	migrations fs.FS
 	// revocationsWait bounds serve's wait for the first load of the token
 	// revocation list; 30s when zero. Tests only; not from the environment.
 	revocationsWait time.Duration

@@ -52,7 +52,7 @@ func openDatabase(ctx context.Context, cfg config, logger *slog.Logger, command 
 	st, err := store.Open(ctx, url, store.Options{MaxConns: cfg.MaxConns, AcquireTimeout: cfg.AcquireTimeout,
 		StatementTimeout: cfg.StatementTimeout, IdleInTransactionTimeout: cfg.IdleInTxTimeout, LockTimeout: cfg.LockTimeout,
 		ObserveQuery: cfg.observeQuery,
-		ObserveGroup: cfg.observeGroup})
+		ObserveGroup: cfg.observeGroup, Migrations: cfg.migrations})
 	if err != nil {
 		claim.release(ctx)
 		return nil, err
@@ -203,8 +203,9 @@ func openMigrated(ctx context.Context, cfg config, logger *slog.Logger, command 
 	return db, nil
 }
 
-// prepareSchema migrates when allowed, otherwise refuses a schema that is
-// not exactly the one this binary knows.
+// prepareSchema migrates when allowed, then refuses a schema this binary
+// may not serve: older than its own, or newer through a migration that
+// does not let older replicas serve (store.SchemaState.OK).
 func prepareSchema(ctx context.Context, db *database, migrate bool, logger *slog.Logger) error {
 	if migrate || db.embedded() {
 		m, err := db.store.NewMigrator(logger)
@@ -226,6 +227,9 @@ func prepareSchema(ctx context.Context, db *database, migrate bool, logger *slog
 	}
 	if !st.OK() {
 		return errors.New(st.Problem())
+	}
+	if st.Current > st.Latest {
+		warnNewerSchema(logger, st)
 	}
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"runtime"
+	"sync/atomic"
 	"time"
 
 	registryd "github.com/registryd/registryd"
@@ -321,7 +322,7 @@ func (w *wiring) newAPIServer(ctx context.Context) error {
 		Nodes:      w.nodes,
 		Events:     w.hub,
 		Health:     embeddedHealth(w.db.cluster, cfg.embedded.healthGrace),
-		Ready:      schemaReady(w.db.store),
+		Ready:      schemaReady(w.db.store, w.logger),
 		Metrics:    apiMetrics(w.metrics, w.metricsLn),
 		Observer:   w.metrics,
 
@@ -386,7 +387,8 @@ func (w *wiring) run(ctx context.Context) error {
 
 // schemaReady is /readyz's check: the database answers and its schema is
 // the one this binary knows.
-func schemaReady(st *store.Store) func(context.Context) error {
+func schemaReady(st *store.Store, logger *slog.Logger) func(context.Context) error {
+	var told atomic.Int64 // the newer schema version last logged
 	return func(ctx context.Context) error {
 		state, err := st.CheckSchema(ctx)
 		if err != nil {
@@ -395,8 +397,18 @@ func schemaReady(st *store.Store) func(context.Context) error {
 		if !state.OK() {
 			return errors.New(state.Problem())
 		}
+		if state.Current > state.Latest && told.Swap(state.Current) != state.Current {
+			warnNewerSchema(logger, state)
+		}
 		return nil
 	}
+}
+
+// warnNewerSchema says that this replica serves a schema newer than its
+// own, which the newer migrations allow (store.SchemaState.OK).
+func warnNewerSchema(logger *slog.Logger, st store.SchemaState) {
+	logger.Warn("the database schema is newer than this registryd; serving it, as every newer migration allows: roll out the release that brought it",
+		"schema", st.Current, "known", st.Latest)
 }
 
 // newHTTPServer is the HTTP server of handler, with timeouts that bound

@@ -22,6 +22,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/fstest"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -331,4 +332,43 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return strings.ToLower(hex.EncodeToString(b))
+}
+
+// MigrationsWith is the embedded migrations and extra ones (file name →
+// SQL), as the migrations of a later release would be: tests of upgrades
+// give it to store.Options.Migrations.
+func MigrationsWith(t testing.TB, extra map[string]string) fs.FS {
+	t.Helper()
+	out := fstest.MapFS{}
+	names, err := fs.Glob(migrations.FS, "*.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range names {
+		b, err := fs.ReadFile(migrations.FS, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[n] = &fstest.MapFile{Data: b}
+	}
+	for n, sql := range extra {
+		out[n] = &fstest.MapFile{Data: []byte(sql)}
+	}
+	return out
+}
+
+// Exec runs one statement on the database at url, on a connection of its
+// own, failing the test if it fails.
+func Exec(t testing.TB, url, sql string, args ...any) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, sql, args...); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
 }

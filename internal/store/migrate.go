@@ -6,22 +6,23 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
-
-	"github.com/registryd/registryd/migrations"
 )
 
 // migrationLockID keys the advisory lock that keeps replicas migrating at
 // the same moment from stepping on each other ("registry" in ASCII).
 const migrationLockID = 0x7265676973747279
 
-// Migrator applies the embedded goose migrations.
+// Migrator applies the store's goose migrations (Options.Migrations).
 type Migrator struct {
 	db       *sql.DB
 	provider *goose.Provider
+	store    *Store
 }
 
 // NewMigrator prepares migrations over the store's pool. Close it when done.
@@ -36,22 +37,28 @@ func (s *Store) NewMigrator(logger *slog.Logger) (*Migrator, error) {
 	if logger != nil {
 		opts = append(opts, goose.WithSlog(logger))
 	}
-	p, err := goose.NewProvider(goose.DialectPostgres, db, migrations.FS, opts...)
+	p, err := goose.NewProvider(goose.DialectPostgres, db, s.migrations, opts...)
 	if err != nil {
 		db.Close()
 		return nil, fmt.Errorf("store: migrations: %w", err)
 	}
-	return &Migrator{db: db, provider: p}, nil
+	return &Migrator{db: db, provider: p, store: s}, nil
 }
 
 // Close releases the migrator's database handle (not the pool).
 func (m *Migrator) Close() error { return m.db.Close() }
 
-// Up applies every pending migration and returns what ran.
+// Up applies every pending migration and returns what ran, then records
+// what each known migration lets older replicas do (see compatibleFrom).
+// On a schema newer than the migrations it knows it applies nothing.
 func (m *Migrator) Up(ctx context.Context) ([]*goose.MigrationResult, error) {
-	res, err := m.provider.Up(withoutStatementTimeout(ctx))
+	ctx = withoutStatementTimeout(ctx)
+	res, err := m.provider.Up(ctx)
 	if err != nil {
 		return res, fmt.Errorf("store: migrate up: %w", translate(err))
+	}
+	if err := m.store.recordCompat(ctx); err != nil {
+		return res, err
 	}
 	return res, nil
 }
@@ -61,6 +68,9 @@ func (m *Migrator) Down(ctx context.Context) (*goose.MigrationResult, error) {
 	res, err := m.provider.Down(withoutStatementTimeout(ctx))
 	if err != nil {
 		return res, fmt.Errorf("store: migrate down: %w", translate(err))
+	}
+	if err := m.store.recordCompat(withoutStatementTimeout(ctx)); err != nil {
+		return res, err
 	}
 	return res, nil
 }
@@ -74,21 +84,135 @@ func (m *Migrator) Status(ctx context.Context) ([]*goose.MigrationStatus, error)
 	return st, nil
 }
 
-// LatestVersion is the newest migration this binary knows.
-func LatestVersion() (int64, error) {
-	names, err := fs.Glob(migrations.FS, "*.sql")
+// known lists the store's migrations: version, and the oldest schema
+// version whose replicas may keep serving once it is applied.
+func (s *Store) known() (map[int64]int64, error) {
+	names, err := fs.Glob(s.migrations, "*.sql")
+	if err != nil {
+		return nil, err
+	}
+	out := map[int64]int64{}
+	for _, n := range names {
+		v, err := goose.NumericComponent(n)
+		if err != nil {
+			return nil, fmt.Errorf("store: migration %s: %w", n, err)
+		}
+		text, err := fs.ReadFile(s.migrations, n)
+		if err != nil {
+			return nil, err
+		}
+		from, _, err := compatibleFrom(v, string(text))
+		if err != nil {
+			return nil, fmt.Errorf("store: migration %s: %w", n, err)
+		}
+		out[v] = from
+	}
+	return out, nil
+}
+
+// The lines a migration says which older replicas may keep serving once
+// it is applied with: "-- registryd:compatible-from N" (replicas whose
+// newest migration is N or later), or "-- registryd:breaking" (none).
+const (
+	compatDirective   = "-- registryd:compatible-from "
+	breakingDirective = "-- registryd:breaking"
+)
+
+// compatibleFrom reads a migration's compatibility: the N of its
+// directive (at most its own version), or its own version when it is
+// breaking or says nothing (only replicas that know it may serve).
+// declared reports whether it said anything.
+func compatibleFrom(version int64, text string) (from int64, declared bool, err error) {
+	from = version
+	for line := range strings.Lines(text) {
+		line = strings.TrimSpace(line)
+		if line == breakingDirective {
+			if declared {
+				return 0, false, fmt.Errorf("%q: the migration says twice which releases may serve it", line)
+			}
+			declared = true
+			continue
+		}
+		rest, ok := strings.CutPrefix(line, compatDirective)
+		if !ok {
+			continue
+		}
+		n, err := strconv.ParseInt(strings.TrimSpace(rest), 10, 64)
+		if err != nil || n < 1 || n > version {
+			return 0, false, fmt.Errorf("%q: want the version of an older migration, at most %d", line, version)
+		}
+		if declared {
+			return 0, false, fmt.Errorf("%q: the migration says twice which releases may serve it", line)
+		}
+		from, declared = n, true
+	}
+	return from, declared, nil
+}
+
+// UndeclaredMigrations lists the store's migrations from version since on
+// that say neither compatible-from nor breaking.
+func (s *Store) UndeclaredMigrations(since int64) ([]string, error) {
+	names, err := fs.Glob(s.migrations, "*.sql")
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, n := range names {
+		v, err := goose.NumericComponent(n)
+		if err != nil || v < since {
+			continue
+		}
+		text, err := fs.ReadFile(s.migrations, n)
+		if err != nil {
+			return nil, err
+		}
+		if _, declared, err := compatibleFrom(v, string(text)); err != nil || !declared {
+			out = append(out, n)
+		}
+	}
+	return out, nil
+}
+
+// LatestVersion is the newest migration the store knows.
+func (s *Store) LatestVersion() (int64, error) {
+	known, err := s.known()
 	if err != nil {
 		return 0, err
 	}
 	var latest int64
-	for _, n := range names {
-		v, err := goose.NumericComponent(n)
-		if err != nil {
-			return 0, fmt.Errorf("store: migration %s: %w", n, err)
-		}
+	for v := range known {
 		latest = max(latest, v)
 	}
 	return latest, nil
+}
+
+// recordCompat writes every applied migration the store knows into
+// schema_compat, and forgets rows of versions no longer applied, once the
+// table exists (migration 00023).
+func (s *Store) recordCompat(ctx context.Context) error {
+	known, err := s.known()
+	if err != nil {
+		return err
+	}
+	var exists bool
+	if err := s.db.QueryRow(ctx, `SELECT to_regclass('schema_compat') IS NOT NULL`).Scan(&exists); err != nil || !exists {
+		return translate(err)
+	}
+	versions, froms := make([]int64, 0, len(known)), make([]int64, 0, len(known))
+	for v, from := range known {
+		versions, froms = append(versions, v), append(froms, from)
+	}
+	_, err = s.db.Exec(ctx, `
+WITH applied AS (SELECT DISTINCT version_id FROM goose_db_version WHERE is_applied AND version_id > 0),
+gone AS (DELETE FROM schema_compat WHERE version NOT IN (SELECT version_id FROM applied))
+INSERT INTO schema_compat (version, compatible_from)
+SELECT k.v, k.f FROM unnest($1::bigint[], $2::bigint[]) AS k(v, f)
+WHERE k.v IN (SELECT version_id FROM applied)
+ON CONFLICT (version) DO UPDATE SET compatible_from = EXCLUDED.compatible_from`, versions, froms)
+	if err != nil {
+		return fmt.Errorf("store: record schema compatibility: %w", translate(err))
+	}
+	return nil
 }
 
 // SchemaVersion reads the applied schema version without creating anything:
@@ -112,27 +236,33 @@ func (s *Store) SchemaVersion(ctx context.Context) (int64, error) {
 // SchemaState compares the database's schema with the binary's.
 type SchemaState struct {
 	Current, Latest int64
+	// Compatible, when Current > Latest, says that every migration past
+	// Latest lets replicas of Latest keep serving (schema_compat).
+	Compatible bool
 }
 
-// OK reports whether the schema is exactly the one this binary expects.
-func (st SchemaState) OK() bool { return st.Current == st.Latest }
+// OK reports whether this binary may serve the schema: exactly its own,
+// or a newer one whose every newer migration allows it.
+func (st SchemaState) OK() bool {
+	return st.Current == st.Latest || st.Current > st.Latest && st.Compatible
+}
 
 // Problem describes what is wrong and how to fix it, or "" when OK.
 func (st SchemaState) Problem() string {
 	switch {
+	case st.OK():
+		return ""
 	case st.Current == 0:
 		return fmt.Sprintf("the database has no registry schema; run `registryd migrate up` (or start with REGISTRY_MIGRATE=true) to create it (version %d)", st.Latest)
 	case st.Current < st.Latest:
 		return fmt.Sprintf("the database schema is at version %d but this registryd needs %d; run `registryd migrate up` (or start with REGISTRY_MIGRATE=true)", st.Current, st.Latest)
-	case st.Current > st.Latest:
-		return fmt.Sprintf("the database schema is at version %d, newer than this registryd knows (%d); upgrade registryd or roll the schema back with a newer binary's `migrate down`", st.Current, st.Latest)
 	}
-	return ""
+	return fmt.Sprintf("the database schema is at version %d, newer than this registryd knows (%d), and a migration after %d does not let older replicas serve it; upgrade registryd or roll the schema back with a newer binary's `migrate down`", st.Current, st.Latest, st.Latest)
 }
 
 // CheckSchema reports the database's schema state.
 func (s *Store) CheckSchema(ctx context.Context) (SchemaState, error) {
-	latest, err := LatestVersion()
+	latest, err := s.LatestVersion()
 	if err != nil {
 		return SchemaState{}, err
 	}
@@ -140,5 +270,25 @@ func (s *Store) CheckSchema(ctx context.Context) (SchemaState, error) {
 	if err != nil {
 		return SchemaState{}, err
 	}
-	return SchemaState{Current: cur, Latest: latest}, nil
+	st := SchemaState{Current: cur, Latest: latest}
+	if cur <= latest {
+		return st, nil
+	}
+	// Every applied migration past ours must say replicas of ours (or
+	// older) may serve; a missing row says nothing, so it allows none.
+	var exists bool
+	if err := s.db.QueryRow(ctx, `SELECT to_regclass('schema_compat') IS NOT NULL`).Scan(&exists); err != nil {
+		return SchemaState{}, fmt.Errorf("store: schema version: %w", translate(err))
+	}
+	if !exists {
+		return st, nil
+	}
+	err = s.db.QueryRow(ctx, `
+SELECT NOT EXISTS (
+    SELECT FROM goose_db_version g LEFT JOIN schema_compat c ON c.version = g.version_id
+    WHERE g.is_applied AND g.version_id > $1 AND (c.compatible_from IS NULL OR c.compatible_from > $1))`, latest).Scan(&st.Compatible)
+	if err != nil {
+		return SchemaState{}, fmt.Errorf("store: schema version: %w", translate(err))
+	}
+	return st, nil
 }

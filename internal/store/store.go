@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"strconv"
 	"strings"
@@ -19,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/registryd/registryd/internal/registry"
+	"github.com/registryd/registryd/migrations"
 )
 
 // querier is what both a pool and a transaction offer.
@@ -55,10 +57,16 @@ type Store struct {
 	// fence, set on a leader's Store (Lease.Store), is checked by every
 	// transaction WithTx commits.
 	fence *fence
+	// migrations are the schema this binary knows (Options.Migrations).
+	migrations fs.FS
 }
 
 // Options tune the connection pool.
 type Options struct {
+	// Migrations are the goose migrations this store applies and whose
+	// newest it takes for the schema it serves; the embedded
+	// migrations.FS when nil. Tests of upgrades give a release's set.
+	Migrations fs.FS
 	// MaxConns caps the pool; 0 keeps pgx's default (max(4, CPUs)) unless the
 	// URL sets pool_max_conns.
 	MaxConns int32
@@ -126,7 +134,11 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: open: %w", translate(err))
 	}
-	s := &Store{pool: pool, db: pool, claims: newJobClaims(), unvacuumed: new(atomic.Int64), pages: newPageLender()}
+	s := &Store{pool: pool, db: pool, claims: newJobClaims(), unvacuumed: new(atomic.Int64), pages: newPageLender(),
+		migrations: opts.Migrations}
+	if s.migrations == nil {
+		s.migrations = migrations.FS
+	}
 	s.group = newGroup(ctx, s, groupRunners(pool.Config().MaxConns), opts.ObserveGroup)
 	return s, nil
 }
