@@ -240,6 +240,7 @@ var permNames = map[registry.Permission]string{
 	registry.PermWriteHardware: "change hardware generations",
 	registry.PermReadAudit:     "read the audit log",
 	registry.PermRevokeTokens:  "revoke tokens",
+	registry.PermCordon:        "cordon or uncordon nodes",
 }
 
 // require refuses principals whose role lacks perm, before the handler

@@ -324,6 +324,13 @@ func TestPermissionMatrix(t *testing.T) {
 					if r.status != want {
 						t.Fatalf("status %d, want %d; body %s", r.status, want, r.body)
 					}
+					// A refusal for the role names what it may not do.
+					if r.status == 403 && rel == "none" && !allowed[p.role][ep.perm] {
+						if detail, _ := r.object(t)["detail"].(string); !strings.HasPrefix(detail, "role ") ||
+							strings.HasSuffix(strings.TrimSpace(detail), "may not") {
+							t.Fatalf("403 without the permission's name: %q", detail)
+						}
+					}
 					if err := b.beats.Flush(context.Background()); err != nil {
 						t.Fatal(err)
 					}
