@@ -44,6 +44,7 @@ import (
 	"maps"
 	"math/rand/v2"
 	"net/url"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -322,12 +323,12 @@ func (a *Agent) logOutcome(ctx context.Context, rep Report) {
 		a.failing = ""
 	case rep.ServerDown:
 		a.log.Warn("the registry cannot be used; retrying", "err", rep.Err, "in", rep.Wait.Round(time.Millisecond).String())
-		a.failing = rep.Err.Error()
-	case rep.Err != nil && rep.Err.Error() == a.failing:
+		a.failing = problemKey(rep.Err.Error())
+	case rep.Err != nil && problemKey(rep.Err.Error()) == a.failing:
 		a.log.Debug("pass failed again; nothing changed, no heartbeats sent", "err", rep.Err)
 	case rep.Err != nil:
 		a.log.Error("pass failed; nothing changed, no heartbeats sent", "err", rep.Err, "in", rep.Wait.String())
-		a.failing = rep.Err.Error()
+		a.failing = problemKey(rep.Err.Error())
 	}
 }
 
@@ -716,7 +717,7 @@ func (a *Agent) lose(k Key, t *tracked, err error) {
 func (a *Agent) setProblem(k Key, problem string) {
 	old := a.problems[k]
 	switch {
-	case problem == old:
+	case problemKey(problem) == problemKey(old):
 	case problem == "":
 		delete(a.problems, k)
 		a.log.Info("resolved", "ip", k.IP, "index", k.Index, "was", old)
@@ -725,6 +726,16 @@ func (a *Agent) setProblem(k Key, problem string) {
 		a.log.Error(problem, "ip", k.IP, "index", k.Index)
 	}
 }
+
+// requestIDs matches the id of a request in the client's errors
+// ("[request 4f2a…]"): every answer has its own, so two reports of the
+// same problem differ by it.
+var requestIDs = regexp.MustCompile(` ?\[request [^\]]*\]`)
+
+// problemKey is what two reports of one problem have in common: the
+// message without request ids. A problem is logged again only when its
+// key changes.
+func problemKey(msg string) string { return requestIDs.ReplaceAllString(msg, "") }
 
 func (a *Agent) warnOnce(msg string) {
 	if !a.warned[msg] {

@@ -26,6 +26,7 @@ type fakeAPI struct {
 	down     bool
 	refuseIP map[string]bool // addresses the token is not bound to: creates there are 403
 	calls    []string
+	answers  int // refusals answered, for their request ids
 }
 
 func newFakeAPI() *fakeAPI {
@@ -40,6 +41,13 @@ func (f *fakeAPI) call(format string, args ...any) error {
 		return errUnreachable
 	}
 	return nil
+}
+
+// requestID is what the client appends to a refusal: each answer's own,
+// so the same refusal reads differently every time.
+func (f *fakeAPI) requestID() string {
+	f.answers++
+	return fmt.Sprintf(" [request %016x]", f.answers)
 }
 
 // takeCalls returns the calls made since the last takeCalls.
@@ -146,7 +154,7 @@ func (f *fakeAPI) CreateNode(_ context.Context, spec registry.NodeSpec) (registr
 		return registry.Node{}, false, err
 	}
 	if f.refuseIP[spec.IP] {
-		return registry.Node{}, false, registry.Errorf(registry.ErrForbidden, "this token may not register nodes at %s", spec.IP)
+		return registry.Node{}, false, registry.Errorf(registry.ErrForbidden, "this token may not register nodes at %s%s", spec.IP, f.requestID())
 	}
 	if err := f.checkHardware(spec.HardwareGeneration); err != nil {
 		return registry.Node{}, false, err
@@ -238,7 +246,7 @@ func (f *fakeAPI) DeleteNodeAs(_ context.Context, pk int64) error {
 		return registry.Errorf(registry.ErrForbidden, "agent %q may not act as node %d", f.sub, pk)
 	}
 	if n.CurrentJob != nil {
-		return registry.Errorf(registry.ErrConflict, "node %d holds job %d", pk, *n.CurrentJob)
+		return registry.Errorf(registry.ErrConflict, "node %d holds job %d%s", pk, *n.CurrentJob, f.requestID())
 	}
 	delete(f.nodes, pk)
 	return nil
