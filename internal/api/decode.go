@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"mime"
+	"strings"
 	"net/http"
 	"slices"
 	"strconv"
@@ -139,14 +140,20 @@ func bodyError(err error) error {
 }
 
 // checkContentType accepts JSON media types (application/json, any
-// application/*+json such as merge-patch+json) and a missing header.
+// application/*+json such as merge-patch+json) and a missing header. The
+// body is read as UTF-8 (RFC 8259): a charset parameter naming another
+// is refused rather than read as what it is not.
 func checkContentType(r *http.Request) error {
 	ct := r.Header.Get("Content-Type")
 	if ct == "" {
 		return nil
 	}
-	mt, _, err := mime.ParseMediaType(ct)
+	mt, params, err := mime.ParseMediaType(ct)
 	if err == nil && (mt == "application/json" || (len(mt) > 17 && mt[:12] == "application/" && mt[len(mt)-5:] == "+json")) {
+		if cs, ok := params["charset"]; ok && !strings.EqualFold(cs, "utf-8") && !strings.EqualFold(cs, "utf8") {
+			return &httpError{status: http.StatusUnsupportedMediaType,
+				detail: fmt.Sprintf("the request body must be UTF-8 JSON; charset %q is not read (send Content-Type: application/json)", cs)}
+		}
 		return nil
 	}
 	return &httpError{status: http.StatusUnsupportedMediaType,

@@ -157,6 +157,10 @@ func TestCreateNodeInvalid(t *testing.T) {
 		{"cidr ip", with("ip", "10.0.0.0/24"), 400, []string{"ip"}},
 		{"zone ip", with("ip", "fe80::1%eth0"), 400, []string{"ip"}},
 		{"empty ip", with("ip", ""), 400, []string{"ip"}},
+		{"unspecified ip", with("ip", "0.0.0.0"), 400, []string{"ip"}},
+		{"unspecified ipv6", with("ip", "::"), 400, []string{"ip"}},
+		{"broadcast ip", with("ip", "255.255.255.255"), 400, []string{"ip"}},
+		{"multicast ip", with("ip", "224.0.0.251"), 400, []string{"ip"}},
 		{"ip number", with("ip", 167772161), 400, []string{"ip"}},
 		{"negative index", with("index", -1), 400, []string{"index"}},
 		{"huge index", with("index", int64(1)<<40), 400, []string{"index"}},
@@ -212,6 +216,16 @@ func TestCreateNodeMediaType(t *testing.T) {
 	if !strings.Contains(string(r.body), "application/json") {
 		t.Errorf("415 does not say what to send: %s", r.body)
 	}
+	// JSON is UTF-8: another charset is refused, not misread.
+	for _, ct := range []string{"application/json; charset=utf-16", "application/json; charset=ISO-8859-1"} {
+		r := b.do("POST", "/v1/nodes/create", validNode(), "Content-Type", ct)
+		b.must(http.StatusUnsupportedMediaType, r)
+		if !strings.Contains(string(r.body), "UTF-8") {
+			t.Errorf("%s: 415 does not say why: %s", ct, r.body)
+		}
+	}
+	b.must(http.StatusCreated, b.do("POST", "/v1/nodes/create", with("ip", "10.0.0.2"), "Content-Type", "application/json; charset=UTF-8"))
+	b.must(http.StatusCreated, b.do("POST", "/v1/nodes/create", with("ip", "10.0.0.3"), "Content-Type", "application/json; charset=utf-8"))
 	// Without a Content-Type the body is still read as JSON.
 	b.must(http.StatusCreated, b.do("POST", "/v1/nodes/create", validNode(), "Content-Type", ""))
 }

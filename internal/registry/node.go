@@ -209,7 +209,16 @@ func CanonicalIP(s string) (string, error) {
 	if addr.Zone() != "" {
 		return "", errText("must not carry an IPv6 zone")
 	}
-	return addr.Unmap().String(), nil
+	addr = addr.Unmap()
+	switch {
+	case addr.IsUnspecified():
+		return "", errText("must be a host's address, not the unspecified address " + addr.String())
+	case addr.IsMulticast():
+		return "", errText("must be a host's address, not a multicast one")
+	case addr == netip.AddrFrom4([4]byte{255, 255, 255, 255}):
+		return "", errText("must be a host's address, not the broadcast address")
+	}
+	return addr.String(), nil
 }
 
 // errText is a plain error whose text is meant for clients.

@@ -26,7 +26,9 @@ func TestCanonicalIP(t *testing.T) {
 			t.Errorf("CanonicalIP(%q) = %q, %v; want %q", tc.in, got, err, tc.want)
 		}
 	}
-	for _, bad := range []string{"", "10.0.0", "10.0.0.1/32", "fe80::1%eth0", "host", " 10.0.0.1", "010.0.0.1"} {
+	for _, bad := range []string{"", "10.0.0", "10.0.0.1/32", "fe80::1%eth0", "host", " 10.0.0.1", "010.0.0.1",
+		// No host has these.
+		"0.0.0.0", "::", "::ffff:0.0.0.0", "255.255.255.255", "224.0.0.1", "239.1.2.3", "ff02::1"} {
 		if _, err := CanonicalIP(bad); err == nil {
 			t.Errorf("CanonicalIP(%q) accepted", bad)
 		}
