@@ -7,10 +7,10 @@ import (
 	"fmt"
 	"io"
 	"mime"
-	"strings"
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/registryd/registryd/internal/jsonscan"
