@@ -55,6 +55,7 @@ var layers = map[string][]string{
 	"internal/agent/agenttest":       {""},
 	"internal/apitest":               {""}, // test helpers: anything
 	"internal/pgtest":                {""},
+	"internal/tlstest":               {""},
 	"internal/provider/providertest": {""},
 	"internal/provider/e2e/e2etest":  {""},
 	"internal/provider/scp/scptest":  {""},

@@ -18,6 +18,7 @@ package connlimit
 
 import (
 	"container/list"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
@@ -42,6 +43,10 @@ type Options struct {
 	RetryAfter time.Duration
 	// Logger receives a warning when newcomers start being refused.
 	Logger *slog.Logger
+	// TLS is the server's TLS configuration when it serves TLS on the
+	// listener (http.Server.ServeTLS): a refused newcomer then gets its
+	// 503 over TLS, after a handshake, instead of bytes it cannot read.
+	TLS *tls.Config
 }
 
 // maxRefusing bounds the refused connections still being answered: each
@@ -77,6 +82,7 @@ type Listener struct {
 	saturated bool // a wait for a slot timed out; refuse at once until one frees
 	stats     Stats
 	refusing  chan struct{} // semaphore of refusals in flight
+	refuseTLS *tls.Config   // Options.TLS speaking HTTP/1.1 only; nil: plain
 	done      chan struct{}
 	closeOnce sync.Once
 }
@@ -103,6 +109,11 @@ func Wrap(srv *http.Server, ln net.Listener, opts Options) (*Listener, error) {
 	l := &Listener{Listener: ln, opts: opts, changed: make(chan struct{}, 1),
 		refusing: make(chan struct{}, maxRefusing), done: make(chan struct{})}
 	l.stats.Limit = opts.Max
+	if opts.TLS != nil {
+		// The 503 is an HTTP/1.1 answer: a client offered h2 must not get it.
+		l.refuseTLS = opts.TLS.Clone()
+		l.refuseTLS.NextProtos = []string{"http/1.1"}
+	}
 	prev := srv.ConnState
 	srv.ConnState = func(c net.Conn, st http.ConnState) {
 		l.connState(c, st)
@@ -172,9 +183,15 @@ func (l *Listener) release(c *conn) {
 }
 
 func (l *Listener) connState(nc net.Conn, st http.ConnState) {
+	// Under TLS the server sees a *tls.Conn around ours.
 	c, ok := nc.(*conn)
-	if !ok {
-		return
+	for !ok {
+		u, wraps := nc.(interface{ NetConn() net.Conn })
+		if !wraps {
+			return
+		}
+		nc = u.NetConn()
+		c, ok = nc.(*conn)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -299,39 +316,79 @@ func (l *Listener) isClosed() bool {
 // it. The response is written at once; the close lingers briefly (reading
 // what the client sent) so that the client sees the answer rather than a
 // reset. When too many refusals are already lingering it closes at once.
+// Under TLS the handshake comes first, in the lingering goroutine (so it
+// never holds up Accept), and the whole refusal is bounded by the linger.
 func (l *Listener) refuse(nc net.Conn) {
-	body := `{"type":"about:blank","title":"Service Unavailable","status":503,` +
-		`"detail":"the server is at its connection limit with every connection busy; retry shortly"}`
-	resp := "HTTP/1.1 503 Service Unavailable\r\n" +
-		"Content-Type: application/problem+json\r\n" +
-		"Retry-After: " + strconv.Itoa(max(1, int(l.opts.RetryAfter/time.Second))) + "\r\n" +
-		"Connection: close\r\n" +
-		"Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
+	if l.refuseTLS != nil {
+		if !l.takeRefusal() {
+			_ = nc.Close()
+			return
+		}
+		go func() {
+			defer func() { <-l.refusing }()
+			tc := tls.Server(nc, l.refuseTLS)
+			defer tc.Close()
+			_ = tc.SetDeadline(time.Now().Add(refuseLinger))
+			if tc.Handshake() != nil {
+				return
+			}
+			if _, err := tc.Write(l.refusal()); err == nil {
+				linger(tc)
+			}
+		}()
+		return
+	}
 	_ = nc.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
-	if _, err := nc.Write([]byte(resp)); err != nil {
+	if _, err := nc.Write(l.refusal()); err != nil {
 		_ = nc.Close()
 		return
 	}
-	select {
-	case l.refusing <- struct{}{}:
-	default:
+	if !l.takeRefusal() {
 		_ = nc.Close()
 		return
 	}
 	go func() {
 		defer func() { <-l.refusing }()
 		defer nc.Close()
-		if cw, ok := nc.(interface{ CloseWrite() error }); ok {
-			_ = cw.CloseWrite()
-		}
-		_ = nc.SetReadDeadline(time.Now().Add(refuseLinger))
-		buf := make([]byte, 4096)
-		for {
-			if _, err := nc.Read(buf); err != nil {
-				return
-			}
-		}
+		linger(nc)
 	}()
+}
+
+// refusal is the 503 a refused newcomer gets.
+func (l *Listener) refusal() []byte {
+	body := `{"type":"about:blank","title":"Service Unavailable","status":503,` +
+		`"detail":"the server is at its connection limit with every connection busy; retry shortly"}`
+	return []byte("HTTP/1.1 503 Service Unavailable\r\n" +
+		"Content-Type: application/problem+json\r\n" +
+		"Retry-After: " + strconv.Itoa(max(1, int(l.opts.RetryAfter/time.Second))) + "\r\n" +
+		"Connection: close\r\n" +
+		"Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body)
+}
+
+// takeRefusal takes a slot of the lingering refusals; false when none is
+// free.
+func (l *Listener) takeRefusal() bool {
+	select {
+	case l.refusing <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+// linger closes c's writing side and reads what the client sent, for at
+// most refuseLinger, so that the client reads the answer before the close.
+func linger(c net.Conn) {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+	}
+	_ = c.SetReadDeadline(time.Now().Add(refuseLinger))
+	buf := make([]byte, 4096)
+	for {
+		if _, err := c.Read(buf); err != nil {
+			return
+		}
+	}
 }
 
 // Close stops accepting and wakes a newcomer waiting for a slot.

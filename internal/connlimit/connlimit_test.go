@@ -2,6 +2,7 @@ package connlimit_test
 
 import (
 	"bufio"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,12 +14,14 @@ import (
 	"time"
 
 	"github.com/registryd/registryd/internal/connlimit"
+	"github.com/registryd/registryd/internal/tlstest"
 )
 
 // server is a real listening HTTP server behind a limited listener.
 type server struct {
 	t       *testing.T
 	addr    string
+	tls     *tls.Config // the clients', when the server serves TLS
 	l       *connlimit.Listener
 	entered chan struct{} // a /block request started
 	release chan struct{} // lets one /block request finish
@@ -46,8 +49,13 @@ func start(t *testing.T, opts connlimit.Options) *server {
 	if err != nil {
 		t.Fatal(err)
 	}
+	serve := func() { srv.Serve(s.l) }
+	if opts.TLS != nil {
+		srv.TLSConfig = opts.TLS
+		serve = func() { srv.ServeTLS(s.l, "", "") }
+	}
 	done := make(chan struct{})
-	go func() { srv.Serve(s.l); close(done) }()
+	go func() { serve(); close(done) }()
 	t.Cleanup(func() { srv.Close(); <-done })
 	return s
 }
@@ -76,6 +84,9 @@ func (s *server) dial() *client {
 	c, err := net.DialTimeout("tcp", s.addr, 5*time.Second)
 	if err != nil {
 		s.t.Fatal(err)
+	}
+	if s.tls != nil {
+		c = tls.Client(c, s.tls)
 	}
 	s.t.Cleanup(func() { c.Close() })
 	return &client{t: s.t, c: c, br: bufio.NewReader(c)}
@@ -216,6 +227,51 @@ func TestActiveConnectionsAreNeverClosed(t *testing.T) {
 	}
 	// Free again: a newcomer is served (closing one of the now idle ones).
 	s.dial().get("/healthz")
+}
+
+// Under TLS (the server sees a *tls.Conn around the listener's): a busy
+// connection past its grace period is still known busy and kept, the
+// newcomer's 503 comes over TLS, and an idle connection makes room.
+func TestLimitUnderTLS(t *testing.T) {
+	t.Parallel()
+	ca := tlstest.NewCA(t, "connlimit test CA")
+	cert := ca.Issue("127.0.0.1").TLS(t)
+	s := start(t, connlimit.Options{Max: 1, Wait: 100 * time.Millisecond, NewGrace: 50 * time.Millisecond,
+		TLS: &tls.Config{Certificates: []tls.Certificate{cert}}})
+	// The raw clients speak HTTP/1.1; the newcomer offers h2 too.
+	s.tls = &tls.Config{RootCAs: ca.Pool(), ServerName: "127.0.0.1", NextProtos: []string{"http/1.1"}}
+	busy := s.dial()
+	busy.send("/block")
+	select {
+	case <-s.entered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the request did not reach the handler within 5s")
+	}
+	time.Sleep(100 * time.Millisecond) // past NewGrace
+
+	s.tls.NextProtos = []string{"h2", "http/1.1"}
+	c := s.dial()
+	s.tls.NextProtos = []string{"http/1.1"}
+	c.send("/healthz")
+	resp, body, err := c.read()
+	if err != nil || resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "1" {
+		t.Fatalf("newcomer: %v %v %s", resp, err, body)
+	}
+	if p := c.c.(*tls.Conn).ConnectionState().NegotiatedProtocol; p != "http/1.1" {
+		t.Errorf("the refusal negotiated %q, want http/1.1", p)
+	}
+	s.release <- struct{}{}
+	if resp, body, err := busy.read(); err != nil || resp.StatusCode != http.StatusOK || body != "done" {
+		t.Fatalf("the busy connection: %v %v %q", resp, err, body)
+	}
+	s.waitFor("the busy connection to be idle", func(st connlimit.Stats) bool { return st.Idle == 1 })
+	s.dial().get("/healthz")
+	if !busy.closedByServer() {
+		t.Error("the idle connection was not closed for the newcomer")
+	}
+	if st := s.l.Stats(); st.Refused != 1 || st.Evicted != 1 {
+		t.Errorf("stats %+v: want 1 refused, 1 evicted", st)
+	}
 }
 
 // A newcomer that finds every connection active waits for the first one to
