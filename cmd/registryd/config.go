@@ -57,6 +57,11 @@ type config struct {
 
 	CORSOrigins []string // REGISTRY_CORS_ORIGINS: origins whose browser pages may call the API; none: CORS off
 
+	// TLSCertFile and TLSKeyFile are serve's certificate and key
+	// (REGISTRY_TLS_CERT_FILE, REGISTRY_TLS_KEY_FILE): both set, serve
+	// speaks TLS; neither, plain HTTP.
+	TLSCertFile, TLSKeyFile string
+
 	limits // connections and watch streams
 
 	Metrics metricsConfig // REGISTRY_METRICS_*
@@ -193,11 +198,12 @@ func (c *config) loadDatabase(getenv, rawenv func(string) string, errs *[]string
 		"want a duration between 1s and 1h, such as 1m", errs)
 }
 
-// loadServing reads the HTTP server's settings: its address, shutdown,
+// loadServing reads the HTTP server's settings: its address, TLS, shutdown,
 // CORS, the limits on what clients can make it hold, and how long watch
 // events stay resumable.
 func (c *config) loadServing(getenv func(string) string, errs *[]string) {
 	c.Listen = getenv("REGISTRY_LISTEN")
+	c.TLSCertFile, c.TLSKeyFile = loadTLSFiles(getenv, errs)
 	c.ShutdownTimeout = envDuration(getenv, "REGISTRY_SHUTDOWN_TIMEOUT", 0, time.Nanosecond, 0,
 		"want a duration such as 15s", errs)
 	c.WatchRetention = envDuration(getenv, "REGISTRY_WATCH_RETENTION", 0, time.Minute, 0,

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -21,8 +22,9 @@ func healthcheckFlags() (fs *flag.FlagSet, path, url *string, timeout *time.Dura
 	return fs, path, url, timeout
 }
 
-// healthcheckCmd is `registryd healthcheck`. It reads REGISTRY_LISTEN only,
-// so it runs in a container whatever else the server's settings need.
+// healthcheckCmd is `registryd healthcheck`. It reads REGISTRY_LISTEN and
+// REGISTRY_TLS_CERT_FILE only, so it runs in a container whatever else the
+// server's settings need.
 func healthcheckCmd(ctx context.Context, args []string, rawenv func(string) string, stdout, stderr io.Writer) error {
 	fs, path, url, timeout := healthcheckFlags()
 	c, _ := findCommand("healthcheck")
@@ -36,13 +38,17 @@ func healthcheckCmd(ctx context.Context, args []string, rawenv func(string) stri
 		return usageError(stderr, c, errors.New("--timeout must be positive"))
 	}
 	getenv := commandEnv(cmdHealthcheck, rawenv)
-	target := *url
+	target, client := *url, http.DefaultClient
 	if target == "" {
 		base, err := listenURL(getenv("REGISTRY_LISTEN"))
 		if err != nil {
 			return err
 		}
 		target = base + *path
+		if getenv("REGISTRY_TLS_CERT_FILE") != "" {
+			target = "https" + strings.TrimPrefix(target, "http")
+			client = localTLSClient()
+		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
@@ -50,7 +56,7 @@ func healthcheckCmd(ctx context.Context, args []string, rawenv func(string) stri
 	if err != nil {
 		return fmt.Errorf("healthcheck: %w", err)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return fmt.Errorf("healthcheck: %w", err)
 	}
@@ -79,4 +85,14 @@ func listenURL(listen string) (string, error) {
 		host = "::1"
 	}
 	return "http://" + net.JoinHostPort(host, port), nil
+}
+
+// localTLSClient asks a serve on this host that speaks TLS. Its
+// certificate names the registry's public host, not the loopback address
+// asked, so it is not verified: the check sends no credentials and trusts
+// nothing it reads but the status.
+func localTLSClient() *http.Client {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.TLSClientConfig = &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}
+	return &http.Client{Transport: t}
 }

@@ -38,7 +38,7 @@ func envFunc(env map[string]string) func(string) string {
 	return func(k string) string { return env[k] }
 }
 
-var servingRE = regexp.MustCompile(`serving on (http://\S+)`)
+var servingRE = regexp.MustCompile(`serving on (https?://\S+)`)
 
 // server is registryd running in-process through run.
 type server struct {

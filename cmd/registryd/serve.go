@@ -112,6 +112,7 @@ type wiring struct {
 	stops  stack              // what the steps started, to stop in reverse
 
 	ln        net.Listener   // the API's
+	certs     *certFiles     // REGISTRY_TLS_*'s; nil: plain HTTP
 	claim     *embeddedClaim // this serve's turn on the embedded PostgreSQL; nil with an external one
 	metricsLn net.Listener   // REGISTRY_METRICS_LISTEN's; nil: /metrics is on ln
 	metrics   *metrics.Metrics
@@ -162,12 +163,20 @@ func (w *wiring) setProcs() {
 	}
 }
 
-// listen takes the API's address, the embedded PostgreSQL (when there is
-// no external one) and the metrics address, before anything slow starts,
-// so that a taken port fails at once (most likely taken by a serve on the
-// same data folder: then that is what the error says).
+// listen reads the TLS certificate and takes the API's address, the
+// embedded PostgreSQL (when there is no external one) and the metrics
+// address, before anything slow starts, so that a certificate that does
+// not load or a taken port fails at once (a port most likely taken by a
+// serve on the same data folder: then that is what the error says).
 func (w *wiring) listen(ctx context.Context) error {
 	cfg := w.cfg
+	if cfg.TLSCertFile != "" {
+		certs, err := loadCertFiles(cfg.TLSCertFile, cfg.TLSKeyFile, w.logger)
+		if err != nil {
+			return fmt.Errorf("TLS: %w", err)
+		}
+		w.certs = certs
+	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		if cfg.DatabaseURL == "" {
@@ -330,15 +339,18 @@ func (w *wiring) newAPIServer(ctx context.Context) error {
 		IdempotencyKeep: cfg.IdempotencyKeep,
 	})
 	w.srv = newHTTPServer(ctx, handler, w.logger)
+	if w.certs != nil {
+		w.srv.TLSConfig = w.certs.tlsConfig()
+	}
 	var err error
-	w.limited, err = connlimit.Wrap(w.srv, w.ln, connlimit.Options{Max: w.lim.MaxConnections, Logger: w.logger})
+	w.limited, err = connlimit.Wrap(w.srv, w.ln, connlimit.Options{Max: w.lim.MaxConnections, Logger: w.logger, TLS: w.srv.TLSConfig})
 	return err
 }
 
 // announce logs where registryd serves and prints it on stdout, with an
 // admin token for whoever started the embedded default at a terminal.
 func (w *wiring) announce(stdout io.Writer) error {
-	addr := "http://" + w.ln.Addr().String()
+	addr := w.scheme() + "://" + w.ln.Addr().String()
 	w.logger.Info("registryd listening", "addr", addr, "embedded_postgres", w.db.embedded())
 	// One write, so that a reader who sees the first line sees the token too.
 	var banner bytes.Buffer
@@ -353,6 +365,14 @@ func (w *wiring) announce(stdout io.Writer) error {
 	return nil
 }
 
+// scheme is the API's: https when serve has a certificate.
+func (w *wiring) scheme() string {
+	if w.certs != nil {
+		return "https"
+	}
+	return "http"
+}
+
 // run serves the API (and the metrics listener) until ctx ends or the
 // embedded PostgreSQL is lost for good, then drains requests for
 // ShutdownTimeout and closes what is left.
@@ -362,7 +382,13 @@ func (w *wiring) run(ctx context.Context) error {
 		defer serveMetricsOn(ctx, w.metricsLn, w.metrics.Handler(), cfg.Metrics.Pprof, cfg.ShutdownTimeout, logger)()
 	}
 	errc := make(chan error, 1)
-	go func() { errc <- w.srv.Serve(w.limited) }()
+	go func() {
+		if w.certs != nil {
+			errc <- w.srv.ServeTLS(w.limited, "", "") // the certificate is TLSConfig's
+			return
+		}
+		errc <- w.srv.Serve(w.limited)
+	}()
 	var exitErr error
 	select {
 	case err := <-errc:
