@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -35,16 +36,20 @@ type agentConfig struct {
 	// InsecureHTTP lets Server be plain http to another host
 	// (REGISTRY_AGENT_INSECURE_HTTP); without it only loopback may be.
 	InsecureHTTP bool
-	Token        string          // REGISTRY_TOKEN
-	TokenFile    string          // REGISTRY_TOKEN_FILE: read for every request
-	IP           string          // REGISTRY_AGENT_IP; empty: the route to the server's
-	Interval     time.Duration   // REGISTRY_AGENT_INTERVAL
-	Fabric       string          // REGISTRY_AGENT_FABRIC
-	Labels       registry.Labels // REGISTRY_AGENT_LABELS
-	StatePath    string          // REGISTRY_AGENT_STATE
-	Path         string          // PATH, where nvidia-smi is looked up
-	LogLevel     slog.Level      // REGISTRY_LOG_LEVEL
-	LogFormat    string          // REGISTRY_LOG_FORMAT
+	// RootCAs are the certificate authorities an https Server may be
+	// signed by: the system's and REGISTRY_AGENT_CA_FILE's; nil: the
+	// system's alone.
+	RootCAs   *x509.CertPool
+	Token     string          // REGISTRY_TOKEN
+	TokenFile string          // REGISTRY_TOKEN_FILE: read for every request
+	IP        string          // REGISTRY_AGENT_IP; empty: the route to the server's
+	Interval  time.Duration   // REGISTRY_AGENT_INTERVAL
+	Fabric    string          // REGISTRY_AGENT_FABRIC
+	Labels    registry.Labels // REGISTRY_AGENT_LABELS
+	StatePath string          // REGISTRY_AGENT_STATE
+	Path      string          // PATH, where nvidia-smi is looked up
+	LogLevel  slog.Level      // REGISTRY_LOG_LEVEL
+	LogFormat string          // REGISTRY_LOG_FORMAT
 
 	// Tests only; not from the environment.
 	memInfo                string
@@ -98,6 +103,17 @@ func loadAgentConfig(rawenv func(string) string) (agentConfig, error) {
 		}
 	}
 
+	if file := getenv("REGISTRY_AGENT_CA_FILE"); file != "" {
+		pool, err := loadAgentCAs(file)
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Sprintf("REGISTRY_AGENT_CA_FILE=%s: %v", file, err))
+		case c.Server != nil && c.Server.Scheme != "https":
+			errs = append(errs, "REGISTRY_AGENT_CA_FILE is set but REGISTRY_SERVER is not https: no certificate is checked over plain http")
+		}
+		c.RootCAs = pool
+	}
+
 	tok := getenv("REGISTRY_TOKEN")
 	switch {
 	case tok != "" && c.TokenFile != "":
@@ -149,6 +165,24 @@ func loadAgentConfig(rawenv func(string) string) (agentConfig, error) {
 		return c, fmt.Errorf("configuration: %s", strings.Join(errs, "; "))
 	}
 	return c, nil
+}
+
+// loadAgentCAs is the system's certificate authorities (none where the
+// system has no pool) and those of the PEM file, which must hold at least
+// one certificate.
+func loadAgentCAs(file string) (*x509.CertPool, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	pool, err := x509.SystemCertPool()
+	if err != nil {
+		pool = x509.NewCertPool()
+	}
+	if !pool.AppendCertsFromPEM(b) {
+		return nil, errors.New("holds no PEM certificate")
+	}
+	return pool, nil
 }
 
 // parseAgentLabels reads REGISTRY_AGENT_LABELS: key=value pairs

@@ -24,6 +24,7 @@ import (
 	"github.com/registryd/registryd/internal/agent/agenttest"
 	"github.com/registryd/registryd/internal/apitest"
 	"github.com/registryd/registryd/internal/pgtest"
+	"github.com/registryd/registryd/internal/tlstest"
 )
 
 // agentRig is a real registryd (in-process `serve` on its own database,
@@ -55,6 +56,13 @@ var (
 
 func newAgentRig(t *testing.T) *agentRig {
 	t.Helper()
+	return newAgentRigEnv(t, nil)
+}
+
+// newAgentRigEnv is newAgentRig with more of the server's settings; with
+// REGISTRY_TLS_CERT_FILE among them the agent's REGISTRY_SERVER is https.
+func newAgentRigEnv(t *testing.T, serverEnv map[string]string) *agentRig {
+	t.Helper()
 	r := &agentRig{t: t, db: pgtest.New(t), smi: agenttest.NewNvidiaSMI(t), memInfo: agenttest.MemInfo(t, agentHostMem)}
 	// An address of our own, so a restarted server can take it again.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -65,11 +73,16 @@ func newAgentRig(t *testing.T) *agentRig {
 	ln.Close()
 	r.srvEnv = map[string]string{"REGISTRY_DATABASE_URL": r.db, "REGISTRY_JWT_SECRET": testSecret, "REGISTRY_LISTEN": r.addr,
 		"REGISTRY_SHUTDOWN_TIMEOUT": "2s"}
+	maps.Copy(r.srvEnv, serverEnv)
+	scheme := "http://"
+	if serverEnv["REGISTRY_TLS_CERT_FILE"] != "" {
+		scheme = "https://"
+	}
 	r.startServer()
 	r.admin = adminToken(t, r.srvEnv)
 	r.agentTok = r.mint("agent-host-1")
 	r.agentEnv = map[string]string{
-		"REGISTRY_SERVER":      "http://" + r.addr,
+		"REGISTRY_SERVER":      scheme + r.addr,
 		"REGISTRY_TOKEN":       r.agentTok,
 		"REGISTRY_AGENT_STATE": filepath.Join(t.TempDir(), "agent", "state.json"),
 		"PATH":                 r.smi.Dir,
@@ -513,6 +526,8 @@ func TestAgentCommand(t *testing.T) {
 	dir := t.TempDir()
 	tokFile := filepath.Join(dir, "token")
 	os.WriteFile(tokFile, []byte("a.b.c\n"), 0o600)
+	caFile := filepath.Join(dir, "ca.pem")
+	tlstest.WriteFile(t, caFile, tlstest.NewCA(t, "private CA").PEM)
 	good := map[string]string{"REGISTRY_SERVER": "https://registry.example.com", "REGISTRY_TOKEN": "a.b.c",
 		"REGISTRY_AGENT_STATE": filepath.Join(dir, "state", "state.json")}
 	with := func(kv ...string) map[string]string {
@@ -540,6 +555,9 @@ func TestAgentCommand(t *testing.T) {
 		{with("REGISTRY_SERVER", "http://registry.example.com"), "REGISTRY_SERVER is plain http to registry.example.com, which is not this host"},
 		{with("REGISTRY_SERVER", "http://10.0.0.5:8080"), "set REGISTRY_AGENT_INSECURE_HTTP=true"},
 		{with("REGISTRY_SERVER", "http://10.0.0.5:8080", "REGISTRY_AGENT_INSECURE_HTTP", "maybe"), "REGISTRY_AGENT_INSECURE_HTTP"},
+		{with("REGISTRY_AGENT_CA_FILE", filepath.Join(dir, "missing")), "REGISTRY_AGENT_CA_FILE=" + filepath.Join(dir, "missing") + ": open"},
+		{with("REGISTRY_AGENT_CA_FILE", tokFile), "REGISTRY_AGENT_CA_FILE=" + tokFile + ": holds no PEM certificate"},
+		{with("REGISTRY_AGENT_CA_FILE", caFile, "REGISTRY_SERVER", "http://127.0.0.1:8080"), "REGISTRY_AGENT_CA_FILE is set but REGISTRY_SERVER is not https"},
 		{with("REGISTRY_TOKEN", ""), "set REGISTRY_TOKEN or REGISTRY_TOKEN_FILE to an agent token"},
 		{with("REGISTRY_TOKEN_FILE", tokFile), "set REGISTRY_TOKEN or REGISTRY_TOKEN_FILE, not both"},
 		{with("REGISTRY_TOKEN", "", "REGISTRY_TOKEN_FILE", filepath.Join(dir, "missing")), "REGISTRY_TOKEN_FILE"},
@@ -648,6 +666,39 @@ func TestAgentOnce(t *testing.T) {
 		if n.IP == "10.0.0.7" {
 			t.Errorf("registered at an address the token is not bound to: %+v", n)
 		}
+	}
+}
+
+// The agent against a registryd serving TLS with a private CA's
+// certificate: refused without REGISTRY_AGENT_CA_FILE (the system does not
+// know the CA); with it, the agent registers its node and keeps it alive.
+func TestAgentTrustsCAFile(t *testing.T) {
+	t.Parallel()
+	ca := tlstest.NewCA(t, "private CA")
+	certFile, keyFile := ca.Issue("127.0.0.1").Write(t, t.TempDir())
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	tlstest.WriteFile(t, caFile, ca.PEM)
+	r := newAgentRigEnv(t, map[string]string{"REGISTRY_TLS_CERT_FILE": certFile, "REGISTRY_TLS_KEY_FILE": keyFile})
+	r.smi.GPUs(gpu0)
+	if _, _, err := runCmd(t, r.agentEnv, "agent", "--once"); err == nil || !strings.Contains(err.Error(), "certificate signed by unknown authority") {
+		t.Fatalf("without the CA file: %v", err)
+	}
+	r.agentEnv["REGISTRY_AGENT_CA_FILE"] = caFile
+	ra := r.startAgent()
+	ra.await(t, "a pass", ok)
+	ra.await(t, "a heartbeat recorded", func(rep agent.Report) bool {
+		resp, body, err := tlsGet(t, ca, "https://"+r.addr+"/v1/nodes/list", r.admin)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("list: %v %v %s", resp, err, body)
+		}
+		var ns []node
+		if err := json.Unmarshal([]byte(body), &ns); err != nil {
+			t.Fatal(err)
+		}
+		return ok(rep) && len(ns) == 1 && ns[0].LastSeen != nil
+	})
+	for range 3 {
+		ra.await(t, "another pass (a heartbeat)", ok)
 	}
 }
 

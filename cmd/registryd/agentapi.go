@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -37,7 +39,7 @@ func newAgentAPI(cfg agentConfig, logger *slog.Logger) (agentAPI, *tokenKeeper, 
 	keeper.check = cfg.tokenCheck
 	c, err := client.New(cfg.Server.String(), client.WithTokenSource(keeper.Token),
 		client.WithUserAgent("registryd-agent"),
-		client.WithHTTPClient(&http.Client{Timeout: agentRequestTimeout}),
+		client.WithHTTPClient(agentHTTPClient(cfg.RootCAs)),
 		// One retry for a blip (a 503 with Retry-After, a reset
 		// connection); a longer outage is the agent's loop's to back off
 		// from, so that it can log it and keep its pace.
@@ -53,6 +55,18 @@ func (a agentAPI) renewToken(ctx context.Context) (client.RenewedToken, error) {
 	ctx, cancel := context.WithTimeout(ctx, agentRequestTimeout)
 	defer cancel()
 	return a.c.RenewToken(ctx)
+}
+
+// agentHTTPClient is the agent's HTTP client: each request bounded, and
+// an https server's certificate checked against roots (nil: the system's).
+func agentHTTPClient(roots *x509.CertPool) *http.Client {
+	c := &http.Client{Timeout: agentRequestTimeout}
+	if roots != nil {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.TLSClientConfig = &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
+		c.Transport = t
+	}
+	return c
 }
 
 // domainError maps the server's refusals to the registry's sentinels, as

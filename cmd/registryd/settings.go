@@ -164,6 +164,8 @@ var settings = []setting{
 		Meaning: "this host's address in the registry"},
 	{Name: "REGISTRY_AGENT_INSECURE_HTTP", Default: "false", value: "false", Cmds: cmdAgent,
 		Meaning: "allow an http:// REGISTRY_SERVER on another host (the token then crosses the network readable)"},
+	{Name: "REGISTRY_AGENT_CA_FILE", Default: "(unset: the system's)", Cmds: cmdAgent,
+		Meaning: "PEM file of certificate authorities an https REGISTRY_SERVER may be signed by, trusted besides the system's (a private CA)"},
 	{Name: "REGISTRY_AGENT_FABRIC", Default: "(unset)", Cmds: cmdAgent,
 		Meaning: "this host's fabric (its InfiniBand or RoCE domain), for hosts no cloud import describes"},
 	{Name: "REGISTRY_AGENT_LABELS", Default: "(unset)", Cmds: cmdAgent,
