@@ -3,8 +3,10 @@ package deploy
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"fmt"
 	"io/fs"
+	"net/url"
 	"os"
 	"path"
 	"slices"
@@ -188,6 +190,7 @@ func Check(objs []runtime.Object, server, agent []string) []string {
 	var services []*corev1.Service
 	var pdbs []*policyv1.PodDisruptionBudget
 	var netpols []*networkingv1.NetworkPolicy
+	var ingresses []*networkingv1.Ingress
 	namespaces := map[string]*corev1.Namespace{}
 	configMaps := map[string]*corev1.ConfigMap{} // by namespace/name
 	secrets := map[string]*corev1.Secret{}       // by namespace/name
@@ -203,6 +206,8 @@ func Check(objs []runtime.Object, server, agent []string) []string {
 			pdbs = append(pdbs, o)
 		case *networkingv1.NetworkPolicy:
 			netpols = append(netpols, o)
+		case *networkingv1.Ingress:
+			ingresses = append(ingresses, o)
 		case *corev1.ConfigMap:
 			configMaps[o.Namespace+"/"+o.Name] = o
 		case *corev1.Secret:
@@ -388,6 +393,7 @@ func Check(objs []runtime.Object, server, agent []string) []string {
 	if !slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return fmt.Sprint(p.ContainerPort) == listenPort }) {
 		bad("REGISTRY_LISTEN %q is on no container port %v", env["REGISTRY_LISTEN"], c.Ports)
 	}
+	servesTLS := env["REGISTRY_TLS_CERT_FILE"] != ""
 	probe := func(name string, p *corev1.Probe, want string) {
 		switch {
 		case p == nil || p.HTTPGet == nil:
@@ -396,6 +402,8 @@ func Check(objs []runtime.Object, server, agent []string) []string {
 			bad("%s probe asks %s, want %s", name, p.HTTPGet.Path, want)
 		case fmt.Sprint(portNumber(c, p.HTTPGet.Port)) != listenPort:
 			bad("%s probe port %s is not REGISTRY_LISTEN's %s", name, p.HTTPGet.Port.String(), listenPort)
+		case (p.HTTPGet.Scheme == corev1.URISchemeHTTPS) != servesTLS:
+			bad("%s probe asks over %s, but serve speaks %s", name, cmp.Or(string(p.HTTPGet.Scheme), "HTTP"), map[bool]string{true: "HTTPS (REGISTRY_TLS_CERT_FILE)", false: "plain HTTP"}[servesTLS])
 		case p.TimeoutSeconds < 1:
 			bad("%s probe has no timeout", name)
 		}
@@ -432,6 +440,8 @@ func Check(objs []runtime.Object, server, agent []string) []string {
 	case pdb.Spec.MaxUnavailable == nil && pdb.Spec.MinAvailable == nil:
 		bad("PodDisruptionBudget sets neither maxUnavailable nor minAvailable")
 	}
+
+	checkIngress(ingresses, svc, c, agentServer(daemons[0]), bad)
 
 	// The agent DaemonSet.
 	problems = append(problems, checkAgent(daemons[0], secrets, agent)...)
@@ -497,6 +507,87 @@ func checkAgent(ds *appsv1.DaemonSet, secrets map[string]*corev1.Secret, agent [
 		bad("REGISTRY_AGENT_STATE %q is not in a host folder", env["REGISTRY_AGENT_STATE"])
 	}
 	return problems
+}
+
+// agentServer is the REGISTRY_SERVER the agent DaemonSet sets; "" when
+// it sets none.
+func agentServer(ds *appsv1.DaemonSet) string {
+	for _, c := range ds.Spec.Template.Spec.Containers {
+		for _, e := range c.Env {
+			if e.Name == "REGISTRY_SERVER" {
+				return e.Value
+			}
+		}
+	}
+	return ""
+}
+
+// checkIngress wants one Ingress, in the Service's namespace, that sends
+// every path of its rules to a port the registryd Service has (and so to
+// registryd's container port, checked with the Service), serves TLS for
+// the host of the agents' REGISTRY_SERVER (an https URL) from a Secret
+// that cert-manager fills (an issuer annotation), and has a rule for that
+// host.
+func checkIngress(ingresses []*networkingv1.Ingress, svc *corev1.Service, c corev1.Container, server string, bad func(string, ...any)) {
+	if len(ingresses) != 1 {
+		bad("want one Ingress; have %d", len(ingresses))
+		return
+	}
+	ing := ingresses[0]
+	if ing.Namespace != svc.Namespace {
+		bad("Ingress %s is in namespace %s, not the Service's %s", ing.Name, ing.Namespace, svc.Namespace)
+	}
+	backend := func(where string, b *networkingv1.IngressBackend) {
+		if b.Service == nil {
+			bad("Ingress %s: %s has no Service backend", ing.Name, where)
+			return
+		}
+		if b.Service.Name != svc.Name {
+			bad("Ingress %s: %s sends to Service %q, not %q", ing.Name, where, b.Service.Name, svc.Name)
+			return
+		}
+		if !slices.ContainsFunc(svc.Spec.Ports, func(p corev1.ServicePort) bool {
+			return b.Service.Port.Name != "" && p.Name == b.Service.Port.Name || b.Service.Port.Name == "" && p.Port == b.Service.Port.Number
+		}) {
+			bad("Ingress %s: %s sends to port %s of Service %s, which has no such port", ing.Name, where, cmp.Or(b.Service.Port.Name, fmt.Sprint(b.Service.Port.Number)), svc.Name)
+		}
+	}
+	if ing.Spec.DefaultBackend != nil {
+		backend("the default backend", ing.Spec.DefaultBackend)
+	}
+	var hosts []string
+	for _, r := range ing.Spec.Rules {
+		hosts = append(hosts, r.Host)
+		if r.HTTP == nil || len(r.HTTP.Paths) == 0 {
+			bad("Ingress %s: the rule for %q has no paths", ing.Name, r.Host)
+			continue
+		}
+		for _, p := range r.HTTP.Paths {
+			backend(fmt.Sprintf("path %s of %s", p.Path, r.Host), &p.Backend)
+		}
+	}
+	u, err := url.Parse(server)
+	if err != nil || u.Scheme != "https" {
+		bad("the agent's REGISTRY_SERVER %q is not an https URL", server)
+		return
+	}
+	host := u.Hostname()
+	if !slices.Contains(hosts, host) {
+		bad("Ingress %s has no rule for the agents' host %s (rules for %v)", ing.Name, host, hosts)
+	}
+	var tlsHosts []string
+	for _, t := range ing.Spec.TLS {
+		tlsHosts = append(tlsHosts, t.Hosts...)
+		if slices.Contains(t.Hosts, host) && t.SecretName == "" {
+			bad("Ingress %s: the TLS entry of %s names no Secret", ing.Name, host)
+		}
+	}
+	if !slices.Contains(tlsHosts, host) {
+		bad("Ingress %s serves TLS for %v, not for the agents' host %s", ing.Name, tlsHosts, host)
+	}
+	if ing.Annotations["cert-manager.io/cluster-issuer"] == "" && ing.Annotations["cert-manager.io/issuer"] == "" {
+		bad("Ingress %s has no cert-manager.io/cluster-issuer (or issuer) annotation: nothing obtains or renews its certificate", ing.Name)
+	}
 }
 
 // evaluator holds Kubernetes' own Pod Security Standards checks, as the

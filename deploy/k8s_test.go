@@ -87,7 +87,7 @@ func TestKubernetesManifests(t *testing.T) {
 	}
 	// Three generated Secrets, one ConfigMap, and the rest.
 	for kind, n := range map[string]int{"Secret": 3, "ConfigMap": 1, "Deployment": 1, "DaemonSet": 1, "Service": 1,
-		"PodDisruptionBudget": 1, "Namespace": 2, "ServiceAccount": 2, "NetworkPolicy": 1} {
+		"PodDisruptionBudget": 1, "Namespace": 2, "ServiceAccount": 2, "NetworkPolicy": 1, "Ingress": 1} {
 		if kinds[kind] != n {
 			t.Errorf("%d %s, want %d", kinds[kind], kind, n)
 		}
@@ -136,6 +136,16 @@ func TestKubernetesManifestsBroken(t *testing.T) {
 		{"network policy without PostgreSQL", "networkpolicy.yaml", "        - port: 5432\n", "        - port: 5433\n", "lacks 5432/TCP"},
 		{"network policy open to every port in", "networkpolicy.yaml", "    - ports:\n        - port: http\n          protocol: TCP\n", "    - {}\n", "lets in [every port]"},
 		{"network policy open to every port out", "networkpolicy.yaml", "  egress:\n", "  egress:\n    - {}\n", "lets out every port"},
+		{"Ingress to another Service", "ingress.yaml", "                name: registryd\n", "                name: registryd-api\n", `sends to Service "registryd-api", not "registryd"`},
+		{"Ingress to a port the Service lacks", "ingress.yaml", "                  name: http\n", "                  name: https\n", "sends to port https of Service registryd, which has no such port"},
+		{"Ingress to a port number the Service lacks", "ingress.yaml", "                  name: http\n", "                  number: 8080\n", "sends to port 8080 of Service registryd"},
+		{"TLS for another host", "ingress.yaml", `hosts: ["registry.example.com"]`, `hosts: ["registry.example.org"]`, "serves TLS for [registry.example.org], not for the agents' host registry.example.com"},
+		{"agents elsewhere", "registryd-agent.yaml", "value: https://registry.example.com\n", "value: https://registryd.example.com\n", "no rule for the agents' host registryd.example.com"},
+		{"agents over http", "registryd-agent.yaml", "value: https://registry.example.com\n", "value: http://registry.example.com\n", `REGISTRY_SERVER "http://registry.example.com" is not an https URL`},
+		{"no certificate issuer", "ingress.yaml", "    cert-manager.io/cluster-issuer: letsencrypt\n", "", "no cert-manager.io/cluster-issuer"},
+		{"TLS without a Secret", "ingress.yaml", "      secretName: registryd-tls\n", "", "the TLS entry of registry.example.com names no Secret"},
+		{"serve's TLS with probes in clear", "registryd-config.yaml", "  REGISTRY_LOG_LEVEL: info\n", "  REGISTRY_LOG_LEVEL: info\n  REGISTRY_TLS_CERT_FILE: /tls/tls.crt\n  REGISTRY_TLS_KEY_FILE: /tls/tls.key\n", "readiness probe asks over HTTP, but serve speaks HTTPS"},
+		{"probes over https to plain HTTP", "registryd.yaml", "              path: /readyz\n", "              path: /readyz\n              scheme: HTTPS\n", "readiness probe asks over HTTPS, but serve speaks plain HTTP"},
 		{"agent token in the manifest", "registryd-agent.yaml", "            - name: REGISTRY_AGENT_INTERVAL\n", "            - name: REGISTRY_TOKEN\n              value: eyJ.x.y\n            - name: REGISTRY_AGENT_INTERVAL\n", "token is in the manifest"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
