@@ -3,6 +3,20 @@ GO       ?= go
 BIN      := bin/registryd
 PKGS     := ./...
 
+# What `registryd version` and registryd_build_info say, stamped into the
+# binary by -X (cmd/registryd/version.go): git describe's version (a tag,
+# v0.1.0, for a tagged commit; TAG-N-gHASH after one; the bare hash with no
+# tag; -dirty with uncommitted changes), the commit and its time. Outside a
+# git checkout they are empty and the binary falls back to what Go records.
+# Each may be given: make release VERSION=v0.1.0.
+VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null)
+REVISION    ?= $(shell git rev-parse HEAD 2>/dev/null)
+COMMIT_TIME ?= $(shell TZ=UTC0 git log -1 --date=format-local:%Y-%m-%dT%H:%M:%SZ --format=%cd 2>/dev/null)
+VERSION     := $(VERSION)
+REVISION    := $(REVISION)
+COMMIT_TIME := $(COMMIT_TIME)
+STAMP       := -X main.version=$(VERSION) -X main.revision=$(REVISION) -X main.commitTime=$(COMMIT_TIME)
+
 # Swagger UI, served at /docs: the npm package swagger-ui-dist, pinned by
 # version and by the integrity npm publishes for it (npm view
 # swagger-ui-dist@VERSION dist.integrity). Its files are committed under
@@ -20,9 +34,9 @@ SWAGGER_UI_FILES     := swagger-ui.css swagger-ui-bundle.js swagger-ui-bundle.js
 run: build
 	REGISTRY_LOG_FORMAT=$${REGISTRY_LOG_FORMAT:-text} ./$(BIN) serve
 
-## build: bin/registryd, stamped with its build time (registryd version)
+## build: bin/registryd, stamped with its version, commit and build time (registryd version)
 build:
-	$(GO) build -ldflags "-X main.buildTime=$$(date -u +%Y-%m-%dT%H:%M:%SZ)" -o $(BIN) ./cmd/registryd
+	$(GO) build -ldflags "$(STAMP) -X main.buildTime=$$(date -u +%Y-%m-%dT%H:%M:%SZ)" -o $(BIN) ./cmd/registryd
 
 ## test: vet, format check, generated client current, and every test with the race detector, against a real PostgreSQL
 test: vet fmt-check check-generated deploy-test

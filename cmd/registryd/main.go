@@ -90,7 +90,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	switch c.name {
 	case "version":
-		fmt.Fprint(stdout, versionText(readBuildInfo()))
+		fmt.Fprint(stdout, versionText(linkerStamps(), readBuildInfo()))
 		return nil
 	case "agent":
 		// The agent has settings of its own and runs on GPU hosts, where

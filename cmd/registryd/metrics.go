@@ -63,7 +63,7 @@ func loadMetricsConfig(getenv func(string) string, errs *[]string) metricsConfig
 // through cfg.observeGroup, set here before the store opens.
 func newMetrics(cfg *config) *metrics.Metrics {
 	m := metrics.New()
-	m.SetBuild(buildLabels(readBuildInfo()))
+	m.SetBuild(buildLabels(linkerStamps(), readBuildInfo()))
 	cfg.observeQuery = m.ObserveQuery
 	cfg.observeGroup = m.ClaimGroup
 	return m

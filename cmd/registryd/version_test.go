@@ -129,23 +129,99 @@ func TestVersionOfARealBuild(t *testing.T) {
 	}
 }
 
+// `make build` in a checkout stamps what git says: the tag on a tagged
+// commit, describe's TAG-N-gHASH after it, -dirty and "modified" for
+// uncommitted changes, and "(devel)" with the revision when no tag
+// precedes the commit. Go's own VCS stamping is off (-buildvcs=false), as
+// in a git worktree, so what is printed is the Makefile's.
+func TestVersionFromMakefile(t *testing.T) {
+	t.Parallel()
+	if _, err := exec.LookPath("make"); err != nil {
+		t.Skip("no make")
+	}
+	src := checkoutCopy(t)
+	version := func() string {
+		t.Helper()
+		cmd := exec.Command("make", "build", "GO="+goTool(t))
+		cmd.Dir = src
+		// -trimpath lets the build cache serve this copy of the module.
+		cmd.Env = append(os.Environ(), "GOFLAGS=-trimpath -buildvcs=false")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("make build: %v\n%s", err, out)
+		}
+		return runBinary(t, filepath.Join(src, "bin", "registryd"), "version")
+	}
+	head := gitRun(t, src, "rev-parse", "HEAD")
+	if out := version(); !strings.HasPrefix(out, "registryd v1.2.3\nrevision:  "+head+"\ncommitted: ") || !strings.Contains(out, "\nbuilt:     ") {
+		t.Errorf("tagged commit:\n%s", out)
+	}
+
+	// A commit after the tag; then the same with a change not committed.
+	if err := os.WriteFile(filepath.Join(src, "CHANGED"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	gitRun(t, src, "add", "CHANGED")
+	gitRun(t, src, "commit", "-q", "-m", "after")
+	head = gitRun(t, src, "rev-parse", "HEAD")
+	after := "v1.2.3-1-g" + gitRun(t, src, "rev-parse", "--short", "HEAD")
+	if out := version(); !strings.HasPrefix(out, "registryd "+after+"\nrevision:  "+head+"\n") {
+		t.Errorf("a commit after the tag: want %s:\n%s", after, out)
+	}
+	if err := os.WriteFile(filepath.Join(src, "CHANGED"), []byte("y"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out := version(); !strings.HasPrefix(out, "registryd "+after+"-dirty\nrevision:  "+head+" (modified: built with uncommitted changes)\n") {
+		t.Errorf("uncommitted change: want %s-dirty, modified:\n%s", after, out)
+	}
+
+	gitRun(t, src, "tag", "-d", "v1.2.3")
+	if out := version(); !strings.HasPrefix(out, "registryd (devel): a development build, of a commit no version tag precedes\nrevision:  "+head+" (modified") {
+		t.Errorf("no tag:\n%s", out)
+	}
+}
+
 // The cases a build from the checkout does not produce.
 func TestVersionText(t *testing.T) {
 	t.Parallel()
-	if out := versionText(nil); !strings.HasPrefix(out, "registryd (devel): this binary carries no build information") {
+	if out := versionText(stamps{}, nil); !strings.HasPrefix(out, "registryd (devel): this binary carries no build information") {
 		t.Errorf("no build info: %q", out)
 	}
 	installed := &debug.BuildInfo{GoVersion: "go1.26.0", Main: debug.Module{Path: "github.com/registryd/registryd", Version: "v1.4.0"}}
-	out := versionText(installed)
+	out := versionText(stamps{}, installed)
 	if !strings.HasPrefix(out, "registryd v1.4.0\n") || !strings.Contains(out, "revision:  not recorded (built from the module v1.4.0") ||
 		!strings.Contains(out, "go:        go1.26.0 ") {
 		t.Errorf("go install @v1.4.0:\n%s", out)
 	}
 	clean := &debug.BuildInfo{Main: debug.Module{Version: "v0.0.0-20261201070450-3b18206c0f1e"}, Settings: []debug.BuildSetting{
 		{Key: "vcs.revision", Value: "3b18206c0f1e"}, {Key: "vcs.modified", Value: "false"}, {Key: "vcs.time", Value: "2026-12-01T07:04:50Z"}}}
-	out = versionText(clean)
+	out = versionText(stamps{}, clean)
 	if !strings.Contains(out, "revision:  3b18206c0f1e\n") || !strings.Contains(out, "committed: 2026-12-01T07:04:50Z\n") {
 		t.Errorf("clean checkout:\n%s", out)
+	}
+
+	// The Makefile's stamps win over what Go recorded, and a version
+	// without a tag is no version.
+	for _, tc := range []struct {
+		stamps stamps
+		want   string
+	}{
+		{stamps{version: "v0.1.0", revision: "abc123", commitTime: "2026-12-01T07:04:50Z"},
+			"registryd v0.1.0\nrevision:  abc123\ncommitted: 2026-12-01T07:04:50Z\ngo:        go1.26.0 "},
+		{stamps{version: "v0.1.0-rc.1-4-gabc1234-dirty", revision: "abc1234ff"},
+			"registryd v0.1.0-rc.1-4-gabc1234-dirty\nrevision:  abc1234ff (modified: built with uncommitted changes)\ncommitted: 2026-12-01T07:04:50Z\n"},
+		{stamps{version: "abc1234", revision: "abc1234ff"},
+			"registryd (devel): a development build, of a commit no version tag precedes\nrevision:  abc1234ff\n"},
+		{stamps{version: "v0.2.0"},
+			"registryd v0.2.0\nrevision:  3b18206c0f1e\n"},
+	} {
+		bi := *clean
+		bi.GoVersion = "go1.26.0"
+		if out := versionText(tc.stamps, &bi); !strings.HasPrefix(out, tc.want) {
+			t.Errorf("%+v: want it to start\n%s\ngot:\n%s", tc.stamps, tc.want, out)
+		}
+	}
+	if out := versionText(stamps{version: "v0.1.0", revision: "abc123"}, nil); !strings.HasPrefix(out, "registryd v0.1.0\nrevision:  abc123\ngo:  ") {
+		t.Errorf("stamps, no build information:\n%s", out)
 	}
 }
 
@@ -156,14 +232,20 @@ func TestBuildLabels(t *testing.T) {
 	t.Parallel()
 	bi := &debug.BuildInfo{GoVersion: "go1.99.1", Main: debug.Module{Version: "v1.2.3"},
 		Settings: []debug.BuildSetting{{Key: "vcs.revision", Value: "abc123"}, {Key: "vcs.modified", Value: "true"}}}
-	if v, r, g := buildLabels(bi); v != "v1.2.3" || r != "abc123-modified" || g != "go1.99.1" {
+	if v, r, g := buildLabels(stamps{}, bi); v != "v1.2.3" || r != "abc123-modified" || g != "go1.99.1" {
 		t.Errorf("buildLabels = %q, %q, %q", v, r, g)
 	}
 	bi.Settings[1].Value = "false"
-	if _, r, _ := buildLabels(bi); r != "abc123" {
+	if _, r, _ := buildLabels(stamps{}, bi); r != "abc123" {
 		t.Errorf("unmodified revision %q", r)
 	}
-	if v, r, g := buildLabels(nil); v != "(devel)" || r != "" || g != runtime.Version() {
+	if v, r, g := buildLabels(stamps{}, nil); v != "(devel)" || r != "" || g != runtime.Version() {
 		t.Errorf("no build information: %q, %q, %q", v, r, g)
+	}
+	if v, r, _ := buildLabels(stamps{version: "v0.1.0-dirty", revision: "def456"}, bi); v != "v0.1.0-dirty" || r != "def456-modified" {
+		t.Errorf("stamped: %q, %q", v, r)
+	}
+	if v, r, _ := buildLabels(stamps{version: "def4567", revision: "def4567ff"}, bi); v != "(devel)" || r != "def4567ff" {
+		t.Errorf("stamped, no tag: %q, %q", v, r)
 	}
 }
