@@ -28,7 +28,7 @@ SWAGGER_UI_DIR       := internal/docs/ui/swagger-ui
 SWAGGER_UI_FILES     := swagger-ui.css swagger-ui-bundle.js swagger-ui-bundle.js.LICENSE.txt \
                         favicon-16x16.png favicon-32x32.png LICENSE NOTICE
 
-.PHONY: run build test vet fmt-check generate check-generated deploy-test bench bench-http clean swagger-ui
+.PHONY: run build release test vet fmt-check generate check-generated deploy-test bench bench-http clean swagger-ui
 
 ## run: build and start registryd; with no REGISTRY_DATABASE_URL it runs its own PostgreSQL in ./.data
 run: build
@@ -38,11 +38,38 @@ run: build
 build:
 	$(GO) build -ldflags "$(STAMP) -X main.buildTime=$$(date -u +%Y-%m-%dT%H:%M:%SZ)" -o $(BIN) ./cmd/registryd
 
+## release: dist/, for VERSION (make release VERSION=v0.1.0 outside a git checkout): static binaries for
+## linux/amd64 and linux/arm64, a CycloneDX SBOM each, the server's image (an OCI layout in a tar, for
+## skopeo or crane) and SHA256SUMS; docs/operating.md, "Releases"
+# The SBOM tool is run at a pinned version from the Go module proxy, built
+# for this machine (-exec hands it the target's GOOS and GOARCH, which it
+# reads). CA_CERTS are the certificates the image trusts: this machine's.
+DIST       := dist
+PLATFORMS  := linux/amd64 linux/arm64
+CYCLONEDX  := github.com/CycloneDX/cyclonedx-gomod/cmd/cyclonedx-gomod@v1.10.0
+CA_CERTS   ?= /etc/ssl/certs/ca-certificates.crt
+release:
+	@if [ -z "$(VERSION)" ]; then echo "make release: no version: not a git checkout; say which, make release VERSION=v0.1.0" >&2; exit 1; fi
+	rm -rf $(DIST) && mkdir -p $(DIST)
+	@set -e; for p in $(PLATFORMS); do \
+		os=$${p%/*}; arch=$${p#*/}; out=$(DIST)/registryd_$(VERSION)_$${os}_$${arch}; \
+		echo "$$out"; \
+		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath -ldflags "-s -w $(STAMP)" -o $$out ./cmd/registryd; \
+		echo "$$out.cdx.json"; \
+		CGO_ENABLED=0 $(GO) run -exec "env GOOS=$$os GOARCH=$$arch" $(CYCLONEDX) app -json -licenses -std -noserial -notimestamp \
+			-main cmd/registryd -output $$out.cdx.json . 2>$(DIST)/.sbom.log || { cat $(DIST)/.sbom.log >&2; exit 1; }; \
+		binaries="$$binaries -binary $$p=../$$out"; \
+	done; rm -f $(DIST)/.sbom.log; \
+	cd deploy && $(GO) run ./cmd/registryd-image -version "$(VERSION)" -revision "$(REVISION)" -created "$(COMMIT_TIME)" \
+		-ca-certs "$(CA_CERTS)" $$binaries -o ../$(DIST)/registryd_$(VERSION)_oci.tar
+	cd $(DIST) && sha256sum registryd_* > SHA256SUMS
+	@ls -l $(DIST)
+
 ## test: vet, format check, generated client current, and every test with the race detector, against a real PostgreSQL
 test: vet fmt-check check-generated deploy-test
 	$(GO) test -race -count=1 $(PKGS)
 
-## deploy-test: the Kubernetes manifests and docker-compose.yml, checked by deploy/, a Go module of its own (so k8s.io and compose-go stay out of registryd's)
+## deploy-test: the Kubernetes manifests and docker-compose.yml, checked by deploy/, and the release's image builder (cmd/registryd-image), a Go module of its own (so k8s.io, compose-go and go-containerregistry stay out of registryd's)
 deploy-test:
 	cd deploy && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 
@@ -77,7 +104,7 @@ bench-http: build
 	$(GO) run ./cmd/registryd-bench -registryd $(BIN) $(BENCH_HTTP_FLAGS)
 
 clean:
-	rm -rf bin
+	rm -rf bin $(DIST)
 
 ## swagger-ui: fetch the pinned swagger-ui-dist with npm (tarball only: no install, no scripts), check its integrity, copy the files /docs serves into SWAGGER_UI_DIR
 swagger-ui:
