@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"cmp"
+	"errors"
 	"fmt"
 	"io/fs"
 	"net/url"
@@ -12,6 +13,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/google/go-containerregistry/pkg/name"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -125,7 +127,11 @@ func Build(files fs.FS, secretFiles map[string]string) ([]runtime.Object, error)
 		}
 		manifests = append(manifests, e.Name())
 		for i, doc := range SplitDocuments(b) {
-			if _, err := DecodeStrict(doc); err != nil {
+			obj, err := DecodeStrict(doc)
+			if err == nil {
+				err = errors.Join(unpinnedImages(obj)...)
+			}
+			if err != nil {
 				return nil, fmt.Errorf("%s, document %d: %w", e.Name(), i+1, err)
 			}
 		}
@@ -217,6 +223,9 @@ func Check(objs []runtime.Object, server, agent []string) []string {
 		}
 	}
 	for _, o := range objs {
+		for _, err := range unpinnedImages(o) {
+			bad("%v", err)
+		}
 		if m, ok := o.(interface{ GetNamespace() string }); ok {
 			if _, isNS := o.(*corev1.Namespace); !isNS && namespaces[m.GetNamespace()] == nil {
 				bad("%T is in namespace %q, which the kustomization does not make", o, m.GetNamespace())
@@ -446,6 +455,33 @@ func Check(objs []runtime.Object, server, agent []string) []string {
 	// The agent DaemonSet.
 	problems = append(problems, checkAgent(daemons[0], secrets, agent)...)
 	return problems
+}
+
+// unpinnedImages are the containers of a Deployment's or DaemonSet's pods
+// whose image names no tag, or the tag latest: each must name a release's
+// tag or a digest, so every replica, and every restart, runs the same
+// build, and a rollout is a change to the manifests.
+func unpinnedImages(obj runtime.Object) []error {
+	var spec corev1.PodSpec
+	switch o := obj.(type) {
+	case *appsv1.Deployment:
+		spec = o.Spec.Template.Spec
+	case *appsv1.DaemonSet:
+		spec = o.Spec.Template.Spec
+	default:
+		return nil
+	}
+	var errs []error
+	for _, c := range slices.Concat(spec.InitContainers, spec.Containers) {
+		ref, err := name.ParseReference(c.Image, name.StrictValidation)
+		if t, ok := ref.(name.Tag); err == nil && ok && t.TagStr() == "latest" {
+			err = errors.New("the tag latest")
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%T %s: container %s's image %q is not pinned (%v): want a release's tag or a digest", obj, obj.(metav1.Object).GetName(), c.Name, c.Image, err))
+		}
+	}
+	return errs
 }
 
 // checkAgent is the agent DaemonSet's review: `registryd agent` on GPU

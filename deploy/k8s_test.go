@@ -146,6 +146,9 @@ func TestKubernetesManifestsBroken(t *testing.T) {
 		{"TLS without a Secret", "ingress.yaml", "      secretName: registryd-tls\n", "", "the TLS entry of registry.example.com names no Secret"},
 		{"serve's TLS with probes in clear", "registryd-config.yaml", "  REGISTRY_LOG_LEVEL: info\n", "  REGISTRY_LOG_LEVEL: info\n  REGISTRY_TLS_CERT_FILE: /tls/tls.crt\n  REGISTRY_TLS_KEY_FILE: /tls/tls.key\n", "readiness probe asks over HTTP, but serve speaks HTTPS"},
 		{"probes over https to plain HTTP", "registryd.yaml", "              path: /readyz\n", "              path: /readyz\n              scheme: HTTPS\n", "readiness probe asks over HTTPS, but serve speaks plain HTTP"},
+		{"an image by the tag latest", "kustomization.yaml", "  - name: ghcr.io/registryd/registryd\n    newTag: v0.1.0\n", "  - name: ghcr.io/registryd/registryd\n    newTag: latest\n", `container registryd's image "ghcr.io/registryd/registryd:latest" is not pinned`},
+		{"an image without a tag", "registryd-agent.yaml", "image: ghcr.io/registryd/registryd-agent:v0.1.0", "image: registry.example.com/registryd-agent", `registryd-agent.yaml, document 2: *v1.DaemonSet registryd-agent: container agent's image "registry.example.com/registryd-agent" is not pinned`},
+		{"a manifest's image latest", "registryd.yaml", "image: ghcr.io/registryd/registryd:v0.1.0\n          args: [\"migrate\", \"up\"]", "image: ghcr.io/registryd/registryd:latest\n          args: [\"migrate\", \"up\"]", `container migrate's image "ghcr.io/registryd/registryd:latest" is not pinned`},
 		{"agent token in the manifest", "registryd-agent.yaml", "            - name: REGISTRY_AGENT_INTERVAL\n", "            - name: REGISTRY_TOKEN\n              value: eyJ.x.y\n            - name: REGISTRY_AGENT_INTERVAL\n", "token is in the manifest"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -171,6 +174,26 @@ func TestKubernetesManifestsBroken(t *testing.T) {
 				t.Errorf("broken manifest: want a complaint containing %q, got:\n%s", tc.want, got)
 			}
 		})
+	}
+}
+
+// An image pinned by its digest rather than a tag passes the review.
+func TestKubernetesImageByDigest(t *testing.T) {
+	t.Parallel()
+	server, agent := settings(t)
+	files := k8sFiles(t)
+	k := string(files["kustomization.yaml"].Data)
+	pinned := strings.Replace(k, "  - name: ghcr.io/registryd/registryd\n    newTag: v0.1.0\n", "  - name: ghcr.io/registryd/registryd\n    digest: sha256:"+strings.Repeat("0123456789abcdef", 4)+"\n", 1)
+	if pinned == k {
+		t.Fatal("kustomization.yaml does not pin ghcr.io/registryd/registryd by newTag v0.1.0")
+	}
+	files["kustomization.yaml"] = &fstest.MapFile{Data: []byte(pinned)}
+	objs, err := Build(files, secretFiles(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range Check(objs, server, agent) {
+		t.Error(p)
 	}
 }
 
