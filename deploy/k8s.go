@@ -96,8 +96,9 @@ func Kustomization(files fs.FS) (types.Kustomization, error) {
 	return k, nil
 }
 
-// Build checks that every manifest file decodes strictly and is listed in
-// the kustomization, then builds the kustomization as `kubectl apply -k`
+// Build checks that every manifest file decodes strictly, names its
+// images by a tag other than latest or by a digest, and is listed in the
+// kustomization, then builds the kustomization as `kubectl apply -k`
 // would (in memory, with secretFiles standing in for the files under
 // secrets/ that operators create) and decodes what it makes strictly.
 func Build(files fs.FS, secretFiles map[string]string) ([]runtime.Object, error) {
