@@ -11,7 +11,7 @@
 //	-- registryd:breaking
 //
 // An expand step (a new table, a nullable column, an index, a constraint
-// NOT VALID, each under a short lock_timeout) is compatible from the
+// NOT VALID, each under a short SET LOCAL lock_timeout) is compatible from the
 // migration before it; dropping or renaming what a release still uses is
 // not, and waits for a later release. See docs/operating.md, "Upgrades".
 package migrations

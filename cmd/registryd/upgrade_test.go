@@ -126,7 +126,7 @@ func TestRollingUpgradeUnderLoad(t *testing.T) {
 	}
 	next := pgtest.MigrationsWith(t, map[string]string{fmt.Sprintf("%05d_upgrade_probe.sql", latest+1): fmt.Sprintf(`-- +goose Up
 -- registryd:compatible-from %d
-SET lock_timeout = '2s';
+SET LOCAL lock_timeout = '2s';
 ALTER TABLE nodes ADD COLUMN upgrade_probe text;
 CREATE TABLE upgrade_probe (id bigint PRIMARY KEY);
 -- +goose Down
@@ -236,8 +236,32 @@ ALTER TABLE nodes DROP COLUMN upgrade_probe;
 		t.Fatal(err)
 	}
 	cfg.migrations = next
+	// Both old replicas are asked for readiness all through the
+	// migration: not one answer may be 503.
+	probeDone, stopProbing := make(chan int), make(chan struct{})
+	go func() {
+		unready := 0
+		for {
+			select {
+			case <-stopProbing:
+				probeDone <- unready
+				return
+			default:
+			}
+			for _, s := range []*server{oldA, oldB} {
+				if !probeReady(s.url) {
+					unready++
+				}
+			}
+		}
+	}()
 	var out strings.Builder
-	if err := migrate(context.Background(), cfg, []string{"up"}, &out, io.Discard); err != nil {
+	err = migrate(context.Background(), cfg, []string{"up"}, &out, io.Discard)
+	close(stopProbing)
+	if unready := <-probeDone; unready > 0 {
+		t.Errorf("the old replicas were unready %d times during the migration", unready)
+	}
+	if err != nil {
 		t.Fatalf("migrate up: %v", err)
 	}
 	if !strings.Contains(out.String(), "upgrade_probe") {

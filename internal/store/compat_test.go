@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/registryd/registryd/internal/pgtest"
 	"github.com/registryd/registryd/internal/registry"
@@ -151,5 +152,61 @@ func TestMigrationsDeclareCompatibility(t *testing.T) {
 		"99999_silent.sql": "-- +goose Up\nSELECT 1;\n-- +goose Down\nSELECT 1;\n"})})
 	if bad, err := probe.UndeclaredMigrations(23); err != nil || strings.Join(bad, ",") != "99999_silent.sql" {
 		t.Fatalf("undeclared: %v, %v", bad, err)
+	}
+}
+
+// While a release's expand migration runs, the release before it is never
+// told it may not serve (the migration's record is written before it),
+// and several replicas migrating at once all succeed.
+func TestSchemaCompatibilityWhileMigrating(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.New(t)
+	old := pgtest.Open(t, url, store.Options{})
+	latest, err := old.LatestVersion()
+	if err != nil {
+		t.Fatal(err)
+	}
+	expand, _ := nextRelease(t, latest)
+	next := pgtest.MigrationsWith(t, map[string]string{expand: fmt.Sprintf(expandSQL, latest)})
+	done := make(chan struct{})
+	checks, refused := 0, 0
+	go func() {
+		defer close(done)
+		for {
+			st, err := old.CheckSchema(ctx)
+			checks++
+			if err != nil || !st.OK() {
+				refused++
+			}
+			if st.Current > latest {
+				return
+			}
+		}
+	}()
+	errs := make(chan error, 4)
+	for range 4 {
+		st := pgtest.Open(t, url, store.Options{Migrations: next})
+		go func() {
+			m, err := st.NewMigrator(nil)
+			if err == nil {
+				_, err = m.Up(ctx)
+				m.Close()
+			}
+			errs <- err
+		}()
+	}
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Errorf("a replica's migrate up: %v", err)
+		}
+	}
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the schema never moved past the older release")
+	}
+	if refused > 0 {
+		t.Fatalf("the older release was refused %d of %d times while the expand step ran", refused, checks)
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -53,6 +55,12 @@ func (m *Migrator) Close() error { return m.db.Close() }
 // On a schema newer than the migrations it knows it applies nothing.
 func (m *Migrator) Up(ctx context.Context) ([]*goose.MigrationResult, error) {
 	ctx = withoutStatementTimeout(ctx)
+	// Recorded before the migrations run, so that an old replica never
+	// sees one applied without its record (it would go unready), and
+	// again after, for the batch that makes the table.
+	if err := m.store.recordCompat(ctx); err != nil {
+		return nil, err
+	}
 	res, err := m.provider.Up(ctx)
 	if err != nil {
 		return res, fmt.Errorf("store: migrate up: %w", translate(err))
@@ -68,9 +76,6 @@ func (m *Migrator) Down(ctx context.Context) (*goose.MigrationResult, error) {
 	res, err := m.provider.Down(withoutStatementTimeout(ctx))
 	if err != nil {
 		return res, fmt.Errorf("store: migrate down: %w", translate(err))
-	}
-	if err := m.store.recordCompat(withoutStatementTimeout(ctx)); err != nil {
-		return res, err
 	}
 	return res, nil
 }
@@ -126,6 +131,9 @@ func compatibleFrom(version int64, text string) (from int64, declared bool, err 
 	from = version
 	for line := range strings.Lines(text) {
 		line = strings.TrimSpace(line)
+		if strings.HasPrefix(line, "-- +goose Down") {
+			break // only the Up section speaks for the migration
+		}
 		if line == breakingDirective {
 			if declared {
 				return 0, false, fmt.Errorf("%q: the migration says twice which releases may serve it", line)
@@ -186,9 +194,10 @@ func (s *Store) LatestVersion() (int64, error) {
 	return latest, nil
 }
 
-// recordCompat writes every applied migration the store knows into
-// schema_compat, and forgets rows of versions no longer applied, once the
-// table exists (migration 00023).
+// recordCompat writes what every migration the store knows allows into
+// schema_compat, applied or not (CheckSchema looks only at applied
+// ones), once the table exists (migration 00023). Rows are written in
+// version order, so that replicas migrating at once never deadlock.
 func (s *Store) recordCompat(ctx context.Context) error {
 	known, err := s.known()
 	if err != nil {
@@ -198,17 +207,16 @@ func (s *Store) recordCompat(ctx context.Context) error {
 	if err := s.db.QueryRow(ctx, `SELECT to_regclass('schema_compat') IS NOT NULL`).Scan(&exists); err != nil || !exists {
 		return translate(err)
 	}
-	versions, froms := make([]int64, 0, len(known)), make([]int64, 0, len(known))
-	for v, from := range known {
-		versions, froms = append(versions, v), append(froms, from)
+	versions := slices.Sorted(maps.Keys(known))
+	froms := make([]int64, len(versions))
+	for i, v := range versions {
+		froms[i] = known[v]
 	}
 	_, err = s.db.Exec(ctx, `
-WITH applied AS (SELECT DISTINCT version_id FROM goose_db_version WHERE is_applied AND version_id > 0),
-gone AS (DELETE FROM schema_compat WHERE version NOT IN (SELECT version_id FROM applied))
 INSERT INTO schema_compat (version, compatible_from)
-SELECT k.v, k.f FROM unnest($1::bigint[], $2::bigint[]) AS k(v, f)
-WHERE k.v IN (SELECT version_id FROM applied)
-ON CONFLICT (version) DO UPDATE SET compatible_from = EXCLUDED.compatible_from`, versions, froms)
+SELECT k.v, k.f FROM unnest($1::bigint[], $2::bigint[]) AS k(v, f) ORDER BY k.v
+ON CONFLICT (version) DO UPDATE SET compatible_from = EXCLUDED.compatible_from
+WHERE schema_compat.compatible_from IS DISTINCT FROM EXCLUDED.compatible_from`, versions, froms)
 	if err != nil {
 		return fmt.Errorf("store: record schema compatibility: %w", translate(err))
 	}
