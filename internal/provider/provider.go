@@ -191,6 +191,10 @@ func once(ctx context.Context, client *http.Client, timeout time.Duration,
 	}
 	defer resp.Body.Close()
 	limit := int64(maxAnswer)
+	if resp.StatusCode/100 != 2 {
+		// Only the provider's message is read from it, and cut short.
+		limit = maxErrorAnswer
+	}
 	b, _ := ctx.Value(budgetKey{}).(*readBudget)
 	if b != nil {
 		limit = min(limit, max(b.left.Load(), 0)+1) // one byte past it tells
@@ -205,8 +209,13 @@ func once(ctx context.Context, client *http.Client, timeout time.Duration,
 	return body, resp.StatusCode, parseRetryAfter(resp.Header.Get("Retry-After")), nil
 }
 
-// maxAnswer bounds one answer's body.
-const maxAnswer = 64 << 20
+// maxAnswer bounds one answer's body; maxErrorAnswer what is read of an
+// answer that is not a success: one cut there reads as the HTTP status
+// alone.
+const (
+	maxAnswer      = 64 << 20
+	maxErrorAnswer = 64 << 10
+)
 
 type budgetKey struct{}
 

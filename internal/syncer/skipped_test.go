@@ -7,6 +7,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/registryd/registryd/internal/provider/scp/scptest"
+	"github.com/registryd/registryd/internal/syncer"
 )
 
 // A host the provider reports well but our own mapping (Nodes) skips, for
@@ -29,24 +30,32 @@ func TestSyncKeepsHostsOurMappingSkips(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v: %v", err, sums)
 	}
-	for i, want := range []struct {
-		kept    int
-		reasons []string
-	}{
-		{16, []string{"is not an IP address", "bytes of host memory"}},
-		{8, []string{"is not an IP address"}},
-	} {
-		s := sums[i]
-		if s.Result.KeptSkipped != want.kept || s.Result.Removed != 0 {
-			t.Errorf("%s: %+v, want %d nodes kept for their skipped hosts and none removed", s.Provider, s.Result, want.kept)
-		}
-		for _, r := range want.reasons {
-			if !strings.Contains(s.String(), r) {
-				t.Errorf("%s: no host skipped by our mapping for %q:\n%s", s.Provider, r, s)
-			}
-		}
-	}
+	checkKept(t, sums, keptFor{16, []string{"is not an IP address", "bytes of host memory"}}, keptFor{8, []string{"is not an IP address"}})
 	if diff := cmp.Diff(before, b.table()); diff != "" {
 		t.Errorf("hosts our mapping skipped lost nodes:\n%s", diff)
+	}
+}
+
+// keptFor is what one provider's pass says of the hosts it skipped: how
+// many nodes it kept for them, and why it skipped them.
+type keptFor struct {
+	kept    int
+	reasons []string
+}
+
+// checkKept fails t unless the pass of each provider, in order, kept its
+// want's nodes for skipped hosts, removed none and gave every reason.
+func checkKept(t *testing.T, sums []syncer.Summary, want ...keptFor) {
+	t.Helper()
+	for i, w := range want {
+		s := sums[i]
+		if s.Result.KeptSkipped != w.kept || s.Result.Removed != 0 {
+			t.Errorf("%s: %+v, want %d nodes kept for their skipped hosts and none removed", s.Provider, s.Result, w.kept)
+		}
+		for _, r := range w.reasons {
+			if !strings.Contains(s.String(), r) {
+				t.Errorf("%s: no host skipped for %q:\n%.2000s", s.Provider, r, s)
+			}
+		}
 	}
 }

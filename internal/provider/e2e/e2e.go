@@ -109,11 +109,15 @@ func New(cfg Config) (*Client, error) {
 func (c *Client) Name() string { return providerName }
 
 // Fetch reads every page of clusters and maps their worker nodes to hosts.
-// It is all or nothing: when any call fails after retries, or an answer
-// cannot be read, it returns the error (a *provider.Error, or ctx's error)
+// It is all or nothing: when any call fails after retries, an answer
+// cannot be read, or a cluster's or worker's id is longer than
+// provider.MaxID, it returns the error (a *provider.Error, or ctx's error)
 // and no inventory.
+//
+// Each page is mapped as it arrives: what a pass holds is one page and
+// the hosts so far, every string of them within its bound.
 func (c *Client) Fetch(ctx context.Context) (provider.Inventory, error) {
-	var clusters []cluster
+	var inv provider.Inventory
 	seen := make(map[string]bool)
 	for page := 1; ; page++ {
 		if page > maxPages {
@@ -125,16 +129,20 @@ func (c *Client) Fetch(ctx context.Context) (provider.Inventory, error) {
 			return provider.Inventory{}, err
 		}
 		fresh := 0
-		for _, cl := range got {
+		for i := range got {
+			cl := &got[i]
 			// Clusters created while we page shift older ones onto the next
 			// page, so one may come twice; keep the first.
-			if id := string(cl.ID); id != "" {
+			if id := cl.ID.String(); id != "" {
 				if seen[id] {
 					continue
 				}
 				seen[id] = true
 			}
-			clusters = append(clusters, cl)
+			if err := addCluster(&inv, cl, c.cfg.Location); err != nil {
+				return provider.Inventory{}, &provider.Error{Provider: providerName, Op: op(page),
+					Message: err.Error() + "; inventory not applied"}
+			}
 			fresh++
 		}
 		if len(got) < c.perPage {
@@ -147,7 +155,7 @@ func (c *Client) Fetch(ctx context.Context) (provider.Inventory, error) {
 				Message: "page repeats clusters already read; the API seems to ignore page_no"}
 		}
 	}
-	return inventory(clusters, c.cfg.Location), nil
+	return inv, nil
 }
 
 func op(page int) string { return fmt.Sprintf("GET %s page %d", listPath, page) }
@@ -181,6 +189,8 @@ func (c *Client) page(ctx context.Context, page int) ([]cluster, error) {
 		return &provider.Error{Provider: providerName, Op: op(page),
 			Message: "malformed answer: " + fmt.Sprintf(format, args...)}
 	}
+	// The envelope first, its data only looked at: the clusters are
+	// decoded from the body itself, not from a copy of their list.
 	var env envelope
 	if err := json.Unmarshal(body, &env); err != nil {
 		return nil, malformed("%v", err)
@@ -192,18 +202,20 @@ func (c *Client) page(ctx context.Context, page int) ([]cluster, error) {
 	}
 	// An answer without the list is not an empty inventory: applying it
 	// would remove every free node of the provider.
-	var clusters []cluster
-	d := bytes.TrimSpace(env.Data)
-	if len(d) == 0 || bytes.Equal(d, []byte("null")) {
+	switch env.Data {
+	case 0, 'n':
 		return nil, malformed("the answer has no data list")
-	}
-	if d[0] != '[' {
+	case '[':
+	default:
 		return nil, malformed("data is not a list")
 	}
-	if err := json.Unmarshal(d, &clusters); err != nil {
+	var list struct {
+		Data []cluster `json:"data"`
+	}
+	if err := json.Unmarshal(body, &list); err != nil {
 		return nil, malformed("%v", err)
 	}
-	return clusters, nil
+	return list.Data, nil
 }
 
 // errMessage turns an error answer into the provider's own words.
@@ -218,11 +230,11 @@ func (c *Client) errMessage(body []byte) string {
 // describe is the envelope's message, then its errors when there are any,
 // with the credentials blanked in case the provider echoes them.
 func (c *Client) describe(env envelope) string {
-	msg := strings.TrimSpace(string(env.Message))
+	msg := env.Message.String()
 	if msg == "" {
-		msg = strings.TrimSpace(string(env.Detail))
+		msg = env.Detail.String()
 	}
-	if detail := errorsText(env.Errors); detail != "" {
+	if detail := errorsText(json.RawMessage(env.Errors)); detail != "" {
 		if msg == "" {
 			msg = detail
 		} else {
@@ -276,115 +288,173 @@ func errorsText(raw json.RawMessage) string {
 	return ""
 }
 
-// inventory maps clusters to hosts, one per addressable worker node;
-// location is the one the clusters were listed for.
-func inventory(clusters []cluster, location string) provider.Inventory {
-	var inv provider.Inventory
-	for _, cl := range clusters {
-		cid, cname := string(cl.ID), string(cl.Name)
-		if cid == "" {
-			inv.Skipped = append(inv.Skipped, provider.Skip{Name: cname, Reason: "cluster has no id"})
-			continue
-		}
-		nodes := 0
-		if cl.NoOfNodes.ok && cl.NoOfNodes.v > 0 {
-			nodes = int(cl.NoOfNodes.v)
-		}
-		if len(cl.Workers) == 0 {
-			if nodes > 0 {
-				inv.Skipped = append(inv.Skipped, provider.Skip{ExternalID: cid, Name: cname,
-					Reason: fmt.Sprintf("cluster reports %d nodes but no worker details", nodes)})
-			}
-			continue
-		}
-		if nodes > len(cl.Workers) {
-			inv.Skipped = append(inv.Skipped, provider.Skip{ExternalID: cid, Name: cname,
-				Reason: fmt.Sprintf("cluster reports %d nodes but details for only %d", nodes, len(cl.Workers))})
-		}
-		spec := cl.SKU.Specs
-		problem := spec.problem()
-		var shared provider.Host // the labels every worker of cl has
-		shared.SetLabel(LabelLocation, firstOf(string(cl.SKU.Plan.Location), strings.TrimSpace(location)))
-		shared.SetLabel(LabelCluster, cname)
-		shared.SetLabel(LabelPlan, string(spec.Name))
-		seen := make(map[string]bool)
-		for i, raw := range cl.Workers {
-			w, ok := decodeWorker(raw)
-			if !ok {
-				inv.Skipped = append(inv.Skipped, provider.Skip{ExternalID: fmt.Sprintf("%s/#%d", cid, i),
-					Reason: "worker entry is not an object"})
-				continue
-			}
-			name := firstOf(w.Name, w.NodeName, w.Hostname)
-			wid := firstOf(string(w.ID), name)
-			if wid == "" {
-				inv.Skipped = append(inv.Skipped, provider.Skip{ExternalID: fmt.Sprintf("%s/#%d", cid, i),
-					Reason: "worker has no id or name"})
-				continue
-			}
-			ext := cid + "/" + wid
-			skip := func(reason string) {
-				inv.Skipped = append(inv.Skipped, provider.Skip{ExternalID: ext, Name: name, Reason: reason})
-			}
-			if seen[ext] {
-				skip("duplicate worker id in cluster")
-				continue
-			}
-			seen[ext] = true
-			addr := firstOf(w.PrivateIP, w.IPAddress, w.IP, w.NodeIP)
-			if addr == "" {
-				skip("worker has no address")
-				continue
-			}
-			if problem != "" {
-				skip(problem)
-				continue
-			}
-			if name == "" {
-				name = ext
-			}
-			state := firstOf(string(w.Status), string(cl.Status))
-			h := provider.Host{
-				ExternalID:  ext,
-				Name:        name,
-				IP:          addr,
-				State:       state,
-				Running:     cl.Status == "Running" && (w.Status == "" || w.Status == "Running"),
-				CPUMemBytes: gib(spec.Memory.v),
-				Fabric:      "cluster-" + cid,
-				Labels:      maps.Clone(shared.Labels),
-			}
-			if gpus := int(spec.GPU.v); gpus > 0 {
-				h.GPUModel = string(spec.GPUCardType)
-				h.GPUs = gpus
-				h.GPUMemBytes = gib(spec.GPUMemory.v / spec.GPU.v)
-			}
-			inv.Hosts = append(inv.Hosts, h)
-		}
+// addCluster adds cl's hosts to inv, one per addressable worker node;
+// location is the one the clusters were listed for. Its error is an id
+// past provider.MaxID: a host found again by an id that cannot be kept
+// cannot be kept either, so the pass fails.
+func addCluster(inv *provider.Inventory, cl *cluster, location string) error {
+	cid, cname := cl.ID.String(), cl.Name.Within(provider.MaxName)
+	switch {
+	case !cl.ID.Fits(provider.MaxID):
+		return errors.New("a cluster's " + provider.TooLong("id", provider.MaxID))
+	case cid == "":
+		inv.Skipped = append(inv.Skipped, provider.Skip{Name: cname, Reason: "cluster has no id"})
+		return nil
 	}
-	return inv
+	nodes := 0
+	if cl.NoOfNodes.ok && cl.NoOfNodes.v > 0 {
+		nodes = int(cl.NoOfNodes.v)
+	}
+	if len(cl.Workers) == 0 {
+		if nodes > 0 {
+			inv.Skipped = append(inv.Skipped, provider.Skip{ExternalID: cid, Name: cname,
+				Reason: fmt.Sprintf("cluster reports %d nodes but no worker details", nodes)})
+		}
+		return nil
+	}
+	if nodes > len(cl.Workers) {
+		inv.Skipped = append(inv.Skipped, provider.Skip{ExternalID: cid, Name: cname,
+			Reason: fmt.Sprintf("cluster reports %d nodes but details for only %d", nodes, len(cl.Workers))})
+	}
+	spec := cl.SKU.Specs
+	problem := spec.problem()
+	if problem == "" && !cl.Status.Fits(provider.MaxWord) {
+		problem = "the cluster's " + provider.TooLong("status", provider.MaxWord)
+	}
+	var shared provider.Host // the labels every worker of cl has
+	shared.SetLabel(LabelLocation, firstOf(cl.SKU.Plan.Location.Within(provider.MaxName), strings.TrimSpace(location)))
+	shared.SetLabel(LabelCluster, cname)
+	shared.SetLabel(LabelPlan, spec.Name.Within(provider.MaxName))
+	seen := make(map[string]bool)
+	for i, raw := range cl.Workers {
+		w, ok := decodeWorker(raw)
+		if !ok {
+			inv.Skipped = append(inv.Skipped, provider.Skip{ExternalID: fmt.Sprintf("%s/#%d", cid, i),
+				Reason: "worker entry is not an object"})
+			continue
+		}
+		nameText := firstText(w.Name, w.NodeName, w.Hostname)
+		name := nameText.Within(provider.MaxName)
+		// Without an id of its own a worker is known by its name.
+		widText, widLimit := w.ID.Text, provider.MaxID
+		if w.ID.Empty() {
+			widText, widLimit = nameText, provider.MaxName
+		}
+		wid := widText.String()
+		switch {
+		case !widText.Fits(widLimit):
+			return fmt.Errorf("a worker of cluster %s: its %s", cid, provider.TooLong("id", widLimit))
+		case wid == "":
+			inv.Skipped = append(inv.Skipped, provider.Skip{ExternalID: fmt.Sprintf("%s/#%d", cid, i),
+				Reason: "worker has no id or name"})
+			continue
+		}
+		ext := cid + "/" + wid
+		skip := func(reason string) {
+			inv.Skipped = append(inv.Skipped, provider.Skip{ExternalID: ext, Name: name, Reason: reason})
+		}
+		if seen[ext] {
+			skip("duplicate worker id in cluster")
+			continue
+		}
+		seen[ext] = true
+		addr := firstText(w.PrivateIP, w.IPAddress, w.IP, w.NodeIP)
+		switch {
+		case !nameText.Fits(provider.MaxName):
+			skip("the worker's " + provider.TooLong("name", provider.MaxName))
+			continue
+		case !addr.Fits(provider.MaxAddress):
+			skip("the worker's " + provider.TooLong("address", provider.MaxAddress))
+			continue
+		case addr.Empty():
+			skip("worker has no address")
+			continue
+		case !w.Status.Fits(provider.MaxWord):
+			skip("the worker's " + provider.TooLong("status", provider.MaxWord))
+			continue
+		case problem != "":
+			skip(problem)
+			continue
+		}
+		if name == "" {
+			name = ext
+		}
+		status, clStatus := w.Status.String(), cl.Status.String()
+		h := provider.Host{
+			ExternalID:  ext,
+			Name:        name,
+			IP:          addr.String(),
+			State:       firstOf(status, clStatus),
+			Running:     clStatus == "Running" && (status == "" || status == "Running"),
+			CPUMemBytes: gib(spec.Memory.v),
+			Fabric:      "cluster-" + cid,
+			Labels:      maps.Clone(shared.Labels),
+		}
+		if gpus := int(spec.GPU.v); gpus > 0 {
+			h.GPUModel = spec.GPUCardType.String()
+			h.GPUs = gpus
+			h.GPUMemBytes = gib(spec.GPUMemory.v / spec.GPU.v)
+		}
+		inv.Hosts = append(inv.Hosts, h)
+	}
+	return nil
 }
 
 func gib(gb float64) int64 { return int64(math.Round(gb * float64(provider.GiB))) }
 
-func firstOf[S ~string](vs ...S) string {
+func firstOf(vs ...string) string {
 	for _, v := range vs {
 		if v != "" {
-			return string(v)
+			return v
 		}
 	}
 	return ""
 }
 
-// envelope wraps every answer, good or bad.
-type envelope struct {
-	Code    number          `json:"code"`
-	Data    json.RawMessage `json:"data"`
-	Errors  json.RawMessage `json:"errors"`
-	Message text            `json:"message"`
-	Detail  text            `json:"detail"` // what a bare framework error carries instead
+// firstText is the first of vs the provider sent, long or not.
+func firstText(vs ...text) provider.Text {
+	for _, v := range vs {
+		if !v.Empty() {
+			return v.Text
+		}
+	}
+	return provider.Text{}
 }
 
+// envelope wraps every answer, good or bad.
+type envelope struct {
+	Code    number      `json:"code"`
+	Data    shape       `json:"data"`
+	Errors  errorsField `json:"errors"`
+	Message text        `json:"message"`
+	Detail  text        `json:"detail"` // what a bare framework error carries instead
+}
+
+// shape is the first byte of a JSON value ('[' for a list, 'n' for null),
+// read without keeping the value: 0 when it is absent.
+type shape byte
+
+func (s *shape) UnmarshalJSON(b []byte) error {
+	*s = shape(b[0])
+	return nil
+}
+
+// maxErrors bounds the errors field kept for a message: it is cut to
+// maxMessage anyway.
+const maxErrors = 4 << 10
+
+// errorsField is the envelope's errors, kept only up to maxErrors bytes.
+type errorsField json.RawMessage
+
+func (e *errorsField) UnmarshalJSON(b []byte) error {
+	if len(b) <= maxErrors {
+		*e = append((*e)[:0], b...)
+	}
+	return nil
+}
+
+// cluster, specs, plan and worker hold the strings of an answer as text,
+// bounded; addCluster checks each against its field's bound.
 type cluster struct {
 	ID        text   `json:"id"`
 	Name      text   `json:"name"`
@@ -415,8 +485,10 @@ func (s specs) problem() string {
 		return "SKU without gpu count"
 	case s.GPU.v < 0 || s.GPU.v != math.Trunc(s.GPU.v):
 		return fmt.Sprintf("SKU reports %v GPUs", s.GPU.v)
-	case s.GPU.v > 0 && s.GPUCardType == "":
+	case s.GPU.v > 0 && s.GPUCardType.Empty():
 		return "GPU SKU without gpu_card_type"
+	case !s.GPUCardType.Fits(provider.MaxGPUModel):
+		return "SKU's " + provider.TooLong("gpu_card_type", provider.MaxGPUModel)
 	case s.GPU.v > 0 && (!s.GPUMemory.ok || s.GPUMemory.v <= 0):
 		return "GPU SKU without gpu_memory"
 	case !s.Memory.ok || s.Memory.v <= 0:
@@ -437,7 +509,7 @@ func (p *plan) UnmarshalJSON(b []byte) error {
 		Location text `json:"location"`
 	}
 	if json.Unmarshal(b, &v) != nil {
-		v.Location = ""
+		v.Location = text{}
 	}
 	p.Location = v.Location
 	return nil
@@ -467,24 +539,29 @@ func decodeWorker(raw json.RawMessage) (worker, bool) {
 }
 
 // text is a string the provider may also send as a number (ids) or null;
-// anything else reads as "".
-type text string
+// anything else reads as "". It is read with provider.DecodeText's bound
+// and without surrounding blanks.
+type text struct{ provider.Text }
 
 func (t *text) UnmarshalJSON(b []byte) error {
 	switch {
 	case len(b) > 0 && b[0] == '"':
-		var s string
-		if err := json.Unmarshal(b, &s); err != nil {
+		v, err := provider.DecodeText(b)
+		if err != nil {
 			return err
 		}
-		*t = text(strings.TrimSpace(s))
+		t.Text = v.TrimSpace()
 	case len(b) > 0 && (b[0] == '-' || (b[0] >= '0' && b[0] <= '9')):
-		*t = text(b)
+		t.Text = provider.TextOf(string(b[:min(len(b), provider.MaxText+1)]))
 	default:
-		*t = ""
+		t.Text = provider.Text{}
 	}
 	return nil
 }
+
+// maxNumber bounds a number's text, quotes and blanks included: a float64
+// needs far less.
+const maxNumber = 400
 
 // number is a JSON number the provider may also send as a numeric string;
 // null or "" leave it unset.
@@ -494,6 +571,9 @@ type number struct {
 }
 
 func (n *number) UnmarshalJSON(b []byte) error {
+	if len(b) > maxNumber {
+		return fmt.Errorf("a value of %d bytes is not a number", len(b))
+	}
 	s := string(b)
 	if s == "null" {
 		*n = number{}

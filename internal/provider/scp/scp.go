@@ -4,7 +4,6 @@
 package scp
 
 import (
-	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
@@ -14,11 +13,11 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/registryd/registryd/internal/provider"
 )
@@ -139,45 +138,63 @@ func Sign(method, url, timestamp, accessKey, accountID, secretKey string) string
 
 // Fetch reads all products and all GPU nodes and maps them to hosts. It is
 // all or nothing: on any failure (including fewer nodes than the API's
-// count) it returns the error and an empty Inventory, never a partial one.
-// Call errors are *provider.Error; cancellation returns ctx.Err().
+// count, or a GPU node id longer than provider.MaxID) it returns the error
+// and an empty Inventory, never a partial one. Call errors are
+// *provider.Error; cancellation returns ctx.Err().
+//
+// Each page is mapped as it arrives: what a pass holds is one page and
+// the hosts so far, every string of them within its bound.
 func (c *Client) Fetch(ctx context.Context) (provider.Inventory, error) {
 	products, err := c.listProducts(ctx)
 	if err != nil {
 		return provider.Inventory{}, err
 	}
-	nodes, err := c.listNodes(ctx)
-	if err != nil {
-		return provider.Inventory{}, err
-	}
 	idx := indexProducts(products)
 	var inv provider.Inventory
-	for _, n := range nodes {
+	err = c.listNodes(ctx, func(n *gpuNode) {
 		h, reason := c.host(n, idx)
 		if reason != "" {
-			inv.Skipped = append(inv.Skipped, provider.Skip{ExternalID: n.ID, Name: n.Name, Reason: reason})
-			continue
+			inv.Skipped = append(inv.Skipped, provider.Skip{ExternalID: n.ID.String(),
+				Name: n.Name.Within(provider.MaxName), Reason: reason})
+			return
 		}
 		inv.Hosts = append(inv.Hosts, h)
+	})
+	if err != nil {
+		return provider.Inventory{}, err
 	}
 	return inv, nil
 }
 
-// Wire types: only the fields read here; the seed lists the rest.
+// Wire types: only the fields read here; the seed lists the rest. Every
+// string is read with a bound (text, looseString), checked per field by
+// host and product.problem.
 
 type productList struct {
 	Products []product `json:"products"`
 }
 
 type product struct {
-	ID          string `json:"id"`
-	Name        string `json:"name"`
-	Description string `json:"description"`
+	ID          text `json:"id"`
+	Name        text `json:"name"`
+	Description text `json:"description"`
 	Attrs       struct {
-		GPUModel    string `json:"gpu_model"`
-		MemoryValue string `json:"memory_value"`
-		CPUValue    string `json:"cpu_value"`
+		GPUModel    text `json:"gpu_model"`
+		MemoryValue text `json:"memory_value"`
 	} `json:"product_attrs"`
+}
+
+// problem says why no node of p can be described, or "".
+func (p *product) problem() string {
+	switch {
+	case !p.Description.Fits(provider.MaxText):
+		return provider.TooLong("its description", provider.MaxText)
+	case !p.Attrs.GPUModel.Fits(provider.MaxGPUModel):
+		return provider.TooLong("its gpu_model", provider.MaxGPUModel)
+	case !p.Attrs.MemoryValue.Fits(provider.MaxWord):
+		return provider.TooLong("its memory_value", provider.MaxWord)
+	}
+	return ""
 }
 
 type nodeList struct {
@@ -186,12 +203,12 @@ type nodeList struct {
 }
 
 type gpuNode struct {
-	ID            string `json:"id"`
-	Name          string `json:"gpu_node_name"`
-	PolicyIP      string `json:"policy_ip"`
-	ServerType    string `json:"server_type"`
-	ProductTypeID string `json:"product_type_id"`
-	State         string `json:"state"`
+	ID            text `json:"id"`
+	Name          text `json:"gpu_node_name"`
+	PolicyIP      text `json:"policy_ip"`
+	ServerType    text `json:"server_type"`
+	ProductTypeID text `json:"product_type_id"`
+	State         text `json:"state"`
 
 	FabricID   looseString `json:"cluster_fabric_id"` // "any of [string, null]"
 	FabricName looseString `json:"cluster_fabric_name"`
@@ -199,21 +216,48 @@ type gpuNode struct {
 	RegionID   looseString `json:"region_id"`
 }
 
+// text is a string field, read with provider.DecodeText's bound; null
+// reads as "", anything else that is not a string fails the answer.
+type text struct{ provider.Text }
+
+func (t *text) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		return nil
+	}
+	if len(b) == 0 || b[0] != '"' {
+		return &json.UnmarshalTypeError{Value: kind(b), Type: reflect.TypeFor[string]()}
+	}
+	v, err := provider.DecodeText(b)
+	t.Text = v
+	return err
+}
+
+// kind names the JSON value b begins, as json.UnmarshalTypeError does.
+func kind(b []byte) string {
+	switch {
+	case len(b) == 0:
+		return "nothing"
+	case b[0] == '{':
+		return "object"
+	case b[0] == '[':
+		return "array"
+	case b[0] == 't' || b[0] == 'f':
+		return "bool"
+	}
+	return "number"
+}
+
 // looseString is a string the host's identity and size do not depend on:
 // null, or any JSON that is not a string, reads as "" (unknown) rather
 // than failing the pass. Surrounding blanks are dropped.
-type looseString string
+type looseString struct{ provider.Text }
 
 func (s *looseString) UnmarshalJSON(b []byte) error {
-	var v string
-	switch {
-	case len(b) < 2 || b[0] != '"':
-	case bytes.IndexByte(b, '\\') < 0 && utf8.Valid(b):
-		v = string(b[1 : len(b)-1]) // nothing to unescape
-	case json.Unmarshal(b, &v) != nil:
-		v = ""
+	v, err := provider.DecodeText(b)
+	if err != nil {
+		v = provider.Text{}
 	}
-	*s = looseString(strings.TrimSpace(v))
+	s.Text = v.TrimSpace()
 	return nil
 }
 
@@ -232,13 +276,16 @@ func (c *Client) listProducts(ctx context.Context) ([]product, error) {
 	return pl.Products, nil
 }
 
-// listNodes pages through /v1/gpu-nodes until it holds the first page's
-// count. The count may not change while paging and no id may appear
-// twice: offset paging over a changing list skips or repeats nodes, and a
-// pass must not apply what it cannot trust. The next pass tries again.
-func (c *Client) listNodes(ctx context.Context) ([]gpuNode, error) {
+// listNodes pages through /v1/gpu-nodes until it has read the first
+// page's count, handing each node to each as it goes. The count may not
+// change while paging and no id may appear twice: offset paging over a
+// changing list skips or repeats nodes, and a pass must not apply what it
+// cannot trust. Nor may an id be longer than provider.MaxID: a later pass
+// finds a host's nodes by its id, so a host whose id cannot be kept
+// cannot be kept either. The next pass tries again.
+func (c *Client) listNodes(ctx context.Context, each func(*gpuNode)) error {
 	var (
-		nodes []gpuNode
+		read  int
 		seen  = map[string]bool{}
 		count *int
 	)
@@ -247,48 +294,53 @@ func (c *Client) listNodes(ctx context.Context) ([]gpuNode, error) {
 		q := url.Values{"size": {strconv.Itoa(c.pageSize)}, "page": {strconv.Itoa(page)}}
 		var nl nodeList
 		if err := c.get(ctx, op, "/v1/gpu-nodes", q, &nl); err != nil {
-			return nil, err
+			return err
 		}
 		// An answer without the list is not an empty inventory: applying it
 		// would remove every free node of the provider.
 		if nl.GPUNodes == nil {
-			return nil, c.fail(op, "the answer has no gpu_nodes list; inventory not applied")
+			return c.fail(op, "the answer has no gpu_nodes list; inventory not applied")
 		}
 		if page == 0 {
 			count = nl.Count
 		} else if !sameCount(count, nl.Count) {
-			return nil, c.fail(op, fmt.Sprintf("count changed from %s to %s while paging; inventory not applied",
+			return c.fail(op, fmt.Sprintf("count changed from %s to %s while paging; inventory not applied",
 				countString(count), countString(nl.Count)))
 		}
 		fresh := 0 // nodes with an id not seen before
-		for _, n := range *nl.GPUNodes {
-			if n.ID != "" && seen[n.ID] { // id-less nodes are skipped later, not fatal
-				return nil, c.fail(op, fmt.Sprintf("GPU node %q listed twice (list changed while paging?); inventory not applied", n.ID))
-			}
-			if n.ID != "" {
+		for i := range *nl.GPUNodes {
+			n := &(*nl.GPUNodes)[i]
+			id := n.ID.String()
+			switch {
+			case !n.ID.Fits(provider.MaxID):
+				return c.fail(op, fmt.Sprintf("a GPU node's %s; inventory not applied", provider.TooLong("id", provider.MaxID)))
+			case id != "" && seen[id]: // id-less nodes are skipped, not fatal
+				return c.fail(op, fmt.Sprintf("GPU node %q listed twice (list changed while paging?); inventory not applied", id))
+			case id != "":
 				fresh++
 			}
-			seen[n.ID] = true
-			nodes = append(nodes, n)
+			seen[id] = true
+			each(n)
 		}
+		read += len(*nl.GPUNodes)
 		// Without a count only a short page ends the list, and repeated ids
 		// are how a page that does not advance shows; a full page of
 		// id-less nodes shows nothing, so a server answering it for every
 		// page would be paged up to maxNodes. (Found by FuzzFetch.)
 		if count == nil && fresh == 0 && len(*nl.GPUNodes) >= c.pageSize {
-			return nil, c.fail(op, fmt.Sprintf("a full page of %d GPU nodes without an id and no count: paging cannot be followed; inventory not applied", len(*nl.GPUNodes)))
+			return c.fail(op, fmt.Sprintf("a full page of %d GPU nodes without an id and no count: paging cannot be followed; inventory not applied", len(*nl.GPUNodes)))
 		}
 		switch {
-		case count != nil && len(nodes) >= *count:
-			return nodes, nil
+		case count != nil && read >= *count:
+			return nil
 		case count == nil && len(*nl.GPUNodes) < c.pageSize:
 			// No count to check against: a short page is the end.
-			return nodes, nil
+			return nil
 		case len(*nl.GPUNodes) == 0:
-			return nil, c.fail(op, fmt.Sprintf("count says %d GPU nodes but the pages held only %d; inventory incomplete, not applied",
-				*count, len(nodes)))
-		case len(nodes) > maxNodes:
-			return nil, c.fail(op, fmt.Sprintf("more than %d GPU nodes; giving up", maxNodes))
+			return c.fail(op, fmt.Sprintf("count says %d GPU nodes but the pages held only %d; inventory incomplete, not applied",
+				*count, read))
+		case read > maxNodes:
+			return c.fail(op, fmt.Sprintf("more than %d GPU nodes; giving up", maxNodes))
 		}
 	}
 }
@@ -386,7 +438,8 @@ func (c *Client) scrub(msg, sig string) string {
 // productIndex finds a node's product by server_type (product name), else
 // by product_type_id (product id). An id shared by several products (the
 // seed's example product has id "SCALE", the same as its type) says
-// nothing about which one, so such ids are not used.
+// nothing about which one, so such ids are not used; nor are names and
+// ids longer than a node's server_type and product_type_id may be.
 type productIndex struct {
 	byName map[string]*product
 	byID   map[string]*product // nil value: ambiguous id
@@ -396,44 +449,71 @@ func indexProducts(ps []product) productIndex {
 	idx := productIndex{byName: map[string]*product{}, byID: map[string]*product{}}
 	for i := range ps {
 		p := &ps[i]
-		if p.Name != "" {
-			if _, dup := idx.byName[p.Name]; !dup {
-				idx.byName[p.Name] = p
+		if name := p.Name.Within(provider.MaxName); name != "" {
+			if _, dup := idx.byName[name]; !dup {
+				idx.byName[name] = p
 			}
 		}
-		if p.ID != "" {
-			if _, dup := idx.byID[p.ID]; dup {
-				idx.byID[p.ID] = nil
+		if id := p.ID.Within(provider.MaxID); id != "" {
+			if _, dup := idx.byID[id]; dup {
+				idx.byID[id] = nil
 			} else {
-				idx.byID[p.ID] = p
+				idx.byID[id] = p
 			}
 		}
 	}
 	return idx
 }
 
-func (idx productIndex) find(n gpuNode) (*product, string) {
-	if p := idx.byName[n.ServerType]; p != nil && n.ServerType != "" {
+// find takes a node whose server_type and product_type_id fit their bounds.
+func (idx productIndex) find(n *gpuNode) (*product, string) {
+	serverType, typeID := n.ServerType.String(), n.ProductTypeID.String()
+	if p := idx.byName[serverType]; p != nil && serverType != "" {
 		return p, ""
 	}
-	if p, ok := idx.byID[n.ProductTypeID]; ok && n.ProductTypeID != "" {
+	if p, ok := idx.byID[typeID]; ok && typeID != "" {
 		if p == nil {
 			return nil, fmt.Sprintf("unknown product: server_type %q not listed and product_type_id %q matches several products",
-				n.ServerType, n.ProductTypeID)
+				serverType, typeID)
 		}
 		return p, ""
 	}
-	return nil, fmt.Sprintf("unknown product: server_type %q, product_type_id %q", n.ServerType, n.ProductTypeID)
+	return nil, fmt.Sprintf("unknown product: server_type %q, product_type_id %q", serverType, typeID)
+}
+
+// tooLong is why n is skipped for a field past its bound, or "". (An id
+// past its bound fails the pass in listNodes.)
+func tooLong(n *gpuNode) string {
+	for _, f := range []struct {
+		name  string
+		value provider.Text
+		limit int
+	}{
+		{"gpu_node_name", n.Name.Text, provider.MaxName},
+		{"policy_ip", n.PolicyIP.Text, provider.MaxAddress},
+		{"server_type", n.ServerType.Text, provider.MaxName},
+		{"product_type_id", n.ProductTypeID.Text, provider.MaxID},
+		{"state", n.State.Text, provider.MaxWord},
+		{"cluster_fabric_id", n.FabricID.Text, provider.MaxFabric},
+	} {
+		if !f.value.Fits(f.limit) {
+			return provider.TooLong(f.name, f.limit)
+		}
+	}
+	return ""
 }
 
 // host maps one GPU node, or says why it cannot become registry nodes.
-func (c *Client) host(n gpuNode, idx productIndex) (provider.Host, string) {
-	if strings.TrimSpace(n.ID) == "" {
+func (c *Client) host(n *gpuNode, idx productIndex) (provider.Host, string) {
+	if strings.TrimSpace(n.ID.String()) == "" {
 		// The id is how later passes find the host again; without it
 		// the host's nodes could never be updated or removed.
 		return provider.Host{}, "no id"
 	}
-	ip := strings.TrimSpace(n.PolicyIP)
+	if reason := tooLong(n); reason != "" {
+		return provider.Host{}, reason
+	}
+	ip := strings.TrimSpace(n.PolicyIP.String())
 	if ip == "" {
 		return provider.Host{}, "no policy_ip"
 	}
@@ -441,38 +521,42 @@ func (c *Client) host(n gpuNode, idx productIndex) (provider.Host, string) {
 	if p == nil {
 		return provider.Host{}, reason
 	}
-	memGB, ok := parseGB(p.Attrs.MemoryValue)
+	if problem := p.problem(); problem != "" {
+		return provider.Host{}, fmt.Sprintf("product %q: %s", p.Name.Within(provider.MaxName), problem)
+	}
+	memGB, ok := parseGB(p.Attrs.MemoryValue.String())
 	if !ok {
-		return provider.Host{}, fmt.Sprintf("product %q: memory_value %q is not a number of GB", p.Name, p.Attrs.MemoryValue)
+		return provider.Host{}, fmt.Sprintf("product %q: memory_value %q is not a number of GB", p.Name.Within(provider.MaxName), p.Attrs.MemoryValue.String())
 	}
+	state := n.State.String()
 	h := provider.Host{
-		ExternalID:  n.ID,
-		Name:        n.Name,
+		ExternalID:  n.ID.String(),
+		Name:        n.Name.String(),
 		IP:          ip,
-		State:       n.State,
-		Running:     n.State == "RUNNING",
+		State:       state,
+		Running:     state == "RUNNING",
 		CPUMemBytes: memGB * provider.GiB,
-		Fabric:      string(n.FabricID),
+		Fabric:      n.FabricID.String(),
 	}
-	h.SetLabel(LabelRegion, string(n.RegionID))
-	h.SetLabel(LabelNodePool, string(n.NodePoolID))
-	h.SetLabel(LabelFabricName, string(n.FabricName))
-	serverType := strings.TrimSpace(n.ServerType)
+	h.SetLabel(LabelRegion, n.RegionID.Within(provider.MaxName))
+	h.SetLabel(LabelNodePool, n.NodePoolID.Within(provider.MaxName))
+	h.SetLabel(LabelFabricName, n.FabricName.Within(provider.MaxName))
+	serverType := strings.TrimSpace(n.ServerType.String())
 	if serverType == "" {
-		serverType = p.Name
+		serverType = p.Name.Within(provider.MaxName)
 	}
 	h.SetLabel(LabelServerType, serverType)
-	model := strings.TrimSpace(p.Attrs.GPUModel)
+	model := strings.TrimSpace(p.Attrs.GPUModel.String())
 	if model == "" || strings.EqualFold(model, "NONE") {
 		return h, "" // CPU-only host
 	}
-	spec, ok := gpuFromDescription(p.Description, model)
+	spec, ok := gpuFromDescription(p.Description.String(), model)
 	if !ok {
 		spec, ok = c.tableSpec(model)
 	}
 	if !ok {
 		return provider.Host{}, fmt.Sprintf("GPU model %q: neither product %q's description nor the GPU table gives its memory and count",
-			model, p.Name)
+			model, p.Name.Within(provider.MaxName))
 	}
 	h.GPUModel = model
 	h.GPUs = spec.Count
