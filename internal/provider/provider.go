@@ -4,6 +4,7 @@
 package provider
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -137,7 +138,7 @@ func Do(ctx context.Context, client *http.Client, r Retry, providerName, op stri
 			return body, nil
 		case ctx.Err() != nil:
 			return nil, ctx.Err()
-		case errors.Is(err, errOtherOrigin), errors.Is(err, errOverBudget):
+		case errors.Is(err, errOtherOrigin), errors.Is(err, errOverLimit):
 			return nil, &Error{Provider: providerName, Op: op, Message: err.Error()} // no use asking again
 		case err != nil:
 			last = &Error{Provider: providerName, Op: op, Message: err.Error()}
@@ -190,30 +191,52 @@ func once(ctx context.Context, client *http.Client, timeout time.Duration,
 		return nil, 0, 0, errors.New(transportMessage(err))
 	}
 	defer resp.Body.Close()
-	limit := int64(maxAnswer)
-	if resp.StatusCode/100 != 2 {
+	ok := resp.StatusCode/100 == 2
+	answer := int64(maxAnswer)
+	if !ok {
 		// Only the provider's message is read from it, and cut short.
-		limit = maxErrorAnswer
+		answer = maxErrorAnswer
 	}
+	limit := answer + 1 // one byte past it tells
 	b, _ := ctx.Value(budgetKey{}).(*readBudget)
 	if b != nil {
-		limit = min(limit, max(b.left.Load(), 0)+1) // one byte past it tells
+		limit = min(limit, max(b.left.Load(), 0)+1)
 	}
-	body, err = io.ReadAll(io.LimitReader(resp.Body, limit))
+	body, err = readBody(resp, limit)
 	if b != nil && b.left.Add(-int64(len(body))) < 0 {
-		return nil, 0, 0, fmt.Errorf("the pass has read more than %s from the provider, its budget: %w", sizeText(b.limit), errOverBudget)
+		return nil, 0, 0, fmt.Errorf("the pass has read more than %s from the provider, its budget: %w", sizeText(b.limit), errOverLimit)
 	}
 	if err != nil {
 		return nil, 0, 0, fmt.Errorf("reading the answer: %s", transportMessage(err))
 	}
+	if int64(len(body)) > answer {
+		if ok {
+			return nil, 0, 0, fmt.Errorf("the answer is larger than %s, the most one answer may be: %w", sizeText(answer), errOverLimit)
+		}
+		body = body[:answer]
+	}
 	return body, resp.StatusCode, parseRetryAfter(resp.Header.Get("Retry-After")), nil
 }
 
-// maxAnswer bounds one answer's body; maxErrorAnswer what is read of an
-// answer that is not a success: one cut there reads as the HTTP status
-// alone.
+// readBody reads at most limit bytes of resp's body into a buffer sized
+// once when the answer says its length, so a large answer is not copied
+// as its buffer grows.
+func readBody(resp *http.Response, limit int64) ([]byte, error) {
+	var buf bytes.Buffer
+	if n := resp.ContentLength; n > 0 {
+		buf.Grow(int(min(n, limit)))
+	}
+	_, err := buf.ReadFrom(io.LimitReader(resp.Body, limit))
+	return buf.Bytes(), err
+}
+
+// maxAnswer bounds one answer's body: a page of inventory is far less (a
+// page of 100 SCP nodes, or 50 E2E clusters of 64 workers, is under a
+// megabyte), and what a pass holds at once is one answer.
+// maxErrorAnswer is what is read of an answer that is not a success: one
+// cut there reads as the HTTP status alone.
 const (
-	maxAnswer      = 64 << 20
+	maxAnswer      = 16 << 20
 	maxErrorAnswer = 64 << 10
 )
 
@@ -243,8 +266,9 @@ func sizeText(n int64) string {
 	return fmt.Sprintf("%d bytes", n)
 }
 
-// errOverBudget is what a call past the pass's read budget ends in.
-var errOverBudget = errors.New("inventory not applied")
+// errOverLimit is what a call past the pass's read budget, or an answer
+// past maxAnswer, ends in.
+var errOverLimit = errors.New("inventory not applied")
 
 // errOtherOrigin is what a redirect to another origin ends in.
 var errOtherOrigin = errors.New("credentials are sent to the configured endpoint only")

@@ -1,8 +1,10 @@
 package provider
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -191,5 +193,38 @@ func TestDoReadBudget(t *testing.T) {
 		},
 		func([]byte) string { return "" }); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// One answer is at most maxAnswer: a longer one fails the call at once (no
+// retry). Of an error answer only maxErrorAnswer is read, and its status
+// still tells.
+func TestDoAnswerLimit(t *testing.T) {
+	var calls atomic.Int32
+	size, status := maxAnswer+1, http.StatusOK
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		w.WriteHeader(status)
+		w.Write(bytes.Repeat([]byte{'x'}, size))
+	}))
+	defer srv.Close()
+	get := func() ([]byte, error) {
+		return Do(context.Background(), &http.Client{}, Retry{Attempts: 3, Base: time.Millisecond}, "scp", "list",
+			func(ctx context.Context) (*http.Request, error) {
+				return http.NewRequestWithContext(ctx, "GET", srv.URL, nil)
+			},
+			func(body []byte) string { return fmt.Sprintf("%d bytes", len(body)) })
+	}
+	if _, err := get(); err == nil || !strings.Contains(err.Error(), "larger than 16 MiB") || calls.Load() != 1 {
+		t.Fatalf("an answer of 16 MiB and a byte: %v after %d calls, want a failure without retry", err, calls.Load())
+	}
+	size = maxAnswer
+	if body, err := get(); err != nil || len(body) != maxAnswer {
+		t.Fatalf("an answer of 16 MiB: %d bytes, %v", len(body), err)
+	}
+	size, status = 1<<20, http.StatusBadRequest
+	var pe *Error
+	if _, err := get(); !errors.As(err, &pe) || pe.Status != http.StatusBadRequest || pe.Message != fmt.Sprintf("%d bytes", maxErrorAnswer) {
+		t.Fatalf("an error answer of 1 MiB: %v, want HTTP 400 and %d bytes of it read", err, maxErrorAnswer)
 	}
 }

@@ -77,6 +77,13 @@ type Server struct {
 	DelayPage     map[int]time.Duration
 	MalformedPage map[int]bool
 
+	// FloodNameBytes, when positive, makes every list page a full one of
+	// new Running clusters (one 8 × H100 worker each) whose names are
+	// that many bytes long: a hostile provider whose list never ends
+	// (Clusters is not read). The answer is written as it goes, never
+	// held whole.
+	FloodNameBytes int
+
 	// Requests counts every request received, good or bad.
 	Requests int
 
@@ -189,6 +196,10 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusOK)
 		fmt.Fprint(w, `{"code":200,"data":[{"id":1,"name":"training-clus`)
+		return
+	}
+	if s.FloodNameBytes > 0 {
+		flood(w, perPage, page, s.FloodNameBytes, s.Location)
 		return
 	}
 	data := []any{}

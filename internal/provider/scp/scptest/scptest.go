@@ -116,6 +116,13 @@ type Server struct {
 	DelayPage      map[int]time.Duration // sleep this long before answering, every time
 	MalformedPage  map[int]bool          // answer 200 with invalid JSON, every time
 
+	// FloodNameBytes, when positive, makes every page of GET
+	// /v1/gpu-nodes a full one of new RUNNING nodes of the first product,
+	// each with a gpu_node_name that many bytes long, under a count of
+	// FloodCount: a hostile provider whose inventory never ends (Nodes is
+	// not read). The answer is written as it goes, never held whole.
+	FloodNameBytes int
+
 	// Hold, when set, is called (outside the lock) before a page of GET
 	// /v1/gpu-nodes is answered: a test holds an import pass there.
 	Hold func(r *http.Request)
@@ -309,6 +316,16 @@ func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) {
 		s.mu.Unlock()
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write([]byte(`{"count": 3, "gpu_nodes": [{"id": "trunc`))
+		return
+	}
+	if s.FloodNameBytes > 0 {
+		product := ""
+		if len(s.Products) > 0 {
+			product = s.Products[0].Name
+		}
+		nameBytes := s.FloodNameBytes
+		s.mu.Unlock()
+		flood(w, size, page, nameBytes, product)
 		return
 	}
 	account := s.AccountID
