@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -8,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/registryd/registryd/client"
@@ -37,9 +39,11 @@ func newAgentAPI(cfg agentConfig, logger *slog.Logger) (agentAPI, *tokenKeeper, 
 	}
 	keeper := newTokenKeeper(configured, cfg.StatePath, logger)
 	keeper.check = cfg.tokenCheck
+	hc := agentHTTPClient(cfg.RootCAs)
+	hc.Transport = refusals{next: cmp.Or[http.RoundTripper](hc.Transport, http.DefaultTransport), keeper: keeper}
 	c, err := client.New(cfg.Server.String(), client.WithTokenSource(keeper.Token),
 		client.WithUserAgent("registryd-agent"),
-		client.WithHTTPClient(agentHTTPClient(cfg.RootCAs)),
+		client.WithHTTPClient(hc),
 		// One retry for a blip (a 503 with Retry-After, a reset
 		// connection); a longer outage is the agent's loop's to back off
 		// from, so that it can log it and keep its pace.
@@ -55,6 +59,22 @@ func (a agentAPI) renewToken(ctx context.Context) (client.RenewedToken, error) {
 	ctx, cancel := context.WithTimeout(ctx, agentRequestTimeout)
 	defer cancel()
 	return a.c.RenewToken(ctx)
+}
+
+// refusals tells the keeper of every token the server refused (401).
+type refusals struct {
+	next   http.RoundTripper
+	keeper *tokenKeeper
+}
+
+func (r refusals) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := r.next.RoundTrip(req)
+	if err == nil && resp.StatusCode == http.StatusUnauthorized {
+		if tok, ok := strings.CutPrefix(req.Header.Get("Authorization"), "Bearer "); ok {
+			r.keeper.Refused(tok)
+		}
+	}
+	return resp, err
 }
 
 // agentHTTPClient is the agent's HTTP client: each request bounded, and

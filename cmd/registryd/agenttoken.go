@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -39,12 +40,19 @@ type tokenKeeper struct {
 	now        func() time.Time
 	check      time.Duration // the longest wait between checks; 1m when zero
 
-	mu         sync.Mutex
-	cur        string    // the token in use
-	info       tokenInfo // what cur says of itself
-	lastConf   string    // the configured token last seen
-	notRenewed string    // the lineage the server refused to renew
-	warned     time.Time // when the last expiry warning was logged
+	mu       sync.Mutex
+	cur      string    // the token in use
+	info     tokenInfo // what cur says of itself
+	lastConf string    // the configured token last seen
+	confInfo tokenInfo // what lastConf says of itself
+	// refused is the lineage the server last refused to renew, and
+	// retryAt when to ask again (the refusal may have been one replica's).
+	refused string
+	retryAt time.Time
+	warned  time.Time // when the last expiry warning was logged
+	// skew is the server's clock minus this host's, as the last renewal's
+	// iat showed it: renewals are timed by the server's clock.
+	skew time.Duration
 }
 
 // tokenInfo is what the agent reads of its token: it cannot verify the
@@ -117,11 +125,13 @@ func newTokenKeeper(configured client.TokenSource, state string, log *slog.Logge
 	return k
 }
 
-// Token is the client's TokenSource: the token to send now.
+// Token is the client's TokenSource: the token to send now. The
+// configured token is read under the lock, so that reads racing a
+// rotation cannot take an older one up after a newer.
 func (k *tokenKeeper) Token(ctx context.Context) (string, error) {
-	conf, err := k.configured(ctx)
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	conf, err := k.configured(ctx)
 	if err != nil {
 		if k.cur != "" {
 			return k.cur, nil // a file briefly missing mid-rotation
@@ -130,6 +140,7 @@ func (k *tokenKeeper) Token(ctx context.Context) (string, error) {
 	}
 	if conf != k.lastConf {
 		k.lastConf = conf
+		k.confInfo, _ = readTokenInfo(conf)
 		k.adopt(conf)
 	}
 	return k.cur, nil
@@ -138,8 +149,8 @@ func (k *tokenKeeper) Token(ctx context.Context) (string, error) {
 // adopt takes up conf, a configured token seen for the first time, unless
 // the token held is a later renewal of it.
 func (k *tokenKeeper) adopt(conf string) {
-	ci, err := readTokenInfo(conf)
-	if err == nil && k.cur != "" && k.info.lineage() == ci.lineage() && k.info.Expires.After(ci.Expires.Time) {
+	ci := k.confInfo
+	if k.cur != "" && !ci.Expires.IsZero() && k.info.lineage() == ci.lineage() && k.info.Expires.After(ci.Expires.Time) {
 		return
 	}
 	if k.cur != "" && k.cur != conf {
@@ -147,6 +158,22 @@ func (k *tokenKeeper) adopt(conf string) {
 	}
 	k.cur, k.info = conf, ci
 	k.warned = time.Time{}
+}
+
+// Refused is told that the server refused token (401). A renewal the
+// server refuses (revoked by its own id, or signed with a secret since
+// rotated) gives way to the configured token, and is forgotten.
+func (k *tokenKeeper) Refused(token string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if token != k.cur || token == k.lastConf || k.lastConf == "" {
+		return
+	}
+	k.log.Warn("agent token: the registry refused the renewed token; going back to the configured one", "expires", fmtTime(k.confInfo.Expires.Time))
+	k.cur, k.info = k.lastConf, k.confInfo
+	if err := os.Remove(k.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		k.log.Warn("agent token: the refused renewal cannot be removed", "path", k.path, "err", err)
+	}
 }
 
 // Run renews the token as it ages until ctx ends. renew is POST
@@ -171,13 +198,13 @@ func (k *tokenKeeper) step(ctx context.Context, renew func(context.Context) (cli
 		return maxWait
 	}
 	k.mu.Lock()
-	info, cur := k.info, k.cur
-	refused := k.notRenewed != "" && k.notRenewed == info.lineage()
+	info, cur, skew := k.info, k.cur, k.skew
+	refused := k.refused != "" && k.refused == info.lineage() && k.now().Before(k.retryAt)
 	k.mu.Unlock()
 	if info.Expires.IsZero() {
 		return maxWait // not a JWT: the server will say what is wrong with it
 	}
-	now := k.now()
+	now := k.now().Add(skew)
 	life := info.Expires.Sub(info.Issued.Time)
 	if info.Issued.IsZero() || life <= 0 {
 		life = tokenWarnBefore
@@ -197,25 +224,29 @@ func (k *tokenKeeper) step(ctx context.Context, renew func(context.Context) (cli
 	out, err := renew(ctx)
 	if err != nil {
 		if ce, ok := errors.AsType[*client.Error](err); ok && ce.Code == client.CodeTokenNotRenewable {
+			// Asked again later: another replica, or the same one once
+			// its configuration is set right, may renew it.
 			k.mu.Lock()
-			k.notRenewed = info.lineage()
+			k.refused, k.retryAt = info.lineage(), k.now().Add(min(time.Hour, max(left/4, time.Second)))
 			k.mu.Unlock()
 		}
 		k.log.Warn("agent token: renewal failed; retrying", "err", err,
 			"expires", fmtTime(info.Expires.Time), "left", auth.FormatDuration(left.Round(time.Second)))
 		return wait
 	}
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if k.cur != cur {
-		return wait // the configured token changed meanwhile: it wins
-	}
 	ni, err := readTokenInfo(out.Token)
 	if err != nil {
 		k.log.Error("agent token: the renewal is not a token", "err", err)
 		return wait
 	}
+	k.mu.Lock()
+	if k.cur != cur {
+		k.mu.Unlock()
+		return wait // the configured token changed meanwhile: it wins
+	}
 	k.cur, k.info = out.Token, ni
+	k.skew = ni.Issued.Sub(k.now()) // within a second: iat counts seconds
+	k.mu.Unlock()
 	if err := agent.WriteFileAtomic(k.path, []byte(out.Token+"\n")); err != nil {
 		k.log.Warn("agent token: the renewal cannot be kept for a restart", "path", k.path, "err", err)
 	}

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"io/fs"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -69,7 +71,7 @@ func (tp *tokenTap) snapshot() []tapped {
 	return append([]tapped(nil), tp.seen...)
 }
 
-// An agent whose token lives 4 seconds heartbeats for more than three of
+// An agent whose token lives 6 seconds heartbeats for more than three of
 // its lifetimes without one refused request and without ever sending an
 // expired token (registryd accepts a minute past exp, for clock skew: the
 // test does not count on it); a restarted agent, configured with the
@@ -77,7 +79,7 @@ func (tp *tokenTap) snapshot() []tapped {
 func TestAgentRenewsItsToken(t *testing.T) {
 	t.Parallel()
 	r := newAgentRig(t)
-	out, stderr, err := runCmd(t, r.srvEnv, "token", "--sub", "agent-host-1", "--role", "agent", "--ip", "127.0.0.1", "--ttl", "4s")
+	out, stderr, err := runCmd(t, r.srvEnv, "token", "--sub", "agent-host-1", "--role", "agent", "--ip", "127.0.0.1", "--ttl", "6s")
 	if err != nil {
 		t.Fatalf("token: %v\n%s", err, stderr)
 	}
@@ -98,7 +100,7 @@ func TestAgentRenewsItsToken(t *testing.T) {
 	ra := r.startAgent()
 	start := time.Now()
 	ra.await(t, "a first good pass", ok)
-	for time.Since(start) < 14*time.Second {
+	for time.Since(start) < 19*time.Second {
 		ra.await(t, "every pass good", func(rep agent.Report) bool {
 			if !ok(rep) {
 				t.Fatalf("a failed pass at %s: %+v\nagent log:\n%s", time.Since(start).Round(time.Millisecond), rep, ra.logs.String())
@@ -117,7 +119,7 @@ func TestAgentRenewsItsToken(t *testing.T) {
 			t.Errorf("%s at %s sent a token that expired at %s", s.path, s.at.Sub(start).Round(time.Millisecond), s.expires.Sub(start))
 		}
 	}
-	// 14s of a 4s token, renewed with a third of it left: four renewals
+	// 19s of a 6s token, renewed with a third of it left: four renewals
 	// at least.
 	if len(tokens) < 4 {
 		t.Errorf("%d tokens used in %d requests, want the first and at least 3 renewals", len(tokens), len(seen))
@@ -136,7 +138,7 @@ func TestAgentRenewsItsToken(t *testing.T) {
 		t.Errorf("the kept token is %v, want 0600", fi.Mode().Perm())
 	}
 
-	// Restarted much later, the first token long gone (here: its 4s are
+	// Restarted much later, the first token long gone (here: its 6s are
 	// over), the agent goes on with the renewal it kept.
 	if !strings.Contains(string(kept), ".") {
 		t.Fatalf("kept %q", kept)
@@ -224,19 +226,39 @@ func TestTokenKeeper(t *testing.T) {
 	if tok, _ := restarted.Token(ctx); tok != renewed {
 		t.Fatal("after a restart the agent went back to the configured token its renewal replaced")
 	}
+	// The server refuses the renewal (401: revoked by its own id, or a
+	// secret rotated): the configured token again, and the kept renewal
+	// forgotten.
+	k.Refused(first) // not the token held: nothing happens
+	if current() != renewed {
+		t.Fatal("a refusal of another token displaced the renewal")
+	}
+	k.Refused(renewed)
+	if current() != first {
+		t.Fatal("a refused renewal is still used")
+	}
+	if _, err := os.Stat(renewalPath(state)); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the refused renewal is still kept: %v", err)
+	}
 	// A token of another lineage configured: it wins.
 	other := mint(bound, now)
 	setConf(other)
 	if current() != other {
 		t.Fatal("a rotated configured token was not taken up")
 	}
-	// The server refuses to renew it: asked once, not again.
+	// The server refuses to renew it: not asked again at once, but once a
+	// quarter of what is left has passed (another replica may renew it).
 	now = now.Add(50 * time.Minute)
 	refuse = true
 	k.step(ctx, renew)
 	k.step(ctx, renew)
 	if renewals != 2 {
-		t.Fatalf("%d renewal requests, want 2: a refused lineage is not asked again", renewals)
+		t.Fatalf("%d renewal requests, want 2: a refused lineage is not asked again at once", renewals)
+	}
+	now = now.Add(3 * time.Minute)
+	k.step(ctx, renew)
+	if renewals != 3 {
+		t.Fatalf("%d renewal requests, want 3: a refused lineage is asked again later", renewals)
 	}
 	if !strings.Contains(logs.String(), "renewal failed") || strings.Count(logs.String(), "will not be renewed") != 1 {
 		t.Fatalf("log:\n%s", logs.String())
@@ -248,8 +270,8 @@ func TestTokenKeeper(t *testing.T) {
 	k.step(ctx, renew)
 	now = now.Add(time.Hour)
 	k.step(ctx, renew)
-	if got := strings.Count(logs.String(), "will not be renewed") - before; got != 1 || renewals != 2 {
-		t.Fatalf("%d warnings in an hour (want 1), %d renewals (want 2)", got, renewals)
+	if got := strings.Count(logs.String(), "will not be renewed") - before; got != 1 || renewals != 3 {
+		t.Fatalf("%d warnings in an hour (want 1), %d renewals (want 3)", got, renewals)
 	}
 	now = now.Add(24 * time.Hour)
 	k.step(ctx, renew)

@@ -309,6 +309,16 @@ func (w *wiring) startWatchHub(ctx context.Context) {
 	w.stops.push(lifecycle.Go(ctx, w.hub.Run))
 }
 
+// renewalStaleness bounds how old the revocation list may be for a
+// replica to renew tokens: a revocation stored meanwhile would not stop
+// renewals minted here, and its row is kept only a lifetime plus twice
+// auth.Leeway (one of them this).
+const renewalStaleness = auth.Leeway
+
+// revocationsCurrent says whether the revocation list is recent enough
+// to renew tokens by.
+func (w *wiring) revocationsCurrent() error { return w.revocations.Current(renewalStaleness) }
+
 // newAPIServer builds the API's handler and its server, on ln under the
 // connection limit: idle keep-alive connections make room for new clients
 // once the limit is reached (oldest idle first).
@@ -316,7 +326,7 @@ func (w *wiring) newAPIServer(ctx context.Context) error {
 	cfg := w.cfg
 	var renewer api.TokenRenewer
 	if w.secret != nil {
-		renewer = &auth.Renewer{Verifier: w.verifier, Observe: w.metrics.TokenRenewed, Signer: auth.Signer{
+		renewer = &auth.Renewer{Verifier: w.verifier, Observe: w.metrics.TokenRenewed, Current: w.revocationsCurrent, Signer: auth.Signer{
 			Secret: w.secret, Issuer: cfg.JWTIssuer, Audience: cfg.JWTAudience, Lifetimes: cfg.TokenLifetimes}}
 	}
 	handler := api.New(api.Config{

@@ -20,10 +20,11 @@ func withRenewer(observed *[]string) option {
 	}
 }
 
-// agentToken mints an agent token bound to ips (none: unbound).
+// agentToken mints an agent token bound to ips (none: unbound), 60 % of
+// its lifetime over: due for renewal.
 func agentToken(t *testing.T, ttl time.Duration, ips ...string) auth.Minted {
 	t.Helper()
-	m, err := auth.Signer{Secret: testSecret}.Mint(auth.TokenSpec{Sub: "agents-pool", Role: registry.RoleAgent, TTL: ttl, IPs: ips}, time.Now())
+	m, err := auth.Signer{Secret: testSecret}.Mint(auth.TokenSpec{Sub: "agents-pool", Role: registry.RoleAgent, TTL: ttl, IPs: ips}, time.Now().Add(-ttl*6/10))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,14 +58,14 @@ func TestRenewToken(t *testing.T) {
 	}
 	b.must(http.StatusCreated, b.do("POST", "/v1/nodes/create", node("10.1.0.7"), "Authorization", "Bearer "+got.Token))
 	b.must(http.StatusForbidden, b.do("POST", "/v1/nodes/create", node("10.2.0.7"), "Authorization", "Bearer "+got.Token))
-	// And is renewed in turn, in the same lineage; an empty object is a
-	// body too.
-	var again renewed
-	b.must(http.StatusOK, b.do("POST", "/v1/tokens/renew", map[string]any{}, "Authorization", "Bearer "+got.Token)).json(t, &again)
-	if again.Lineage != first.ID {
-		t.Fatalf("the renewal of a renewal has lineage %q, want %q", again.Lineage, first.ID)
+	// Not renewed again before half its life is over: a token renews into
+	// one successor at a time, not copies on demand. (An empty object is a
+	// body too.)
+	r := b.must(http.StatusForbidden, b.do("POST", "/v1/tokens/renew", map[string]any{}, "Authorization", "Bearer "+got.Token))
+	if !strings.Contains(string(r.body), "half its lifetime") {
+		t.Fatalf("%s", r.body)
 	}
-	if strings.Join(observed, ",") != "renewed,renewed" {
+	if strings.Join(observed, ",") != "renewed,refused" {
 		t.Fatalf("observed %v", observed)
 	}
 }
@@ -100,6 +101,15 @@ func TestRenewTokenRefusals(t *testing.T) {
 	if strings.Join(observed, ",") != "refused" {
 		t.Fatalf("observed %v", observed)
 	}
+
+	// A replica whose revocation list is stale renews nothing: 503.
+	stale := another(t, func(c *api.Config) {
+		c.Renewer = &auth.Renewer{Verifier: c.Auth.(*auth.Verifier), Signer: auth.Signer{Secret: testSecret},
+			Current: func() error {
+				return registry.Errorf(registry.ErrUnavailable, "the token revocation list was last loaded 2m ago")
+			}}
+	})
+	stale.must(http.StatusServiceUnavailable, stale.do("POST", "/v1/tokens/renew", nil, "Authorization", "Bearer "+agentToken(t, time.Hour, "10.1.0.1").Token))
 
 	// A server that signs no tokens refuses every renewal.
 	plain := another(t)

@@ -103,6 +103,10 @@ func (s *Server) renewToken(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	out, err := s.renewer.Renew(token)
+	if err == nil {
+		s.logger.InfoContext(r.Context(), "token renewed", "sub", principalFrom(r.Context()).Sub,
+			"lineage", out.Lineage, "id", out.ID, "expires", out.Expires.UTC().Format(time.RFC3339))
+	}
 	if err != nil {
 		if !errors.Is(err, registry.ErrForbidden) && !errors.Is(err, registry.ErrUnavailable) {
 			s.logger.ErrorContext(r.Context(), "token renewal failed", "err", err)

@@ -294,10 +294,11 @@ func (v *Verifier) check(raw string, cp *claims) (verified, error) {
 		return verified{}, err
 	}
 	c := cp
-	_, err := v.parser.ParseWithClaims(raw, c, v.key)
+	tok, err := v.parser.ParseWithClaims(raw, c, v.key)
 	if err != nil {
 		return verified{}, &TokenError{Reason: reason(err)}
 	}
+	_, secret := tok.Method.(*jwt.SigningMethodHMAC)
 	if c.Subject == "" {
 		return verified{}, &TokenError{Reason: `the "sub" claim is missing`}
 	}
@@ -314,8 +315,8 @@ func (v *Verifier) check(raw string, cp *claims) (verified, error) {
 		return verified{}, &TokenError{Reason: `the "jti" claim ` + msg}
 	}
 	if c.Lineage != "" || c.LineageStart != nil {
-		if msg := registry.CheckLabel(c.Lineage, registry.MaxTokenIDLen); msg != "" {
-			return verified{}, &TokenError{Reason: `the "lid" claim ` + msg}
+		if msg := registry.CheckLabel(c.Lineage, registry.MaxTokenIDLen); msg != "" || c.Lineage == "" {
+			return verified{}, &TokenError{Reason: `a renewed token needs a "lid" claim, a token id, with its "lat"` + msg}
 		}
 		// A renewal names when its lineage began, which is no later than
 		// it was itself issued.
@@ -349,7 +350,7 @@ func (v *Verifier) check(raw string, cp *claims) (verified, error) {
 	case role == registry.RoleAgent && v.cfg.RequireAgentIPs:
 		return verified{}, &TokenError{Reason: `agent tokens must carry an "ips" claim binding them to their hosts (REGISTRY_AGENT_REQUIRE_IP is on)`}
 	}
-	e := verified{p: p, jti: c.ID, lid: c.Lineage, end: c.ExpiresAt.Add(Leeway)}
+	e := verified{p: p, jti: c.ID, lid: c.Lineage, secret: secret, end: c.ExpiresAt.Add(Leeway)}
 	if c.LineageStart != nil {
 		e.lat = &c.LineageStart.Time
 	}
@@ -542,6 +543,10 @@ func (v *Verifier) Renewal(raw string) (TokenSpec, error) {
 		return TokenSpec{}, err
 	}
 	switch {
+	case !e.secret:
+		// Another issuer's token: its lifetime and its revocation are
+		// that issuer's, and a renewal signed here would escape both.
+		return TokenSpec{}, &RenewalError{Reason: "only tokens this registry signed (HS256) are renewed; renew it with its issuer"}
 	case e.p.Role != registry.RoleAgent:
 		return TokenSpec{}, &RenewalError{Reason: "only agent tokens are renewed; mint another " + string(e.p.Role) + " token with registryd token"}
 	case c.IPs == nil:
@@ -558,6 +563,11 @@ func (v *Verifier) Renewal(raw string) (TokenSpec, error) {
 	if spec.TTL <= 0 {
 		return TokenSpec{}, &RenewalError{Reason: `its "exp" is not after its "iat"`}
 	}
+	// Not before half its life: a token renews into one successor at a
+	// time, not into copies on demand.
+	if from := c.IssuedAt.Add(c.ExpiresAt.Sub(c.IssuedAt.Time) / 2); v.cfg.Now().Before(from) {
+		return TokenSpec{}, &RenewalError{Reason: "a token is renewed once half its lifetime is over, from " + from.UTC().Format(time.RFC3339)}
+	}
 	return spec, nil
 }
 
@@ -570,6 +580,11 @@ type Renewer struct {
 	// Observe, when set, is told each outcome: "renewed", "refused" or
 	// "error".
 	Observe func(result string)
+	// Current, when set, says whether the revocation list is recent
+	// enough to renew by (an error matching registry.ErrUnavailable
+	// otherwise): a replica cut off from the database must not mint
+	// renewals of tokens revoked meanwhile.
+	Current func() error
 }
 
 // Renew returns the renewal of raw. A token that may not be renewed, or
@@ -584,6 +599,12 @@ func (r *Renewer) Renew(raw string) (registry.RenewedToken, error) {
 	now := time.Now
 	if r.Now != nil {
 		now = r.Now
+	}
+	if r.Current != nil {
+		if err := r.Current(); err != nil {
+			observe("error")
+			return registry.RenewedToken{}, err
+		}
 	}
 	spec, err := r.Verifier.Renewal(raw)
 	var m Minted

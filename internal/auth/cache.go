@@ -27,6 +27,7 @@ type verified struct {
 	iat       *time.Time // nil: no "iat"
 	lid       string     // a renewal's lineage ("lid"), or ""
 	lat       *time.Time // when the lineage began ("lat"); nil without lid
+	secret    bool       // signed with the HS256 secret (not another issuer's key)
 	from, end time.Time  // usable while from <= now < end
 }
 

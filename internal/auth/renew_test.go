@@ -1,11 +1,17 @@
 package auth
 
 import (
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"errors"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/registryd/registryd/internal/registry"
 )
@@ -94,8 +100,8 @@ func TestRenewalsAreRevokedWithTheirLineage(t *testing.T) {
 		list.revoke()
 		s, v := renewer(t, c, list)
 		first := mint(t, s)
-		c.set(now.Add(time.Minute))
-		second := renew(t, s, v, first.Token, now.Add(time.Minute))
+		c.set(now.Add(31 * time.Minute))
+		second := renew(t, s, v, first.Token, now.Add(31*time.Minute))
 		if _, err := v.Verify(second.Token); err != nil {
 			t.Fatal(err)
 		}
@@ -117,7 +123,7 @@ func TestRenewalsAreRevokedWithTheirLineage(t *testing.T) {
 		list.revoke()
 		s, v := renewer(t, c, list)
 		first := mint(t, s)
-		revokedAt := now.Add(10 * time.Minute)
+		revokedAt := now.Add(40 * time.Minute)
 		c.set(revokedAt.Add(time.Second))
 		late := renew(t, s, v, first.Token, revokedAt.Add(time.Second))
 		list.revoke(registry.Revocation{Sub: "agents-a", Before: revokedAt})
@@ -158,6 +164,9 @@ func TestRenewalRefusals(t *testing.T) {
 			map[string]any{"sub": "a", "role": "agent", "jti": "x", "ips": []string{"10.0.0.1"}, "iat": now.Add(-2 * time.Hour).Unix(), "exp": now.Add(-time.Hour).Unix()}), "expired"},
 		"lineage without its start": {handMade(secret, map[string]any{"alg": "HS256", "typ": "JWT"},
 			map[string]any{"sub": "a", "role": "agent", "jti": "x", "lid": "y", "ips": []string{"10.0.0.1"}, "iat": now.Unix(), "exp": now.Add(time.Hour).Unix()}), `"lat"`},
+		"lineage start without a lineage": {handMade(secret, map[string]any{"alg": "HS256", "typ": "JWT"},
+			map[string]any{"sub": "a", "role": "agent", "jti": "x", "lat": now.Unix(), "ips": []string{"10.0.0.1"}, "iat": now.Unix(), "exp": now.Add(time.Hour).Unix()}), `"lid"`},
+		"too early": {mint(TokenSpec{Sub: "a", Role: registry.RoleAgent, TTL: 3 * time.Hour, IPs: []string{"10.0.0.1"}}), "once half its lifetime is over"},
 		"lineage begun after the token": {handMade(secret, map[string]any{"alg": "HS256", "typ": "JWT"},
 			map[string]any{"sub": "a", "role": "agent", "jti": "x", "lid": "y", "lat": now.Add(time.Hour).Unix(), "ips": []string{"10.0.0.1"}, "iat": now.Unix(), "exp": now.Add(time.Hour).Unix()}), `"lat"`},
 	} {
@@ -167,5 +176,29 @@ func TestRenewalRefusals(t *testing.T) {
 				t.Fatalf("got %v, want an error saying %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// A token of another issuer is not renewed: its lifetime and its
+// revocation are that issuer's, and a renewal signed here would escape
+// both.
+func TestRenewalRefusesOtherIssuers(t *testing.T) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newClock(now.Add(8 * time.Minute))
+	v, err := NewVerifier(Config{Secret: secret, PublicKeys: []crypto.PublicKey{&key.PublicKey}, Now: c.now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := sign(t, jwt.SigningMethodES256, key, jwt.MapClaims{"sub": "a", "role": "agent", "jti": "idp-1",
+		"ips": []string{"10.0.0.1"}, "iat": now.Unix(), "exp": now.Add(10 * time.Minute).Unix()})
+	if _, err := v.Verify(tok); err != nil {
+		t.Fatalf("the issuer's token itself: %v", err)
+	}
+	var re *RenewalError
+	if _, err := v.Renewal(tok); !errors.As(err, &re) || !strings.Contains(re.Reason, "HS256") {
+		t.Fatalf("renewing another issuer's token: %v", err)
 	}
 }

@@ -406,3 +406,26 @@ func TestAgentTokens(t *testing.T) {
 		t.Error("a subject whose tokens went unused for 10 minutes is still shown")
 	}
 }
+
+// Tokens nobody scrapes for are dropped anyway once unused for 10
+// minutes: the figures' memory does not grow with every renewal.
+func TestAgentTokensPrunedUnscraped(t *testing.T) {
+	t.Parallel()
+	m := metrics.New()
+	var mu sync.Mutex
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	metrics.SetClock(m, func() time.Time { mu.Lock(); defer mu.Unlock(); return now })
+	for i := range 1000 {
+		m.AgentTokenSeen("pool", registry.TokenInfo{ID: fmt.Sprint("t", i), Issued: now, Expires: now.Add(time.Hour)})
+	}
+	if n := metrics.AgentTokens(m); n != 1000 {
+		t.Fatalf("%d tokens remembered, want 1000", n)
+	}
+	mu.Lock()
+	now = now.Add(11 * time.Minute)
+	mu.Unlock()
+	m.AgentTokenSeen("pool", registry.TokenInfo{ID: "fresh", Issued: now, Expires: now.Add(time.Hour)})
+	if n := metrics.AgentTokens(m); n != 1 {
+		t.Fatalf("%d tokens remembered after 11 idle minutes, want the fresh one only", n)
+	}
+}

@@ -30,8 +30,15 @@ var (
 // agent that stops renewing shows even among many that renew.
 type agentTokens struct {
 	now     func() time.Time
-	entries sync.Map // token key → *tokenSeen
+	entries sync.Map     // token key → *tokenSeen
+	size    atomic.Int64 // entries, about
+	pruned  atomic.Int64 // when stale entries were last dropped (Unix seconds)
 }
+
+// maxAgentTokens bounds the entries: a fleet's agents hold one token each
+// (two for a moment when one renews), and nothing a token holder does
+// grows memory past this.
+const maxAgentTokens = 200_000
 
 type tokenSeen struct {
 	sub             string
@@ -57,9 +64,32 @@ func (a *agentTokens) seen(sub string, t registry.TokenInfo, now time.Time) {
 		}
 		return
 	}
+	// Stale entries go at most once a minute, scraped or not.
+	if last := a.pruned.Load(); sec-last >= 60 && a.pruned.CompareAndSwap(last, sec) {
+		a.prune(now)
+	}
+	if a.size.Load() >= maxAgentTokens {
+		return
+	}
 	e := &tokenSeen{sub: sub, issued: t.Issued, expires: t.Expires}
 	e.seen.Store(sec)
-	a.entries.Store(key, e)
+	if _, loaded := a.entries.LoadOrStore(key, e); !loaded {
+		a.size.Add(1)
+	}
+}
+
+// prune drops the entries unused for agentTokenWindow or expired.
+func (a *agentTokens) prune(now time.Time) {
+	a.entries.Range(func(k, v any) bool {
+		if a.stale(v.(*tokenSeen), now) && a.entries.CompareAndDelete(k, v) {
+			a.size.Add(-1)
+		}
+		return true
+	})
+}
+
+func (a *agentTokens) stale(e *tokenSeen, now time.Time) bool {
+	return now.Sub(time.Unix(e.seen.Load(), 0)) > agentTokenWindow || !now.Before(e.expires)
 }
 
 func (a *agentTokens) Describe(ch chan<- *prometheus.Desc) {
@@ -74,10 +104,10 @@ func (a *agentTokens) Collect(ch chan<- prometheus.Metric) {
 		left    float64
 	}
 	bySub := map[string]*least{}
+	a.prune(now)
 	a.entries.Range(func(k, v any) bool {
 		e := v.(*tokenSeen)
-		if now.Sub(time.Unix(e.seen.Load(), 0)) > agentTokenWindow || !now.Before(e.expires) {
-			a.entries.CompareAndDelete(k, v)
+		if a.stale(e, now) {
 			return true
 		}
 		left := 1.0

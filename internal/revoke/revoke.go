@@ -56,6 +56,8 @@ type List struct {
 	once   sync.Once
 	kick   chan struct{}
 	loads  atomic.Int64
+	// loadedAt is when the last load succeeded (Unix nanoseconds).
+	loadedAt atomic.Int64
 }
 
 // New returns a List; call Run.
@@ -87,6 +89,21 @@ func (l *List) Revoked(sub, jti string, iat *time.Time) (bool, error) {
 		return false, ErrNotLoaded
 	}
 	return s.Revokes(sub, jti, iat), nil
+}
+
+// Current returns nil when the list was loaded within maxAge, and an
+// error matching registry.ErrUnavailable otherwise (the database has not
+// been reachable since): what is refused by a revocation stored meanwhile
+// would still be accepted.
+func (l *List) Current(maxAge time.Duration) error {
+	at := l.loadedAt.Load()
+	if at == 0 {
+		return ErrNotLoaded
+	}
+	if age := l.opts.Now().Sub(time.Unix(0, at)); age > maxAge {
+		return registry.Errorf(registry.ErrUnavailable, "the token revocation list was last loaded %s ago; the database is needed to renew tokens", age.Round(time.Second))
+	}
+	return nil
 }
 
 // Loaded is closed once the list has been loaded the first time.
@@ -160,6 +177,7 @@ func (l *List) Load(ctx context.Context) error {
 		return err
 	}
 	l.set.Store(registry.NewRevocationSet(rs))
+	l.loadedAt.Store(l.opts.Now().UnixNano())
 	l.loads.Add(1)
 	l.once.Do(func() { close(l.loaded) })
 	return nil

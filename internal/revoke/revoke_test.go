@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -218,8 +219,9 @@ func TestRunStops(t *testing.T) {
 	})
 }
 
-// Pruning forgets token-id revocations whose tokens expired, and those of
-// unknown expiry after the longest lifetime; subject revocations stay.
+// Pruning forgets token-id revocations once the longest lifetime has run
+// since they were made (a lineage's renewals live that long) and their
+// token expired (when known); subject revocations stay.
 func TestPrune(t *testing.T) {
 	t.Parallel()
 	st := pgtest.Open(t, pgtest.New(t), store.Options{})
@@ -239,12 +241,14 @@ func TestPrune(t *testing.T) {
 		st.Pool().QueryRow(ctx, `SELECT count(*) FROM token_revocations`).Scan(&n)
 		return n
 	}
-	// Unknown expiry, revoked just now: kept while the longest lifetime runs.
 	later := soon.Add(time.Second)
-	if n, err := st.PruneRevocations(ctx, later, time.Now().Add(-time.Hour)); err != nil || n != 1 {
+	// Revoked just now: kept while the longest lifetime runs, even the one
+	// whose token expired (its renewals may not have).
+	if n, err := st.PruneRevocations(ctx, later, time.Now().Add(-time.Hour)); err != nil || n != 0 {
 		t.Fatalf("pruned %d: %v", n, err)
 	}
-	if n, err := st.PruneRevocations(ctx, later, time.Now().Add(time.Minute)); err != nil || n != 1 {
+	// The longest lifetime over: the expired one and the unknown one go.
+	if n, err := st.PruneRevocations(ctx, later, time.Now().Add(time.Minute)); err != nil || n != 2 {
 		t.Fatalf("pruned %d: %v", n, err)
 	}
 	if n := count(); n != 2 {
@@ -256,5 +260,31 @@ func TestPrune(t *testing.T) {
 	}
 	if !revoked(t, l, "x", "live", nil) || !revoked(t, l, "someone", "", nil) || revoked(t, l, "x", "expired", nil) {
 		t.Error("wrong set after pruning")
+	}
+}
+
+// Current says whether the list is recent enough to act on: not before
+// its first load, and not once its last load is older than asked.
+func TestCurrent(t *testing.T) {
+	t.Parallel()
+	st := pgtest.Open(t, pgtest.New(t), store.Options{})
+	var mu sync.Mutex
+	clock := time.Now()
+	now := func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
+	l := revoke.New(st, revoke.Options{Channel: store.RevocationsChannel, Now: now})
+	if err := l.Current(time.Minute); !errors.Is(err, registry.ErrUnavailable) {
+		t.Fatalf("before the first load: %v", err)
+	}
+	if err := l.Load(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Current(time.Minute); err != nil {
+		t.Fatalf("just loaded: %v", err)
+	}
+	mu.Lock()
+	clock = clock.Add(61 * time.Second)
+	mu.Unlock()
+	if err := l.Current(time.Minute); !errors.Is(err, registry.ErrUnavailable) {
+		t.Fatalf("loaded 61s ago: %v", err)
 	}
 }

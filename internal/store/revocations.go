@@ -115,14 +115,17 @@ func (s *Store) Revocations(ctx context.Context) ([]registry.Revocation, error) 
 }
 
 // PruneRevocations forgets token-id revocations that no longer matter:
-// those whose token expired before expiredBefore, and those of unknown
-// expiry revoked before unknownBefore (the caller passes now minus the
-// longest lifetime a token may have). Subject revocations stay: they also
-// refuse that subject's tokens without "iat", whenever those expire.
-func (s *Store) PruneRevocations(ctx context.Context, expiredBefore, unknownBefore time.Time) (int64, error) {
+// those revoked before keptAfter (the caller passes now minus the longest
+// lifetime a token may have, and leeway) whose token expired before
+// expiredBefore, or whose expiry is unknown. A revoked token's own expiry
+// is not enough: the id may be a lineage's, whose renewals outlive it by
+// up to a lifetime (and none is renewed once it is revoked). Subject
+// revocations stay: they also refuse that subject's tokens without "iat",
+// whenever those expire.
+func (s *Store) PruneRevocations(ctx context.Context, expiredBefore, keptAfter time.Time) (int64, error) {
 	tag, err := s.db.Exec(ctx, `
 		DELETE FROM token_revocations
-		WHERE jti IS NOT NULL AND (until < $1 OR (until IS NULL AND revoked_at < $2))`, expiredBefore, unknownBefore)
+		WHERE jti IS NOT NULL AND revoked_at < $2 AND (until IS NULL OR until < $1)`, expiredBefore, keptAfter)
 	if err != nil {
 		return 0, fmt.Errorf("store: prune revocations: %w", translate(err))
 	}
