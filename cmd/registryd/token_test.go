@@ -208,7 +208,7 @@ func TestServeKeepsRevocationsOfUnknownExpiry(t *testing.T) {
 	if _, err := conn.Exec(ctx, `UPDATE token_revocations SET revoked_at = now() - interval '1 day' WHERE jti = $1`, jti); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := conn.Exec(ctx, `INSERT INTO token_revocations (jti, until) VALUES ('long-expired', now() - interval '1 day')`); err != nil {
+	if _, err := conn.Exec(ctx, `INSERT INTO token_revocations (jti, until, revoked_at) VALUES ('long-expired', now() - interval '1 day', now() - interval '100 days')`); err != nil {
 		t.Fatal(err)
 	}
 	count := func(jti string) int {
