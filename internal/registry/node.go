@@ -1,6 +1,7 @@
 package registry
 
 import (
+	"fmt"
 	"math"
 	"net/netip"
 	"strconv"
@@ -242,8 +243,13 @@ func checkText(s string, max int) string {
 		return "must be at most " + strconv.Itoa(max) + " characters"
 	}
 	for _, r := range s {
-		if unicode.IsControl(r) {
+		switch {
+		case unicode.IsControl(r):
 			return "must not contain control characters"
+		case unicode.Is(unicode.Cf, r):
+			// Invisible, and some reorder what is shown (U+202E): text
+			// that reads differently from what it is.
+			return fmt.Sprintf("must not contain invisible format characters (U+%04X)", r)
 		}
 	}
 	return ""
