@@ -465,3 +465,37 @@ func TestServeGivesUpWithoutRevocationList(t *testing.T) {
 		t.Fatal("serve did not return within 20s of giving up on the revocation list")
 	}
 }
+
+// A clean stop (SIGTERM, here its context ending) logs no warning: what
+// ends with the replica (the notification connection, the node cache) is
+// not a fault.
+func TestServeCleanStopLogsNoWarning(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"REGISTRY_DATABASE_URL": pgtest.New(t), "REGISTRY_JWT_SECRET": testSecret, "REGISTRY_LOG_FORMAT": "json"}
+	srv := startServer(t, env)
+	tok := adminToken(t, env)
+	if code, body := call(t, "POST", srv.url+"/v1/nodes/create",
+		`{"ip":"10.0.0.1","index":0,"cpu_mem":1,"driver_version":"d","hardware_generation":null,"gpu_mem":null}`, tok); code != 201 {
+		t.Fatalf("create: %d %s", code, body)
+	}
+	// The node cache takes the node up once the change feed is proven
+	// current: then a stop has something to drop.
+	apitest.Eventually(t, 20*time.Second, "the node cache filled", func() bool {
+		resp, err := http.Get(srv.url + "/metrics")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return strings.Contains(string(b), "registryd_node_cache_nodes 1")
+	})
+	if err := srv.stop(); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	_, after, _ := strings.Cut(srv.stderr.String(), `"msg":"shutting down"`)
+	for line := range strings.Lines(after) {
+		if strings.Contains(line, `"level":"WARN"`) || strings.Contains(line, `"level":"ERROR"`) {
+			t.Errorf("logged at a clean stop: %s", line)
+		}
+	}
+}

@@ -522,7 +522,11 @@ func (c *Cache) Gap(reason string) {
 // now is confirmed, reads go to PostgreSQL; c.mu held.
 func (c *Cache) dropLocked(reason string) {
 	if len(c.nodes) > 0 || !c.current.IsZero() {
-		c.logger.Warn("node cache: dropped; reads go to PostgreSQL until the change feed is current again",
+		level := slog.LevelWarn
+		if reason == registry.HubStoppedReason {
+			level = slog.LevelDebug // the replica is stopping
+		}
+		c.logger.Log(context.Background(), level, "node cache: dropped; reads go to PostgreSQL until the change feed is current again",
 			"reason", reason, "nodes", len(c.nodes))
 	}
 	c.drops.Add(1)

@@ -174,6 +174,10 @@ type Feed struct {
 // may be lost, so nothing learned from it (deletions included) holds.
 const NewEpochReason = "the change feed began a new epoch"
 
+// HubStoppedReason is the gap a watch hub reports when it stops (its
+// replica shutting down): expected, not a fault.
+const HubStoppedReason = "the watch hub stopped"
+
 // NodeEvent is one change of a node as watchers see it, or, for
 // EventRenewed, of every node of one job whose lease a renewal moved.
 type NodeEvent struct {

@@ -214,7 +214,7 @@ func (h *Hub) Run(ctx context.Context) {
 	wg.Go(func() { h.fanOut(ctx) })
 	wg.Wait()
 	h.setProving(nil)
-	h.opts.Follower.Gap("the watch hub stopped")
+	h.opts.Follower.Gap(registry.HubStoppedReason)
 	h.mu.Lock()
 	h.stopped = true
 	for s := range h.subs {
@@ -243,8 +243,13 @@ func (h *Hub) listen(ctx context.Context) {
 					h.opts.Follower.Notified(ch, payload)
 				}
 			})
-			// Notifications sent while the connection was down are lost.
-			h.opts.Follower.Listening(false)
+			// Notifications sent while the connection was down are lost;
+			// at a stop, that is no fault.
+			if ctx.Err() != nil {
+				h.opts.Follower.Gap(registry.HubStoppedReason)
+			} else {
+				h.opts.Follower.Listening(false)
+			}
 			return err
 		})
 }
