@@ -715,3 +715,26 @@ func TestSeedThroughAPI(t *testing.T) {
 		t.Errorf("a second seed = %v, want a refusal of the seeded registry", err)
 	}
 }
+
+// A pgbench run that processed nothing (its clients took the whole of a
+// short run to connect, on a loaded machine) is run once more, longer,
+// before it counts as failed.
+func TestRunPgbenchRetriesAnEmptyRun(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "pgbench")
+	// The first run processes nothing; the second (-T 3) does.
+	script := `#!/bin/sh
+case "$*" in
+*"-T 3 "*) printf 'number of transactions actually processed: 50\nnumber of failed transactions: 0 (0.000%%)\nlatency average = 2.0 ms\ntps = 25.0 (without initial connection time)\n' ;;
+*) printf 'number of transactions actually processed: 0\nnumber of failed transactions: 0 (NaN%%)\n' ;;
+esac
+`
+	if err := os.WriteFile(bin, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p, err := runPgbench(t.Context(), bin, dir, "postgres:///x", "retrieve.sql", 2, time.Second, &fleet{minPK: 1, maxPK: 8})
+	if err != nil || p.Processed != 50 || p.TPS != 25 {
+		t.Fatalf("runPgbench = %+v, %v; want the second run's 50 transactions", p, err)
+	}
+}

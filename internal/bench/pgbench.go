@@ -143,6 +143,17 @@ func runPgbench(ctx context.Context, bin, dir, dbURL, script string, clients int
 		return p, err
 	}
 	secs := max(1, int(math.Round(d.Seconds())))
+	p, err = pgbenchOnce(ctx, bin, dir, dbURL, script, path, clients, secs, f)
+	if err != nil && p.Processed == 0 && strings.Contains(err.Error(), "no tps line") {
+		// Nothing processed at all: on a loaded machine the clients may
+		// take the whole of a short run to connect. Once more, longer.
+		p, err = pgbenchOnce(ctx, bin, dir, dbURL, script, path, clients, 2*secs+1, f)
+	}
+	return p, err
+}
+
+// pgbenchOnce runs the script written at path for secs seconds.
+func pgbenchOnce(ctx context.Context, bin, dir, dbURL, script, path string, clients, secs int, f *fleet) (Pgbench, error) {
 	threads := max(1, min(clients, numCPU()))
 	logPrefix := filepath.Join(dir, "pgbench-log-"+strings.TrimSuffix(script, ".sql"))
 	args := []string{"-n", "-M", "prepared", "-c", strconv.Itoa(clients), "-j", strconv.Itoa(threads),
