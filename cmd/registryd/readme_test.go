@@ -543,6 +543,14 @@ func runDoc(t *testing.T, d document, bin string) {
 	err = cmd.Run()
 	if err == nil {
 		t.Logf("%s's examples ran:\n%s", d.name, lastBytes(out.String(), 20000))
+		// Run from a checkout, examples must leave it as it was: what
+		// they write goes under a temporary folder.
+		entries, _ := os.ReadDir(work)
+		for _, e := range entries {
+			if e.Name() != "doc.sh" && !strings.HasPrefix(e.Name(), ".") {
+				t.Errorf("%s's examples wrote %s into the folder they run in; write under $(mktemp -d)", d.name, e.Name())
+			}
+		}
 		return
 	}
 	where := ""
