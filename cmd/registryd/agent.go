@@ -135,10 +135,8 @@ func loadAgentConfig(rawenv func(string) string) (agentConfig, error) {
 
 	if v := getenv("REGISTRY_AGENT_IP"); v != "" {
 		ip, err := registry.CanonicalIP(v)
-		if err != nil {
+		if err != nil { // a host's address: not unspecified, broadcast or multicast
 			errs = append(errs, fmt.Sprintf("REGISTRY_AGENT_IP=%q: %v", v, err))
-		} else if a := netip.MustParseAddr(ip); a.IsUnspecified() || a.IsMulticast() {
-			errs = append(errs, fmt.Sprintf("REGISTRY_AGENT_IP=%q: must be this host's address, not an unspecified or multicast one", v))
 		}
 		c.IP = ip
 	}

@@ -40,6 +40,9 @@ type tokenKeeper struct {
 	now        func() time.Time
 	check      time.Duration // the longest wait between checks; 1m when zero
 
+	// fileMu orders the writes and removals of the kept renewal, so a
+	// refused renewal is never written back after its removal.
+	fileMu   sync.Mutex
 	mu       sync.Mutex
 	cur      string    // the token in use
 	info     tokenInfo // what cur says of itself
@@ -162,15 +165,25 @@ func (k *tokenKeeper) adopt(conf string) {
 
 // Refused is told that the server refused token (401). A renewal the
 // server refuses (revoked by its own id, or signed with a secret since
-// rotated) gives way to the configured token, and is forgotten.
+// rotated) gives way to the configured token, and is forgotten, when the
+// configured token is still valid; otherwise the renewal is all the agent
+// has (a refusal may be one replica's), and it stays.
 func (k *tokenKeeper) Refused(token string) {
 	k.mu.Lock()
-	defer k.mu.Unlock()
 	if token != k.cur || token == k.lastConf || k.lastConf == "" {
+		k.mu.Unlock()
+		return
+	}
+	if k.confInfo.Expires.IsZero() || !k.now().Add(k.skew).Before(k.confInfo.Expires.Time) {
+		k.mu.Unlock()
+		k.log.Warn("agent token: the registry refused the renewed token, and the configured one has expired: mint a new token", "expired", fmtTime(k.confInfo.Expires.Time))
 		return
 	}
 	k.log.Warn("agent token: the registry refused the renewed token; going back to the configured one", "expires", fmtTime(k.confInfo.Expires.Time))
 	k.cur, k.info = k.lastConf, k.confInfo
+	k.mu.Unlock()
+	k.fileMu.Lock()
+	defer k.fileMu.Unlock()
 	if err := os.Remove(k.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		k.log.Warn("agent token: the refused renewal cannot be removed", "path", k.path, "err", err)
 	}
@@ -247,11 +260,25 @@ func (k *tokenKeeper) step(ctx context.Context, renew func(context.Context) (cli
 	k.cur, k.info = out.Token, ni
 	k.skew = ni.Issued.Sub(k.now()) // within a second: iat counts seconds
 	k.mu.Unlock()
-	if err := agent.WriteFileAtomic(k.path, []byte(out.Token+"\n")); err != nil {
-		k.log.Warn("agent token: the renewal cannot be kept for a restart", "path", k.path, "err", err)
-	}
+	k.keep(out.Token)
 	k.log.Info("agent token renewed", "expires", fmtTime(out.Expires), "lineage", out.Lineage)
 	return wait
+}
+
+// keep writes token where a restart finds it, unless it is no longer the
+// token in use (refused meanwhile).
+func (k *tokenKeeper) keep(token string) {
+	k.fileMu.Lock()
+	defer k.fileMu.Unlock()
+	k.mu.Lock()
+	current := k.cur == token
+	k.mu.Unlock()
+	if !current {
+		return
+	}
+	if err := agent.WriteFileAtomic(k.path, []byte(token+"\n")); err != nil {
+		k.log.Warn("agent token: the renewal cannot be kept for a restart", "path", k.path, "err", err)
+	}
 }
 
 // warn logs msg at most once a day.

@@ -279,3 +279,41 @@ func TestTokenKeeper(t *testing.T) {
 		t.Fatalf("%d warnings after a day, want 2", got)
 	}
 }
+
+// A refused renewal gives way only to a configured token that is still
+// valid: when that one has long expired (what renewals are for), the
+// renewal is all the agent has, and it stays, kept for restarts.
+func TestTokenKeeperKeepsRenewalOverExpiredConfigured(t *testing.T) {
+	t.Parallel()
+	signer := auth.Signer{Secret: []byte(testSecret)}
+	now := time.Now()
+	spec := auth.TokenSpec{Sub: "pool", Role: registry.RoleAgent, TTL: time.Hour, IPs: []string{"10.0.0.1"}}
+	first, err := signer.Mint(spec, now.Add(-3*time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec.Lineage, spec.LineageStart = first.ID, now.Add(-3*time.Hour)
+	renewal, err := signer.Mint(spec, now.Add(-10*time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	state := filepath.Join(t.TempDir(), "state.json")
+	if err := os.WriteFile(renewalPath(state), []byte(renewal.Token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	logs := &apitest.Buffer{}
+	k := newTokenKeeper(func(context.Context) (string, error) { return first.Token, nil }, state, slog.New(slog.NewTextHandler(logs, nil)))
+	if tok, _ := k.Token(context.Background()); tok != renewal.Token {
+		t.Fatal("the kept renewal is not used")
+	}
+	k.Refused(renewal.Token)
+	if tok, _ := k.Token(context.Background()); tok != renewal.Token {
+		t.Fatal("a refused renewal gave way to a configured token that expired hours ago")
+	}
+	if _, err := os.Stat(renewalPath(state)); err != nil {
+		t.Fatalf("the renewal is no longer kept: %v", err)
+	}
+	if !strings.Contains(logs.String(), "mint a new token") {
+		t.Errorf("log:\n%s", logs.String())
+	}
+}

@@ -492,7 +492,10 @@ func TestServeCleanStopLogsNoWarning(t *testing.T) {
 	if err := srv.stop(); err != nil {
 		t.Fatalf("stop: %v", err)
 	}
-	_, after, _ := strings.Cut(srv.stderr.String(), `"msg":"shutting down"`)
+	_, after, found := strings.Cut(srv.stderr.String(), `"msg":"shutting down"`)
+	if !found {
+		t.Fatalf("no shutdown in the log:\n%s", srv.stderr.String())
+	}
 	for line := range strings.Lines(after) {
 		if strings.Contains(line, `"level":"WARN"`) || strings.Contains(line, `"level":"ERROR"`) {
 			t.Errorf("logged at a clean stop: %s", line)

@@ -484,6 +484,7 @@ func runDoc(t *testing.T, d document, bin string) {
 	env := []string{
 		"PATH=" + bin + string(os.PathListSeparator) + os.Getenv("PATH"),
 		"HOME=" + work,
+		"TMPDIR=" + t.TempDir(), // what examples put under $(mktemp -d) goes with the test
 		"LANG=C.UTF-8",
 		"REGISTRY_DATA_DIR=" + data,
 		"REGISTRY_LISTEN=" + listen,

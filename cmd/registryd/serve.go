@@ -235,7 +235,7 @@ func (w *wiring) startAuth(ctx context.Context) error {
 	}
 	w.secret = secret
 	w.revocations = revoke.New(w.db.store, revoke.Options{Channel: store.RevocationsChannel,
-		Keep: cfg.TokenLifetimes.Longest() + 2*auth.Leeway, Leeway: auth.Leeway, Logger: w.logger})
+		Keep: cfg.TokenLifetimes.Longest() + 3*auth.Leeway, Leeway: auth.Leeway, Logger: w.logger})
 	w.stops.push(lifecycle.Go(ctx, w.revocations.Run))
 	w.verifier, err = auth.NewVerifier(auth.Config{Secret: secret, PublicKeys: cfg.JWTPublicKeys,
 		Issuer: cfg.JWTIssuer, Audience: cfg.JWTAudience, Lifetimes: cfg.TokenLifetimes,
@@ -311,8 +311,9 @@ func (w *wiring) startWatchHub(ctx context.Context) {
 
 // renewalStaleness bounds how old the revocation list may be for a
 // replica to renew tokens: a revocation stored meanwhile would not stop
-// renewals minted here, and its row is kept only a lifetime plus twice
-// auth.Leeway (one of them this).
+// renewals minted here, and its row is kept a lifetime plus three times
+// auth.Leeway (one for this, one for the verifier's clock skew, one to
+// spare for replicas' clocks).
 const renewalStaleness = auth.Leeway
 
 // revocationsCurrent says whether the revocation list is recent enough

@@ -150,7 +150,7 @@ func checkContentType(r *http.Request) error {
 	}
 	mt, params, err := mime.ParseMediaType(ct)
 	if err == nil && (mt == "application/json" || (len(mt) > 17 && mt[:12] == "application/" && mt[len(mt)-5:] == "+json")) {
-		if cs, ok := params["charset"]; ok && !strings.EqualFold(cs, "utf-8") && !strings.EqualFold(cs, "utf8") {
+		if cs, ok := params["charset"]; ok && !strings.EqualFold(cs, "utf-8") && !strings.EqualFold(cs, "utf8") && !strings.EqualFold(cs, "us-ascii") {
 			return &httpError{status: http.StatusUnsupportedMediaType,
 				detail: fmt.Sprintf("the request body must be UTF-8 JSON; charset %q is not read (send Content-Type: application/json)", cs)}
 		}

@@ -59,7 +59,7 @@ func TestRenewToken(t *testing.T) {
 	b.must(http.StatusCreated, b.do("POST", "/v1/nodes/create", node("10.1.0.7"), "Authorization", "Bearer "+got.Token))
 	b.must(http.StatusForbidden, b.do("POST", "/v1/nodes/create", node("10.2.0.7"), "Authorization", "Bearer "+got.Token))
 	// Not renewed again before half its life is over: a token renews into
-	// one successor at a time, not copies on demand. (An empty object is a
+	// no copies the moment it is issued. (An empty object is a
 	// body too.)
 	r := b.must(http.StatusForbidden, b.do("POST", "/v1/tokens/renew", map[string]any{}, "Authorization", "Bearer "+got.Token))
 	if !strings.Contains(string(r.body), "half its lifetime") {

@@ -316,7 +316,7 @@ func (v *Verifier) check(raw string, cp *claims) (verified, error) {
 	}
 	if c.Lineage != "" || c.LineageStart != nil {
 		if msg := registry.CheckLabel(c.Lineage, registry.MaxTokenIDLen); msg != "" || c.Lineage == "" {
-			return verified{}, &TokenError{Reason: `a renewed token needs a "lid" claim, a token id, with its "lat"` + msg}
+			return verified{}, &TokenError{Reason: strings.TrimSuffix(`a renewed token needs a "lid" claim, a token id, with its "lat"; `+msg, "; ")}
 		}
 		// A renewal names when its lineage began, which is no later than
 		// it was itself issued.
@@ -563,8 +563,8 @@ func (v *Verifier) Renewal(raw string) (TokenSpec, error) {
 	if spec.TTL <= 0 {
 		return TokenSpec{}, &RenewalError{Reason: `its "exp" is not after its "iat"`}
 	}
-	// Not before half its life: a token renews into one successor at a
-	// time, not into copies on demand.
+	// Not before half its life: a token cannot be renewed into copies the
+	// moment it is issued (each renewal starts its own half-life).
 	if from := c.IssuedAt.Add(c.ExpiresAt.Sub(c.IssuedAt.Time) / 2); v.cfg.Now().Before(from) {
 		return TokenSpec{}, &RenewalError{Reason: "a token is renewed once half its lifetime is over, from " + from.UTC().Format(time.RFC3339)}
 	}

@@ -73,6 +73,7 @@ func TestCordonNormalize(t *testing.T) {
 		{"reason turned around", Cordon{Nodes: []int64{1}, Reason: "fan \u202Edekorb"}, []string{"reason"}},
 		{"reason with a zero-width space", Cordon{Nodes: []int64{1}, Reason: "fan\u200Bbroken"}, []string{"reason"}},
 		{"reason with a byte order mark", Cordon{Nodes: []int64{1}, Reason: "\uFEFFfan"}, []string{"reason"}},
+		{"reason with a joiner", Cordon{Nodes: []int64{1}, Reason: "fan \U0001F469\u200D\U0001F527 on it"}, nil},
 		{"neither", Cordon{Reason: "fan"}, []string{"nodes"}},
 		{"an empty filter", Cordon{Filter: f(NodeFilter{}), Reason: "fan"}, []string{"nodes"}},
 		{"both", Cordon{Nodes: []int64{1}, Filter: f(NodeFilter{IP: ptr("10.0.0.7")}), Reason: "fan"}, []string{"nodes"}},

@@ -246,13 +246,26 @@ func checkText(s string, max int) string {
 		switch {
 		case unicode.IsControl(r):
 			return "must not contain control characters"
-		case unicode.Is(unicode.Cf, r):
-			// Invisible, and some reorder what is shown (U+202E): text
-			// that reads differently from what it is.
+		case deceptive(r):
 			return fmt.Sprintf("must not contain invisible format characters (U+%04X)", r)
 		}
 	}
 	return ""
+}
+
+// deceptive reports the format characters that make text read otherwise
+// than it is: the bidirectional controls, which reorder what is shown
+// (U+202E turns text around), the zero-width space and the byte order
+// mark, which hide in it. Joiners (U+200C, U+200D, which some scripts and
+// emoji need) and the soft hyphen stay allowed.
+func deceptive(r rune) bool {
+	switch {
+	case r == 0x061C, r == 0x200B, r == 0x200E, r == 0x200F, r == 0xFEFF:
+		return true
+	case 0x202A <= r && r <= 0x202E, 0x2066 <= r && r <= 0x2069:
+		return true
+	}
+	return false
 }
 
 // Optional is a field of a partial update: absent (Set false), explicitly

@@ -172,12 +172,13 @@ func (l *List) reload(ctx context.Context) {
 
 // Load reads the whole list once and puts it in force.
 func (l *List) Load(ctx context.Context) error {
+	start := l.opts.Now() // what is loaded is as old as the query's start
 	rs, err := l.store.Revocations(ctx)
 	if err != nil {
 		return err
 	}
 	l.set.Store(registry.NewRevocationSet(rs))
-	l.loadedAt.Store(l.opts.Now().UnixNano())
+	l.loadedAt.Store(start.UnixNano())
 	l.loads.Add(1)
 	l.once.Do(func() { close(l.loaded) })
 	return nil

@@ -30,7 +30,7 @@ func TestSyncKeepsHostsOurMappingSkips(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v: %v", err, sums)
 	}
-	checkKept(t, sums, keptFor{16, []string{"is not an IP address", "bytes of host memory"}}, keptFor{8, []string{"is not an IP address"}})
+	checkKept(t, sums, keptFor{16, []string{"must be an IPv4 or IPv6 address", "bytes of host memory"}}, keptFor{8, []string{"must be an IPv4 or IPv6 address"}})
 	if diff := cmp.Diff(before, b.table()); diff != "" {
 		t.Errorf("hosts our mapping skipped lost nodes:\n%s", diff)
 	}

@@ -258,7 +258,7 @@ func Nodes(inv provider.Inventory) ([]registry.ImportedNode, []provider.Skip) {
 		ip, err := registry.CanonicalIP(strings.TrimSpace(h.IP))
 		if err != nil {
 			skipped = append(skipped, provider.Skip{ExternalID: h.ExternalID, Name: h.Name,
-				Reason: fmt.Sprintf("address %q is not an IP address", h.IP)})
+				Reason: fmt.Sprintf("address %q: %v", h.IP, err)})
 			continue
 		}
 		if reason := implausible(h); reason != "" {

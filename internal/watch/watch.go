@@ -246,10 +246,11 @@ func (h *Hub) listen(ctx context.Context) {
 			// Notifications sent while the connection was down are lost;
 			// at a stop, that is no fault.
 			if ctx.Err() != nil {
+				// Dropped quietly first; then down, which finds nothing
+				// left to warn about.
 				h.opts.Follower.Gap(registry.HubStoppedReason)
-			} else {
-				h.opts.Follower.Listening(false)
 			}
+			h.opts.Follower.Listening(false)
 			return err
 		})
 }
