@@ -20,8 +20,11 @@ func TestSyncKeepsHostsOurMappingSkips(t *testing.T) {
 	b.scp.Lock()
 	b.scp.Products = append(b.scp.Products, scptest.Product{ID: "p-huge", Name: "s8h100_huge", Description: "vCPU 96 │ Memory 2PB",
 		GPUModel: "H100", MemoryValue: "2097152", CPUValue: "96"}) // 2 PiB: more than a host holds
+	b.scp.Products = append(b.scp.Products, scptest.Product{ID: "p-odd", Name: "s8h100_odd", Description: "CPU 96 | Memory 2048GB | H1\u202E00(80GB)*8 | Disk 960GB",
+		GPUModel: "H1\u202E00", MemoryValue: "2048", CPUValue: "96"}) // a model that reads otherwise than it is
 	b.scp.Nodes[10].PolicyIP = "gpu-node-10.internal"
 	b.scp.Nodes[11].ServerType = "s8h100_huge"
+	b.scp.Nodes[12].ServerType = "s8h100_odd"
 	b.scp.Unlock()
 	b.e2e.Lock()
 	b.e2e.Clusters[0].Workers[1].PrivateIP = "w2.train-a.internal"
@@ -30,7 +33,8 @@ func TestSyncKeepsHostsOurMappingSkips(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v: %v", err, sums)
 	}
-	checkKept(t, sums, keptFor{16, []string{"must be an IPv4 or IPv6 address", "bytes of host memory"}}, keptFor{8, []string{"must be an IPv4 or IPv6 address"}})
+	checkKept(t, sums, keptFor{24, []string{"must be an IPv4 or IPv6 address", "bytes of host memory", "gpu model that must not contain invisible format characters"}},
+		keptFor{8, []string{"must be an IPv4 or IPv6 address"}})
 	if diff := cmp.Diff(before, b.table()); diff != "" {
 		t.Errorf("hosts our mapping skipped lost nodes:\n%s", diff)
 	}

@@ -297,14 +297,19 @@ const (
 )
 
 func implausible(h provider.Host) string {
-	fabric := registry.NodeSpec{IP: "127.0.0.1"}
+	// The texts the nodes take from the host are held to what the API
+	// holds them to (a GPU model names the node's hardware generation).
+	texts := registry.NodeSpec{IP: "127.0.0.1"}
 	if h.Fabric != "" {
-		fabric.Fabric = &h.Fabric
+		texts.Fabric = &h.Fabric
 	}
-	bad := registry.FieldsOf(fabric.Normalize())
+	if h.GPUModel != "" {
+		texts.GPUModel = &h.GPUModel
+	}
+	bad := registry.FieldsOf(texts.Normalize())
 	switch {
 	case len(bad) > 0:
-		return "reports a fabric id that " + bad[0].Message
+		return "reports a " + strings.ReplaceAll(bad[0].Field, "_", " ") + " that " + bad[0].Message
 	case h.GPUs > maxGPUsPerHost:
 		return fmt.Sprintf("reports %d GPUs on one host; more than %d is not believable", h.GPUs, maxGPUsPerHost)
 	case h.CPUMemBytes < 0 || h.CPUMemBytes > maxMemBytes:
