@@ -635,3 +635,26 @@ func TestListOnePageFraming(t *testing.T) {
 		}
 	}
 }
+
+// A node stored before a rule it breaks was made (an address no host has,
+// a deceptive character) stays editable: an update that leaves the field
+// as it is succeeds, one that sets it anew is held to the rule.
+func TestUpdateKeepsFieldsStoredBeforeTheirRule(t *testing.T) {
+	b := setup(t)
+	pk := b.createNode(map[string]any{"ip": "10.0.0.9"})
+	b.exec(fmt.Sprintf(`UPDATE nodes SET ip = '0.0.0.0', driver_version = E'550\u200b' WHERE pk = %d`, pk))
+	path := fmt.Sprintf("/v1/nodes/%d", pk)
+	b.must(http.StatusOK, b.do("PATCH", path, map[string]any{"cpu_mem": 7}))
+	var n map[string]any
+	b.must(http.StatusOK, b.do("GET", path, nil)).json(t, &n)
+	b.must(http.StatusOK, b.do("PUT", path, map[string]any{"ip": n["ip"], "index": 0, "cpu_mem": 8, "driver_version": n["driver_version"],
+		"hardware_generation": nil, "gpu_mem": nil}))
+	// Set anew, the rules hold.
+	other := b.createNode(map[string]any{"ip": "10.0.0.10"})
+	r := b.must(http.StatusBadRequest, b.do("PATCH", fmt.Sprintf("/v1/nodes/%d", other), map[string]any{"ip": "0.0.0.0", "driver_version": "550\u200b"}))
+	if got := r.problemFields(t); !slices.Contains(got, "ip") || !slices.Contains(got, "driver_version") {
+		t.Errorf("fields %v, want ip and driver_version", got)
+	}
+	// Changing the stored bad value to another bad one is refused too.
+	b.must(http.StatusBadRequest, b.do("PATCH", path, map[string]any{"ip": "255.255.255.255"}))
+}

@@ -143,6 +143,38 @@ func (s NodeSpec) Same(o NodeSpec) bool {
 		samePtr(s.Fabric, o.Fabric) && s.Labels == o.Labels
 }
 
+// NormalizeUpdate is Normalize for a spec that replaces old: a text field
+// the update leaves as it was is not held to rules made after it was
+// stored (an address no host has, a deceptive character), so that a node
+// stays editable; the field must be changed to be set right. Fields that
+// change are checked in full.
+func (s *NodeSpec) NormalizeUpdate(old NodeSpec) error {
+	err := s.Normalize()
+	if err == nil {
+		return nil
+	}
+	var kept FieldErrors
+	for _, f := range FieldsOf(err) {
+		unchanged := false
+		switch f.Field {
+		case "ip":
+			unchanged = s.IP == old.IP
+		case "driver_version":
+			unchanged = s.DriverVersion == old.DriverVersion
+		case "gpu_model":
+			unchanged = samePtr(s.GPUModel, old.GPUModel)
+		case "gpu_uuid":
+			unchanged = samePtr(s.GPUUUID, old.GPUUUID)
+		case "fabric":
+			unchanged = samePtr(s.Fabric, old.Fabric)
+		}
+		if !unchanged {
+			kept.Add(f.Field, "%s", f.Message)
+		}
+	}
+	return kept.Err()
+}
+
 func samePtr[T comparable](a, b *T) bool {
 	if a == nil || b == nil {
 		return a == b

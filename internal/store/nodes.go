@@ -194,7 +194,7 @@ func (s *Store) UpdateNode(ctx context.Context, actor registry.Actor, pk int64, 
 		if err != nil {
 			return err
 		}
-		if err := spec.Normalize(); err != nil {
+		if err := spec.NormalizeUpdate(cur.Spec()); err != nil {
 			return err
 		}
 		if spec.Same(cur.Spec()) {
