@@ -265,6 +265,9 @@ func readFilterFields(f *fields) registry.NodeFilter {
 	if o := f.string("fabric", false); o.Set {
 		nf.Fabric = &o.Value
 	}
+	if o := f.string("owner", false); o.Set {
+		nf.Owner = &o.Value
+	}
 	if o := f.string("selector", false); o.Set {
 		nf.Selector = readSelector(&f.errs, "selector", o.Value)
 	}

@@ -658,3 +658,43 @@ func TestUpdateKeepsFieldsStoredBeforeTheirRule(t *testing.T) {
 	// Changing the stored bad value to another bad one is refused too.
 	b.must(http.StatusBadRequest, b.do("PATCH", path, map[string]any{"ip": "255.255.255.255"}))
 }
+
+// owner filters nodes by the principal that registered them, in lists,
+// claims and the watch, from PostgreSQL and from the node cache alike; an
+// empty or malformed owner is a 400 naming the field.
+func TestFilterByOwner(t *testing.T) {
+	b := setup(t)
+	node := func(ip string) map[string]any {
+		return map[string]any{"ip": ip, "index": 0, "cpu_mem": 1 << 30, "driver_version": "d", "hardware_generation": nil, "gpu_mem": nil}
+	}
+	for i, sub := range []string{"agent-a", "agent-b", "agent-a"} {
+		b.must(http.StatusCreated, b.do("POST", "/v1/nodes/create", node(fmt.Sprintf("10.0.0.%d", i+1)), "Authorization", "Bearer "+tokenFor(t, sub, registry.RoleAgent)))
+	}
+	b.createNode(map[string]any{"ip": "10.0.0.9"}) // an admin's: no owner
+	var ns []struct {
+		IP    string
+		Owner *string
+	}
+	b.must(http.StatusOK, b.do("POST", "/v1/nodes/list", map[string]any{"owner": "agent-a"})).json(t, &ns)
+	if len(ns) != 2 || *ns[0].Owner != "agent-a" || *ns[1].Owner != "agent-a" {
+		t.Fatalf("owner agent-a: %+v", ns)
+	}
+	b.must(http.StatusOK, b.do("POST", "/v1/nodes/list", map[string]any{"owner": "nobody"})).json(t, &ns)
+	if len(ns) != 0 {
+		t.Fatalf("owner nobody: %+v", ns)
+	}
+	// A claim takes only the owner's nodes.
+	var got struct{ Nodes []struct{ IP string } }
+	b.must(http.StatusOK, b.do("POST", "/v1/nodes/claim", map[string]any{"job": 5, "count": 1, "owner": "agent-b"})).json(t, &got)
+	if len(got.Nodes) != 1 || got.Nodes[0].IP != "10.0.0.2" {
+		t.Fatalf("claim of agent-b's node: %+v", got)
+	}
+	b.must(http.StatusConflict, b.do("POST", "/v1/nodes/claim", map[string]any{"job": 6, "count": 1, "owner": "agent-b"}))
+	for _, bad := range []any{"", "a\nb", 7} {
+		r := b.must(http.StatusBadRequest, b.do("POST", "/v1/nodes/list", map[string]any{"owner": bad}))
+		if got := r.problemFields(t); !slices.Contains(got, "owner") {
+			t.Errorf("owner %q: fields %v", bad, got)
+		}
+	}
+	b.must(http.StatusBadRequest, b.do("GET", "/v1/nodes/watch?owner=", nil))
+}

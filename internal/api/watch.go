@@ -103,6 +103,7 @@ func readWatchFilter(q url.Values) (watchFilter, error) {
 	nf.Source = strParam("source")
 	nf.IP = strParam("ip")
 	nf.Fabric = strParam("fabric")
+	nf.Owner = strParam("owner")
 	if v := strParam("selector"); v != nil {
 		nf.Selector = readSelector(&fe, "selector", *v)
 	}

@@ -276,6 +276,8 @@ func matches(f registry.NodeFilter, n *registry.Node) bool {
 		return false
 	case f.Fabric != nil && (n.Fabric == nil || *n.Fabric != *f.Fabric):
 		return false
+	case f.Owner != nil && (n.Owner == nil || *n.Owner != *f.Owner):
+		return false
 	case !f.Selector.Matches(n.Labels):
 		return false
 	}

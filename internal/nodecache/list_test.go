@@ -44,7 +44,7 @@ func seedMixed(t *testing.T, st *store.Store, n int) {
 	}
 	if _, err := st.Pool().Exec(context.Background(), `
 		INSERT INTO nodes (ip, gpu_index, cpu_mem, driver_version, hardware_generation, gpu_mem, source,
-			schedulable, lost, cordon_reason, current_job, fabric, labels)
+			schedulable, lost, cordon_reason, current_job, fabric, labels, owner)
 		SELECT CASE WHEN g % 10 = 0 THEN '2001:db8::'::inet + g ELSE '10.2.0.0'::inet + (g / 8) END, g % 8,
 			(g % 5) * 1024, '550',
 			(SELECT pk FROM hardware_generations ORDER BY pk OFFSET (g % 3) LIMIT 1),
@@ -53,7 +53,8 @@ func seedMixed(t *testing.T, st *store.Store, n int) {
 			g % 17 <> 0, g % 13 = 0, CASE WHEN g % 11 = 0 THEN 'maintenance' END,
 			CASE WHEN g % 4 = 1 THEN 1000 + g % 9 END,
 			CASE WHEN g % 5 > 0 THEN 'ib-' || g % 3 END,
-			CASE WHEN g % 6 = 0 THEN '{}' ELSE jsonb_build_object('team', 't' || g % 4, 'rack', 'r' || g % 3) END
+			CASE WHEN g % 6 = 0 THEN '{}' ELSE jsonb_build_object('team', 't' || g % 4, 'rack', 'r' || g % 3) END,
+			CASE WHEN g % 3 = 0 AND g % 2 = 0 THEN 'agent-' || g % 4 END
 		FROM generate_series(1, $1) g`, n); err != nil {
 		t.Fatal(err)
 	}
@@ -122,6 +123,10 @@ func randomFilter(rnd *rand.Rand, st *store.Store, pks []int64) registry.NodeFil
 	if rnd.IntN(5) == 0 {
 		v := fmt.Sprintf("ib-%d", rnd.IntN(4))
 		f.Fabric = &v
+	}
+	if rnd.IntN(5) == 0 {
+		v := fmt.Sprintf("agent-%d", rnd.IntN(5))
+		f.Owner = &v
 	}
 	if rnd.IntN(5) == 0 {
 		text := []string{"team=t1", "team!=t1", "team in (t0,t2)", "team notin (t3)", "rack", "!rack", "team=t2,rack!=r0"}[rnd.IntN(7)]

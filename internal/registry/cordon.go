@@ -92,7 +92,7 @@ func checkPKs(fe *FieldErrors, pks []int64) {
 func (f *NodeFilter) empty() bool {
 	return f.Free == nil && f.CurrentJob == nil && f.HardwareGeneration == nil && f.MinGPUMem == nil &&
 		f.MinCPUMem == nil && f.IP == nil && f.Index == nil && f.SeenWithin == nil && f.Source == nil &&
-		f.PK == nil && len(f.State) == 0 && f.Fabric == nil && len(f.Selector) == 0
+		f.PK == nil && len(f.State) == 0 && f.Fabric == nil && f.Owner == nil && len(f.Selector) == 0
 }
 
 // Cordoned is n cordoned for reason, and whether that changes it. A job

@@ -182,3 +182,27 @@ func TestStateFilter(t *testing.T) {
 		}
 	}
 }
+
+func TestFilterOwner(t *testing.T) {
+	a, b := "agent-a", "agent-b"
+	f := NodeFilter{Owner: &a}
+	if err := f.Normalize(); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	for _, tc := range []struct {
+		owner *string
+		want  bool
+	}{{&a, true}, {&b, false}, {nil, false}} {
+		if got := f.Match(Node{Owner: tc.owner}, now); got != tc.want {
+			t.Errorf("owner %v: match %v, want %v", tc.owner, got, tc.want)
+		}
+	}
+	if (&Cordon{Filter: &NodeFilter{Owner: &a}, Reason: "r"}).Normalize() != nil {
+		t.Error("a cordon by owner alone is refused as an empty filter")
+	}
+	empty := ""
+	if FieldsOf((&NodeFilter{Owner: &empty}).Normalize()) == nil {
+		t.Error("an empty owner is accepted")
+	}
+}

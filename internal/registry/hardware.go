@@ -106,6 +106,8 @@ type NodeFilter struct {
 	Source             *string
 	// Fabric selects the nodes of one fabric.
 	Fabric *string
+	// Owner selects the nodes one principal registered (their owner).
+	Owner *string
 	// Selector selects nodes by their labels; nil or empty does not
 	// filter. Readers parse it from text with ParseSelector.
 	Selector Selector
@@ -133,6 +135,14 @@ func (f *NodeFilter) Normalize() error {
 	}
 	if f.HardwareGeneration != nil && *f.HardwareGeneration <= 0 {
 		fe.Add("hardware_generation", "must be the pk of a hardware generation (a positive integer)")
+	}
+	if f.Owner != nil {
+		switch msg := CheckLabel(*f.Owner, MaxPrincipalLen); {
+		case *f.Owner == "":
+			fe.Add("owner", "must be a principal's name (a token's sub), not empty")
+		case msg != "":
+			fe.Add("owner", "%s", msg)
+		}
 	}
 	if f.IP != nil {
 		ip, err := CanonicalIP(*f.IP)
@@ -205,6 +215,7 @@ func (f *NodeFilter) Match(n Node, now time.Time) bool {
 		(f.Source == nil || n.Source == *f.Source) &&
 		(f.PK == nil || n.PK == *f.PK) &&
 		(f.Fabric == nil || n.Fabric != nil && *n.Fabric == *f.Fabric) &&
+		(f.Owner == nil || n.Owner != nil && *n.Owner == *f.Owner) &&
 		f.Selector.Matches(n.Labels) &&
 		(len(f.State) == 0 || slices.Contains(f.State, n.State))
 }

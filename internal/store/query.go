@@ -76,6 +76,9 @@ func (q *query) where(f registry.NodeFilter) {
 	if f.PK != nil {
 		q.add("pk = " + q.arg(*f.PK))
 	}
+	if f.Owner != nil {
+		q.add("owner = " + q.arg(*f.Owner))
+	}
 	if f.Fabric != nil {
 		q.add("fabric = " + q.arg(*f.Fabric))
 	}

@@ -529,6 +529,11 @@ type FabricListFilter struct {
 	// MinGPUMem Only nodes with at least this much GPU memory (bytes); excludes nodes without a GPU.
 	MinGPUMem *int64 `json:"min_gpu_mem,omitempty"`
 
+	// Owner Only nodes whose `owner` is this principal (the agent that registered them).
+	//
+	// Example: agent-gpu-17
+	Owner *OwnerFilter `json:"owner,omitempty"`
+
 	// SeenWithin Only nodes seen within this many seconds (at most 100 years).
 	SeenWithin *int64 `json:"seen_within,omitempty"`
 
@@ -851,6 +856,11 @@ type NodeClaim struct {
 	// Example: [42,43,44,45]
 	Nodes *[]int64 `json:"nodes,omitempty"`
 
+	// Owner Only nodes whose `owner` is this principal (the agent that registered them).
+	//
+	// Example: agent-gpu-17
+	Owner *OwnerFilter `json:"owner,omitempty"`
+
 	// PerHost Take the nodes in whole groups of this many, one group per host, from `count / per_host` hosts (`count` must be a multiple: 400 otherwise). Placement is best fit: the hosts with the fewest free matching nodes first, so that emptier hosts stay whole for bigger groups. Not with `same_host` (which is `per_host` = `count` on one host) or `nodes`. 409 `not_enough_hosts` when too few hosts have a group free.
 	//
 	// Example: 8
@@ -916,6 +926,11 @@ type NodeCordon struct {
 	//
 	// Example: [42,43]
 	Nodes *[]int64 `json:"nodes,omitempty"`
+
+	// Owner Only nodes whose `owner` is this principal (the agent that registered them).
+	//
+	// Example: agent-gpu-17
+	Owner *OwnerFilter `json:"owner,omitempty"`
 
 	// Reason Why the nodes are cordoned (shown as `cordon_reason`): 1 to 200 characters, no control characters, no leading or trailing whitespace.
 	//
@@ -1060,6 +1075,11 @@ type NodeFilter struct {
 
 	// MinGPUMem Only nodes with at least this much GPU memory (bytes); excludes nodes without a GPU.
 	MinGPUMem *int64 `json:"min_gpu_mem,omitempty"`
+
+	// Owner Only nodes whose `owner` is this principal (the agent that registered them).
+	//
+	// Example: agent-gpu-17
+	Owner *OwnerFilter `json:"owner,omitempty"`
 
 	// SeenWithin Only nodes seen within this many seconds (at most 100 years).
 	SeenWithin *int64 `json:"seen_within,omitempty"`
@@ -1403,6 +1423,11 @@ type NotReleased struct {
 	Reason string `json:"reason"`
 }
 
+// OwnerFilter Only nodes whose `owner` is this principal (the agent that registered them).
+//
+// Example: agent-gpu-17
+type OwnerFilter = string
+
 // Ping Example: {"status":"ok","time":"2025-01-02T03:04:05.123456789Z"}
 type Ping struct {
 	Status PingStatus `json:"status"`
@@ -1629,6 +1654,11 @@ type WatchIndex = int32
 
 // WatchNode defines model for WatchNode.
 type WatchNode = int64
+
+// WatchOwner Only nodes whose `owner` is this principal (the agent that registered them).
+//
+// Example: agent-gpu-17
+type WatchOwner = OwnerFilter
 
 // WatchSelector Only nodes whose labels match this Kubernetes label selector: requirements separated by commas, all of which must hold: `k=v` (or `k==v`), `k!=v`, `k in (a,b)`, `k notin (a,b)`, `k` (the label exists) and `!k` (it does not). A node without the label passes `!=` and `notin`. A selector that does not parse is a 400 that names `selector` and the position (1-based) at fault.
 //
@@ -1864,6 +1894,9 @@ type WatchNodesParams struct {
 	// Fabric Only events whose node is in this fabric.
 	Fabric *WatchFabric `form:"fabric,omitempty" json:"fabric,omitempty"`
 
+	// Owner Only events whose node is owned by this principal.
+	Owner *WatchOwner `form:"owner,omitempty" json:"owner,omitempty"`
+
 	// Selector Only events whose node's labels match this label selector (see `SelectorFilter`; URL-encode it). A change of a node's labels that takes it out of the selector is not sent to that watch.
 	Selector *WatchSelector `form:"selector,omitempty" json:"selector,omitempty"`
 
@@ -1899,6 +1932,9 @@ type HeadWatchNodesParams struct {
 
 	// Fabric Only events whose node is in this fabric.
 	Fabric *WatchFabric `form:"fabric,omitempty" json:"fabric,omitempty"`
+
+	// Owner Only events whose node is owned by this principal.
+	Owner *WatchOwner `form:"owner,omitempty" json:"owner,omitempty"`
 
 	// Selector Only events whose node's labels match this label selector (see `SelectorFilter`; URL-encode it). A change of a node's labels that takes it out of the selector is not sent to that watch.
 	Selector *WatchSelector `form:"selector,omitempty" json:"selector,omitempty"`
@@ -5345,6 +5381,18 @@ func NewWatchNodesRequest(server string, params *WatchNodesParams) (*http.Reques
 
 		}
 
+		if params.Owner != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "owner", *params.Owner, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
 		if params.Selector != nil {
 
 			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "selector", *params.Selector, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
@@ -5512,6 +5560,18 @@ func NewHeadWatchNodesRequest(server string, params *HeadWatchNodesParams) (*htt
 		if params.Fabric != nil {
 
 			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "fabric", *params.Fabric, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Owner != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "owner", *params.Owner, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			} else {
 				for _, qp := range strings.Split(queryFrag, "&") {
