@@ -12,14 +12,24 @@ import (
 	"github.com/registryd/registryd/internal/store"
 )
 
-// The next releases' migrations, as tests of upgrades write them: an
-// expand step that lets the release before it serve, and one that does
-// not say so.
-func nextRelease(t *testing.T, latest int64) (expand, breaking string) {
+// thisRelease is a database at this release's schema, a store of this
+// release on it, and the release's newest migration.
+func thisRelease(t *testing.T) (url string, st *store.Store, latest int64) {
 	t.Helper()
-	expand = fmt.Sprintf("%05d_probe_expand.sql", latest+1)
-	breaking = fmt.Sprintf("%05d_probe_breaking.sql", latest+2)
-	return expand, breaking
+	url = pgtest.New(t)
+	st = pgtest.Open(t, url, store.Options{})
+	latest, err := st.LatestVersion()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return url, st, latest
+}
+
+// nextRelease names the next releases' migrations, as tests of upgrades
+// write them: an expand step that lets the release before it serve, and
+// one that does not say so.
+func nextRelease(latest int64) (expand, breaking string) {
+	return fmt.Sprintf("%05d_probe_expand.sql", latest+1), fmt.Sprintf("%05d_probe_breaking.sql", latest+2)
 }
 
 const expandSQL = `-- +goose Up
@@ -44,13 +54,8 @@ ALTER TABLE nodes DROP COLUMN probe_required;
 func TestSchemaCompatibility(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := pgtest.New(t)
-	old := pgtest.Open(t, url, store.Options{})
-	latest, err := old.LatestVersion()
-	if err != nil {
-		t.Fatal(err)
-	}
-	expand, breaking := nextRelease(t, latest)
+	url, old, latest := thisRelease(t)
+	expand, breaking := nextRelease(latest)
 	next := pgtest.Open(t, url, store.Options{Migrations: pgtest.MigrationsWith(t, map[string]string{
 		expand: fmt.Sprintf(expandSQL, latest)})})
 	after := pgtest.Open(t, url, store.Options{Migrations: pgtest.MigrationsWith(t, map[string]string{
@@ -121,12 +126,7 @@ func TestSchemaCompatibility(t *testing.T) {
 // A compatibility line that names no older migration is an error.
 func TestSchemaCompatibilityDirective(t *testing.T) {
 	t.Parallel()
-	url := pgtest.New(t)
-	probe := pgtest.Open(t, url, store.Options{})
-	latest, err := probe.LatestVersion()
-	if err != nil {
-		t.Fatal(err)
-	}
+	url, _, latest := thisRelease(t)
 	for _, from := range []string{"0", "x", fmt.Sprint(latest + 2), "1\n-- registryd:breaking"} {
 		st := pgtest.Open(t, url, store.Options{Migrations: pgtest.MigrationsWith(t, map[string]string{
 			fmt.Sprintf("%05d_bad.sql", latest+1): "-- +goose Up\n-- registryd:compatible-from " + from + "\nSELECT 1;\n-- +goose Down\nSELECT 1;\n"})})
@@ -161,13 +161,8 @@ func TestMigrationsDeclareCompatibility(t *testing.T) {
 func TestSchemaCompatibilityWhileMigrating(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := pgtest.New(t)
-	old := pgtest.Open(t, url, store.Options{})
-	latest, err := old.LatestVersion()
-	if err != nil {
-		t.Fatal(err)
-	}
-	expand, _ := nextRelease(t, latest)
+	url, old, latest := thisRelease(t)
+	expand, _ := nextRelease(latest)
 	next := pgtest.MigrationsWith(t, map[string]string{expand: fmt.Sprintf(expandSQL, latest)})
 	done := make(chan struct{})
 	checks, refused := 0, 0
