@@ -698,3 +698,75 @@ func TestFilterByOwner(t *testing.T) {
 	}
 	b.must(http.StatusBadRequest, b.do("GET", "/v1/nodes/watch?owner=", nil))
 }
+
+// ip selects a host or, as a CIDR prefix, a range of hosts, in every node
+// filter: list, claim, cordon, fabric capacity and the watch. A prefix
+// with bits right of its mask is a 400 that names the prefix meant.
+func TestFilterByAddressRange(t *testing.T) {
+	b := setup(t)
+	pks := map[string]int64{}
+	for _, ip := range []string{"10.0.0.1", "10.0.1.1", "10.0.1.2", "10.0.2.1", "2001:db8::1", "2001:db9::1"} {
+		pks[ip] = b.createNode(map[string]any{"ip": ip})
+	}
+	list := func(ip string) []string {
+		t.Helper()
+		var ns []struct{ IP string }
+		b.must(http.StatusOK, b.do("POST", "/v1/nodes/list", map[string]any{"ip": ip})).json(t, &ns)
+		var got []string
+		for _, n := range ns {
+			got = append(got, n.IP)
+		}
+		return got
+	}
+	for ip, want := range map[string][]string{
+		"10.0.1.0/24":         {"10.0.1.1", "10.0.1.2"},
+		"10.0.0.0/23":         {"10.0.0.1", "10.0.1.1", "10.0.1.2"},
+		"10.0.1.2/32":         {"10.0.1.2"},
+		"::ffff:10.0.2.0/120": {"10.0.2.1"},
+		"2001:DB8::/32":       {"2001:db8::1"},
+		"2001:db8::/31":       {"2001:db8::1", "2001:db9::1"},
+		"10.9.0.0/16":         nil,
+	} {
+		if got := list(ip); !slices.Equal(got, want) {
+			t.Errorf("ip %s: %v, want %v", ip, got, want)
+		}
+	}
+	for _, bad := range []string{"10.0.1.1/24", "10.0.0.0/33", "10.0.0.0/", "fe80::1%eth0/128"} {
+		r := b.must(http.StatusBadRequest, b.do("POST", "/v1/nodes/list", map[string]any{"ip": bad}))
+		if got := r.problemFields(t); !slices.Equal(got, []string{"ip"}) {
+			t.Errorf("ip %q: fields %v", bad, got)
+		}
+	}
+	if r := b.do("POST", "/v1/nodes/list", map[string]any{"ip": "10.0.1.1/24"}); !strings.Contains(string(r.body), "10.0.1.0/24") {
+		t.Errorf("a prefix with host bits: the answer does not name the prefix meant: %s", r.body)
+	}
+
+	var caps []struct{ Hosts int }
+	b.must(http.StatusOK, b.do("POST", "/v1/fabrics/list", map[string]any{"ip": "10.0.0.0/16"})).json(t, &caps)
+	if len(caps) != 1 || caps[0].Hosts != 4 {
+		t.Errorf("capacity of 10.0.0.0/16: %+v", caps)
+	}
+	w := watchStream(t, b.url, "?ip=10.0.1.0/24", b.token)
+	b.must(http.StatusOK, b.do("POST", "/v1/nodes/cordon", map[string]any{"ip": "10.0.2.0/24", "reason": "rack 2"}))
+	b.must(http.StatusOK, b.do("POST", "/v1/nodes/cordon", map[string]any{"ip": "10.0.1.0/24", "reason": "rack 1"}))
+	for range 2 {
+		if e := w.next(); e.nodePK() != pks["10.0.1.1"] && e.nodePK() != pks["10.0.1.2"] {
+			t.Errorf("watch of 10.0.1.0/24 saw node %d", e.nodePK())
+		}
+	}
+	var cordoned []struct{ IP string }
+	b.must(http.StatusOK, b.do("POST", "/v1/nodes/list", map[string]any{"state": "cordoned"})).json(t, &cordoned)
+	if len(cordoned) != 3 {
+		t.Errorf("cordoned by range: %+v", cordoned)
+	}
+	b.must(http.StatusOK, b.do("POST", "/v1/nodes/uncordon", map[string]any{"nodes": []int64{pks["10.0.1.1"], pks["10.0.1.2"]}}))
+	var got struct{ Nodes []struct{ IP string } }
+	b.must(http.StatusOK, b.do("POST", "/v1/nodes/claim", map[string]any{"job": 5, "count": 2, "ip": "10.0.1.0/24"})).json(t, &got)
+	if len(got.Nodes) != 2 || got.Nodes[0].IP != "10.0.1.1" || got.Nodes[1].IP != "10.0.1.2" {
+		t.Errorf("claim in 10.0.1.0/24: %+v", got)
+	}
+	b.must(http.StatusConflict, b.do("POST", "/v1/nodes/claim", map[string]any{"job": 6, "count": 1, "ip": "10.0.1.0/24"}))
+	if s := watchStream(t, b.url, "?ip=10.0.1.1/24", b.token); s.status != http.StatusBadRequest {
+		t.Errorf("watch with a prefix with host bits: status %d", s.status)
+	}
+}

@@ -2,7 +2,6 @@ package nodecache
 
 import (
 	"context"
-	"net/netip"
 	"slices"
 	"time"
 
@@ -235,19 +234,6 @@ func onlyFree(f registry.NodeFilter) bool {
 	return f.Free != nil && *f.Free || len(f.State) > 0 && !slices.ContainsFunc(f.State, func(s registry.State) bool { return s != registry.StateFree })
 }
 
-// sameAddr compares two addresses as PostgreSQL compares inet values: a
-// filter's address is in Go's canonical text, a node's in PostgreSQL's
-// (host()), and the two spell some addresses differently (::1.2.3.4 is
-// ::102:304 to Go).
-func sameAddr(a, b string) bool {
-	if a == b {
-		return true
-	}
-	x, errX := netip.ParseAddr(a)
-	y, errY := netip.ParseAddr(b)
-	return errX == nil && errY == nil && x == y
-}
-
 // matches is the store's WHERE clause for f (store.query.where) in Go, for
 // a cached node, whose State is current (the feed's documents carry it).
 func matches(f registry.NodeFilter, n *registry.Node) bool {
@@ -268,7 +254,7 @@ func matches(f registry.NodeFilter, n *registry.Node) bool {
 		return false
 	case f.MinCPUMem != nil && n.CPUMem < *f.MinCPUMem:
 		return false
-	case f.IP != nil && !sameAddr(*f.IP, n.IP):
+	case f.IP != nil && !registry.IPMatches(*f.IP, n.IP):
 		return false
 	case f.Index != nil && *f.Index != n.Index:
 		return false

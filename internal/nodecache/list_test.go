@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net/netip"
 	"slices"
 	"sync"
 	"testing"
@@ -107,8 +108,14 @@ func randomFilter(rnd *rand.Rand, st *store.Store, pks []int64) registry.NodeFil
 	}
 	if rnd.IntN(8) == 0 {
 		v := fmt.Sprintf("10.2.0.%d", rnd.IntN(40))
-		if rnd.IntN(2) == 0 {
+		switch rnd.IntN(4) {
+		case 0:
 			v = fmt.Sprintf("2001:DB8:0::%x", 10*rnd.IntN(30)) // not canonical: Normalize makes it so
+		case 1: // a range of hosts
+			bits := 24 + rnd.IntN(9)
+			v = netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 2, 0, byte(rnd.IntN(40))}), bits).Masked().String()
+		case 2:
+			v = netip.PrefixFrom(netip.MustParseAddr(fmt.Sprintf("2001:db8::%x", 10*rnd.IntN(30))), 116+rnd.IntN(13)).Masked().String()
 		}
 		f.IP = &v
 	}
@@ -159,7 +166,7 @@ func TestListMatchesStore(t *testing.T) {
 	ctx := context.Background()
 	rnd := rand.New(rand.NewPCG(1, 2))
 	nonEmpty := 0
-	for i := range 700 {
+	for i := range 800 {
 		f := randomFilter(rnd, a.store, pks)
 		want, err := a.store.ListNodes(ctx, f)
 		if err != nil {

@@ -145,7 +145,7 @@ func (f *NodeFilter) Normalize() error {
 		}
 	}
 	if f.IP != nil {
-		ip, err := CanonicalIP(*f.IP)
+		ip, err := CanonicalIPFilter(*f.IP)
 		if err != nil {
 			fe.Add("ip", "%s", err.Error())
 		} else {
@@ -209,7 +209,7 @@ func (f *NodeFilter) Match(n Node, now time.Time) bool {
 		(f.HardwareGeneration == nil || n.HardwareGeneration != nil && *n.HardwareGeneration == *f.HardwareGeneration) &&
 		(f.MinGPUMem == nil || n.GPUMem != nil && *n.GPUMem >= *f.MinGPUMem) &&
 		(f.MinCPUMem == nil || n.CPUMem >= *f.MinCPUMem) &&
-		(f.IP == nil || n.IP == *f.IP) &&
+		(f.IP == nil || IPMatches(*f.IP, n.IP)) &&
 		(f.Index == nil || n.Index == *f.Index) &&
 		(f.SeenWithin == nil || n.LastSeen != nil && !n.LastSeen.Before(now.Add(-*f.SeenWithin))) &&
 		(f.Source == nil || n.Source == *f.Source) &&

@@ -192,7 +192,7 @@ func (h hostClass) nodes(q *query) {
 func (q *query) hostWhere(t string, f registry.NodeFilter, tried []string) {
 	q.add(t + ".ip <> ALL(" + q.arg(tried) + "::inet[])")
 	if f.IP != nil {
-		q.add(t + ".ip = " + q.arg(*f.IP) + "::inet")
+		q.ipWhere(t+".ip", *f.IP)
 	}
 	q.classWhere(t, f)
 }

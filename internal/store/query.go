@@ -36,6 +36,19 @@ func (q *query) arg(v any) string {
 
 func (q *query) add(cond string) { q.conds = append(q.conds, cond) }
 
+// ipWhere selects the addresses in column that a normalized ip filter
+// selects: equal to an address, or between a prefix's first and last
+// address (nodes hold host addresses, ordered by value within a family),
+// which the btree indexes on ip answer as a range.
+func (q *query) ipWhere(column, filter string) {
+	first, last, err := registry.IPRange(filter)
+	if err != nil || first == last {
+		q.add(column + " = " + q.arg(filter) + "::inet")
+		return
+	}
+	q.add(column + " BETWEEN " + q.arg(first.String()) + "::inet AND " + q.arg(last.String()) + "::inet")
+}
+
 func (q *query) cond() string { return strings.Join(q.conds, " AND ") }
 
 func (q *query) where(f registry.NodeFilter) {
@@ -68,7 +81,7 @@ func (q *query) where(f registry.NodeFilter) {
 		q.add("cpu_mem >= " + q.arg(*f.MinCPUMem))
 	}
 	if f.IP != nil {
-		q.add("ip = " + q.arg(*f.IP) + "::inet")
+		q.ipWhere("ip", *f.IP)
 	}
 	if f.Index != nil {
 		q.add("gpu_index = " + q.arg(*f.Index))

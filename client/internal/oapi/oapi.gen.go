@@ -520,7 +520,9 @@ type FabricListFilter struct {
 	// Index Only nodes with this GPU index.
 	Index *int32 `json:"index,omitempty"`
 
-	// IP Only nodes of this host (IPv4 or IPv6 address, compared in canonical form).
+	// IP Only nodes of this host, or of the hosts in this address range: an IPv4 or IPv6 address (compared as a value: `2001:DB8::1` is `2001:db8::1`) or a CIDR prefix such as `10.0.0.0/24` or `fd00::/64`. A prefix with bits set right of its mask (`10.0.0.5/24`) is a 400, as is an address no host can have.
+	//
+	// Example: 10.0.0.0/24
 	IP *string `json:"ip,omitempty"`
 
 	// MinCPUMem Only nodes with at least this much CPU memory (bytes).
@@ -832,7 +834,9 @@ type NodeClaim struct {
 	// Index Only nodes with this GPU index.
 	Index *int32 `json:"index,omitempty"`
 
-	// IP Only nodes of this host (IPv4 or IPv6 address, compared in canonical form).
+	// IP Only nodes of this host, or of the hosts in this address range: an IPv4 or IPv6 address (compared as a value: `2001:DB8::1` is `2001:db8::1`) or a CIDR prefix such as `10.0.0.0/24` or `fd00::/64`. A prefix with bits set right of its mask (`10.0.0.5/24`) is a 400, as is an address no host can have.
+	//
+	// Example: 10.0.0.0/24
 	IP *string `json:"ip,omitempty"`
 
 	// Job The job that takes the nodes (its pk); becomes their `current_job`.
@@ -913,7 +917,9 @@ type NodeCordon struct {
 	// Index Only nodes with this GPU index.
 	Index *int32 `json:"index,omitempty"`
 
-	// IP Only nodes of this host (IPv4 or IPv6 address, compared in canonical form).
+	// IP Only nodes of this host, or of the hosts in this address range: an IPv4 or IPv6 address (compared as a value: `2001:DB8::1` is `2001:db8::1`) or a CIDR prefix such as `10.0.0.0/24` or `fd00::/64`. A prefix with bits set right of its mask (`10.0.0.5/24`) is a 400, as is an address no host can have.
+	//
+	// Example: 10.0.0.0/24
 	IP *string `json:"ip,omitempty"`
 
 	// MinCPUMem Only nodes with at least this much CPU memory (bytes).
@@ -1064,7 +1070,9 @@ type NodeFilter struct {
 	// Index Only nodes with this GPU index.
 	Index *int32 `json:"index,omitempty"`
 
-	// IP Only nodes of this host (IPv4 or IPv6 address, compared in canonical form).
+	// IP Only nodes of this host, or of the hosts in this address range: an IPv4 or IPv6 address (compared as a value: `2001:DB8::1` is `2001:db8::1`) or a CIDR prefix such as `10.0.0.0/24` or `fd00::/64`. A prefix with bits set right of its mask (`10.0.0.5/24`) is a 400, as is an address no host can have.
+	//
+	// Example: 10.0.0.0/24
 	IP *string `json:"ip,omitempty"`
 
 	// Limit At most this many nodes; without it, every matching node.
@@ -1885,7 +1893,7 @@ type WatchNodesParams struct {
 	// Source Only events whose node has exactly this `source`. Anything else is a 400.
 	Source *WatchSource `form:"source,omitempty" json:"source,omitempty"`
 
-	// IP Only events whose node has this `ip`, an IPv4 or IPv6 address (such as 10.0.0.7) compared in canonical form (`2001:DB8::1` matches `2001:db8::1`). An invalid address is a 400.
+	// IP Only events whose node has this `ip`, an IPv4 or IPv6 address (such as 10.0.0.7) compared as a value (`2001:DB8::1` matches `2001:db8::1`), or whose `ip` is in this CIDR prefix (such as `10.0.0.0/24`). An invalid address or prefix is a 400.
 	IP *WatchIP `form:"ip,omitempty" json:"ip,omitempty"`
 
 	// State Only events whose node is, after the change, in one of these states: one `NodeState`, or several separated by commas (`cordoned,draining`). Any other value is a 400. A change that takes a node out of these states (a claim of a free node, for `state=free`) is not sent to that watch.
@@ -1924,7 +1932,7 @@ type HeadWatchNodesParams struct {
 	// Source Only events whose node has exactly this `source`. Anything else is a 400.
 	Source *WatchSource `form:"source,omitempty" json:"source,omitempty"`
 
-	// IP Only events whose node has this `ip`, an IPv4 or IPv6 address (such as 10.0.0.7) compared in canonical form (`2001:DB8::1` matches `2001:db8::1`). An invalid address is a 400.
+	// IP Only events whose node has this `ip`, an IPv4 or IPv6 address (such as 10.0.0.7) compared as a value (`2001:DB8::1` matches `2001:db8::1`), or whose `ip` is in this CIDR prefix (such as `10.0.0.0/24`). An invalid address or prefix is a 400.
 	IP *WatchIP `form:"ip,omitempty" json:"ip,omitempty"`
 
 	// State Only events whose node is, after the change, in one of these states: one `NodeState`, or several separated by commas (`cordoned,draining`). Any other value is a 400. A change that takes a node out of these states (a claim of a free node, for `state=free`) is not sent to that watch.
