@@ -7,6 +7,8 @@
 //	registryd sync --once              one import pass of every provider
 //	registryd agent                    the GPU host agent
 //	registryd healthcheck              probe a running server (containers)
+//	registryd nodes list|get|cordon|…  the admins' CLI (also audit, fabrics,
+//	                                   hardware, config, completion)
 //	registryd version                  the version and VCS revision
 //
 // Configuration comes from REGISTRY_* environment variables (the table in
@@ -45,13 +47,17 @@ var environ = os.Environ
 var errUsage = errors.New("usage")
 
 // exitCode is the process's exit status for run's error: 0, 2 for a usage
-// error (as flag and most Unix tools do), 1 for any other failure.
+// error (as flag and most Unix tools do), the status an *exitError
+// carries (the CLI's 3 and 4), 1 for any other failure.
 func exitCode(err error) int {
+	var ee *exitError
 	switch {
 	case err == nil:
 		return 0
 	case errors.Is(err, errUsage):
 		return 2
+	case errors.As(err, &ee):
+		return ee.code
 	}
 	return 1
 }
@@ -101,6 +107,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		// Runs in the server's container, next to settings it has no need
 		// to check (it only asks the server over HTTP).
 		return healthcheckCmd(ctx, rest, getenv, stdout, stderr)
+	}
+	if cli, ok := cliRunners[c.name]; ok {
+		// The admins' CLI runs on admins' machines: it reads its own
+		// settings (server, token, contexts), none of the server's.
+		return runCLI(ctx, c, cli, rest, getenv, stdout, stderr)
 	}
 	cfg, err := loadCommandConfig(c.reads, getenv)
 	if err != nil {

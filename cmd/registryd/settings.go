@@ -18,6 +18,7 @@ const (
 	cmdSync
 	cmdAgent
 	cmdHealthcheck // registryd healthcheck
+	cmdCLI         // the admins' CLI: nodes, audit, fabrics, hardware, config
 
 	// cmdDB are the commands that open the database.
 	cmdDB = cmdServe | cmdMigrate | cmdRevoke | cmdSync
@@ -154,12 +155,14 @@ var settings = []setting{
 		Meaning: "nodes kept in memory for reads by pk, Node-Id checks and (holding the whole fleet) list pages; 0 turns the cache off (0..10000000)"},
 	{Name: "REGISTRY_CORS_ORIGINS", Default: "(unset: CORS off)", Cmds: cmdServe,
 		Meaning: "origins whose browser pages may call the API, comma-separated; * for any"},
-	{Name: "REGISTRY_SERVER", Cmds: cmdAgent,
-		Meaning: "the registry's base URL (required), e.g. https://registry.example.com"},
-	{Name: "REGISTRY_TOKEN", Cmds: cmdAgent, Secret: true,
-		Meaning: "an agent token: registryd token --sub NAME --role agent --ip ADDR"},
-	{Name: "REGISTRY_TOKEN_FILE", Cmds: cmdAgent,
+	{Name: "REGISTRY_SERVER", Cmds: cmdAgent | cmdCLI,
+		Meaning: "the registry's base URL (required), e.g. https://registry.example.com; the CLI's overrides its context's"},
+	{Name: "REGISTRY_TOKEN", Cmds: cmdAgent | cmdCLI, Secret: true,
+		Meaning: "the bearer token: the agent's (registryd token --sub NAME --role agent --ip ADDR), or an admin's or reader's for the CLI"},
+	{Name: "REGISTRY_TOKEN_FILE", Cmds: cmdAgent | cmdCLI,
 		Meaning: "or a file holding it, read for every request (not both)"},
+	{Name: "REGISTRY_CONFIG", Default: "(unset: $XDG_CONFIG_HOME/registryd/config.yaml or ~/.config/registryd/config.yaml)", Cmds: cmdCLI,
+		Meaning: "the CLI's contexts file (server, token or token file, CA file per context); registryd config writes it, mode 0600"},
 	{Name: "REGISTRY_AGENT_IP", Default: "the local address of the route to REGISTRY_SERVER's host", Cmds: cmdAgent,
 		Meaning: "this host's address in the registry"},
 	{Name: "REGISTRY_AGENT_INSECURE_HTTP", Default: "false", value: "false", Cmds: cmdAgent,

@@ -1,0 +1,396 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/registryd/registryd/client"
+)
+
+// viewOptions are how nodes are shown: -o, --no-headers, --sort-by.
+type viewOptions struct {
+	output    string
+	noHeaders bool
+	sortBy    string
+}
+
+// sortKeys are --sort-by's keys; each sorts ascending, then by pk.
+var sortKeys = map[string]func(a, b client.Node) int{
+	"pk":   func(a, b client.Node) int { return 0 },
+	"host": compareHost,
+	"ip":   compareHost,
+	"name": compareHost,
+	"state": func(a, b client.Node) int {
+		return cmp.Compare(slices.Index(nodeStates, a.State), slices.Index(nodeStates, b.State))
+	},
+	"seen": func(a, b client.Node) int { return compareTimes(a.LastSeen, b.LastSeen) },
+	"age":  func(a, b client.Node) int { return compareTimes(&b.CreatedAt, &a.CreatedAt) },
+	"job":  func(a, b client.Node) int { return compareInts(a.CurrentJob, b.CurrentJob) },
+	"fabric": func(a, b client.Node) int {
+		return cmp.Compare(dash(a.Fabric), dash(b.Fabric))
+	},
+	"gpu-mem": func(a, b client.Node) int { return compareInts(a.GPUMem, b.GPUMem) },
+}
+
+// sortKeyNames lists sortKeys for help and errors.
+const sortKeyNames = "pk, host (or ip, name), state, seen, age, job, fabric, gpu-mem"
+
+func compareHost(a, b client.Node) int {
+	x, _ := netip.ParseAddr(a.IP)
+	y, _ := netip.ParseAddr(b.IP)
+	return cmp.Or(x.Compare(y), cmp.Compare(a.Index, b.Index))
+}
+
+// compareTimes orders nil (never) first.
+func compareTimes(a, b *time.Time) int { return compareNil(a, b, time.Time.Compare) }
+
+// compareInts orders nil first.
+func compareInts(a, b *int64) int { return compareNil(a, b, cmp.Compare[int64]) }
+
+// compareNil orders nil first, then by compare.
+func compareNil[T any](a, b *T, compare func(T, T) int) int {
+	switch {
+	case a == nil && b == nil:
+		return 0
+	case a == nil:
+		return -1
+	case b == nil:
+		return 1
+	}
+	return compare(*a, *b)
+}
+
+func (v *viewOptions) add(fs *flag.FlagSet, sortable bool) {
+	outputFlag(fs, &v.output, outputFormats...)
+	fs.BoolVar(&v.noHeaders, "no-headers", false, "tables without their header line, for scripts")
+	if sortable {
+		fs.StringVar(&v.sortBy, "sort-by", "pk", "sort by `KEY`: "+sortKeyNames)
+	}
+}
+
+func (v *viewOptions) check() error {
+	if err := checkOutput(v.output, outputFormats...); err != nil {
+		return err
+	}
+	if _, ok := sortKeys[v.sortBy]; v.sortBy != "" && !ok {
+		return fmt.Errorf("--sort-by %s: want one of %s", v.sortBy, sortKeyNames)
+	}
+	return nil
+}
+
+// sort orders nodes by --sort-by, then pk.
+func (v *viewOptions) sort(nodes []client.Node) {
+	by := sortKeys[cmp.Or(v.sortBy, "pk")]
+	slices.SortStableFunc(nodes, func(a, b client.Node) int { return cmp.Or(by(a, b), cmp.Compare(a.PK, b.PK)) })
+}
+
+// nodeTable is the table of nodes for -o table or wide.
+func nodeTable(e *cliEnv, wide bool) *table {
+	t := &table{header: []string{"PK", "HOST", "GPU", "MEM", "STATE", "JOB", "FABRIC", "SEEN"}}
+	if wide {
+		t.header = []string{"PK", "HOST", "GPU", "MEM", "MODEL", "HW", "STATE", "JOB", "LEASE", "FABRIC", "OWNER", "SOURCE", "DRIVER", "SEEN", "AGE", "LABELS", "REASON"}
+	}
+	if colourful(e.stdout, e.rawenv) {
+		col := slices.Index(t.header, "STATE")
+		t.paint = func(i int, cell string) string {
+			if i == col {
+				return paintState(cell)
+			}
+			return cell
+		}
+	}
+	return t
+}
+
+// nodeRow is n's row of a table; state overrides its state ("deleted").
+func nodeRow(n client.Node, wide bool, now time.Time, state string) []string {
+	if state == "" {
+		state = string(n.State)
+	}
+	if !wide {
+		return []string{strconv.FormatInt(n.PK, 10), n.IP, strconv.Itoa(int(n.Index)), bytesText(n.GPUMem),
+			state, intDash(n.CurrentJob), dash(n.Fabric), ago(n.LastSeen, now)}
+	}
+	return []string{strconv.FormatInt(n.PK, 10), n.IP, strconv.Itoa(int(n.Index)), bytesText(n.GPUMem),
+		clip(dash(n.GPUModel)), intDash(n.HardwareGeneration), state, intDash(n.CurrentJob),
+		until(n.LeaseExpiresAt, now), dash(n.Fabric), dash(n.Owner), string(n.Source), n.DriverVersion,
+		ago(n.LastSeen, now), ago(&n.CreatedAt, now), clip(labelsText(n.Labels)), clip(dash(n.CordonReason))}
+}
+
+// labelsText is a node's labels as a selector would name them, by key.
+func labelsText(l client.NodeLabels) string {
+	if len(l) == 0 {
+		return "-"
+	}
+	keys := make([]string, 0, len(l))
+	for k := range l {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for i, k := range keys {
+		keys[i] = k + "=" + l[k]
+	}
+	return strings.Join(keys, ",")
+}
+
+// printNodes shows nodes as -o asks: a table, the API's documents (one
+// document when one is asks for one node, else a list), or node/PK lines.
+func printNodes(e *cliEnv, v viewOptions, nodes []client.Node, one bool) error {
+	switch v.output {
+	case outJSON, outYAML:
+		if one && len(nodes) == 1 {
+			return writeDocument(e.stdout, v.output, nodes[0])
+		}
+		if nodes == nil {
+			nodes = []client.Node{}
+		}
+		return writeDocument(e.stdout, v.output, nodes)
+	case outName:
+		for _, n := range nodes {
+			fmt.Fprintf(e.stdout, "node/%d\n", n.PK)
+		}
+		return nil
+	}
+	if len(nodes) == 0 && !v.noHeaders {
+		fmt.Fprintln(e.stderr, "no nodes")
+		return nil
+	}
+	t := nodeTable(e, v.output == outWide)
+	now := time.Now()
+	for _, n := range nodes {
+		t.rows = append(t.rows, nodeRow(n, v.output == outWide, now, ""))
+	}
+	t.write(e.stdout, v.noHeaders)
+	return nil
+}
+
+// listPageSize is how many nodes one list request asks for; the CLI
+// pages through the fleet by pk (after) until a page comes back short.
+const listPageSize = 500
+
+// listAll lists the nodes f selects, page by page, at most limit of them
+// (0: every one), by pk.
+func listAll(ctx context.Context, c *client.Client, f client.NodeFilter, limit int) ([]client.Node, error) {
+	var out []client.Node
+	for {
+		want := listPageSize
+		if limit > 0 {
+			want = min(want, limit-len(out))
+		}
+		f.Limit = &want
+		page, err := c.ListNodes(ctx, f)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, page...)
+		if len(page) < want || (limit > 0 && len(out) >= limit) {
+			return out, nil
+		}
+		f.After = &page[len(page)-1].PK
+	}
+}
+
+// listOptions are nodes list's flags.
+type listOptions struct {
+	filterOptions
+	viewOptions
+	limit int
+	watch bool
+}
+
+func listFlags() (*flag.FlagSet, *listOptions) {
+	o := &listOptions{}
+	fs := newFlagSet("nodes list")
+	o.filterOptions.add(fs, allFilters)
+	o.viewOptions.add(fs, true)
+	fs.IntVar(&o.limit, "limit", 0, "at most `N` nodes, the first by pk (0: every one)")
+	fs.BoolVar(&o.watch, "watch", false, "after the list, print each node again as it changes (until Ctrl-C)")
+	return fs, o
+}
+
+// nodesList is `registryd nodes list`.
+func nodesList(ctx context.Context, e *cliEnv, c command, args []string) error {
+	fs, o := listFlags()
+	if _, err := parseArgs(e, c, fs, args); err != nil {
+		return err
+	}
+	err := errors.Join(o.filterOptions.check(), o.viewOptions.check())
+	if o.limit < 0 {
+		err = errors.Join(err, errors.New("--limit must not be negative"))
+	}
+	if err != nil {
+		return usageError(e.stderr, c, err)
+	}
+	cl, err := e.client(ctx)
+	if err != nil {
+		return err
+	}
+	f, err := o.filter(ctx, cl)
+	if err != nil {
+		return err
+	}
+	if o.watch {
+		return watchNodes(ctx, e, cl, f, o)
+	}
+	nodes, err := listAll(ctx, cl, f, o.limit)
+	if err != nil {
+		return err
+	}
+	o.sort(nodes)
+	return printNodes(e, o.viewOptions, nodes, false)
+}
+
+// errRelist ends a watch whose view must be listed again (a reset).
+var errRelist = errors.New("re-list")
+
+// watchNodes prints the nodes f selects, then each change of one as it
+// arrives, kubectl get --watch style: a node that changes is printed
+// again (a deleted one as state "deleted"), and one that leaves the
+// filter is printed once more as it now is. It runs until ctx ends
+// (Ctrl-C), which is not a failure. The stream is asked for the label
+// selector; the other filters are applied here (matches).
+func watchNodes(ctx context.Context, e *cliEnv, c *client.Client, f client.NodeFilter, o *listOptions) error {
+	var ip *ipMatch
+	if o.ip != "" {
+		m, _ := parseIPMatch(o.ip)
+		ip = &m
+	}
+	wide := o.output == outWide
+	t := nodeTable(e, wide)
+	shown := map[int64]bool{}
+	first := true
+	for {
+		l, err := c.ListNodesWithPosition(ctx, f)
+		if err != nil {
+			return quiet(ctx, err)
+		}
+		o.sort(l.Nodes)
+		clear(shown)
+		for _, n := range l.Nodes {
+			shown[n.PK] = true
+		}
+		switch {
+		case o.output == outTable || wide:
+			now := time.Now()
+			for _, n := range l.Nodes {
+				t.rows = append(t.rows, nodeRow(n, wide, now, ""))
+			}
+			t.write(e.stdout, o.noHeaders || !first)
+		default:
+			if err := printNodes(e, o.viewOptions, l.Nodes, false); err != nil {
+				return err
+			}
+		}
+		first = false
+		opts := client.WatchOptions{After: &l.EventID, Selector: f.Selector}
+		err = c.Watch(ctx, opts, func(ev client.Event) error {
+			switch {
+			case ev.Reset != nil:
+				return errRelist
+			case ev.Node == nil:
+				return nil
+			}
+			n := ev.Node.Node
+			state := ""
+			in := ev.Node.Kind != client.EventDeleted && matches(f, ip, n)
+			switch {
+			case in:
+				shown[n.PK] = true
+			case shown[n.PK]:
+				delete(shown, n.PK)
+				if ev.Node.Kind == client.EventDeleted {
+					state = "deleted"
+				}
+			default:
+				return nil
+			}
+			if o.output == outTable || wide {
+				t.rows = append(t.rows, nodeRow(n, wide, time.Now(), state))
+				t.write(e.stdout, true)
+				return nil
+			}
+			return printNodes(e, o.viewOptions, []client.Node{n}, true)
+		})
+		if !errors.Is(err, errRelist) {
+			return quiet(ctx, err)
+		}
+	}
+}
+
+// quiet is err, or nil once ctx has ended: Ctrl-C ends a watch or a
+// drain's wait, and is not a failure.
+func quiet(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+func getFlags() (*flag.FlagSet, *viewOptions) {
+	o := &viewOptions{}
+	fs := newFlagSet("nodes get")
+	o.add(fs, false)
+	return fs, o
+}
+
+// nodesGet is `registryd nodes get PK…`: the nodes found are printed, and
+// pks that name no node are reported after them (exit 4).
+func nodesGet(ctx context.Context, e *cliEnv, c command, args []string) error {
+	fs, o := getFlags()
+	rest, err := parseArgs(e, c, fs, args)
+	if err != nil {
+		return err
+	}
+	pks, err := parsePKs(rest)
+	switch {
+	case err != nil:
+		return usageError(e.stderr, c, err)
+	case len(pks) == 0:
+		return usageError(e.stderr, c, errors.New("name at least one node pk"))
+	}
+	if err := o.check(); err != nil {
+		return usageError(e.stderr, c, err)
+	}
+	cl, err := e.client(ctx)
+	if err != nil {
+		return err
+	}
+	var nodes []client.Node
+	err = eachNode(pks, func(pk int64) error {
+		n, err := cl.GetNode(ctx, pk)
+		if err == nil {
+			nodes = append(nodes, n)
+		}
+		return err
+	})
+	var missing *exitError
+	if err != nil && !errors.As(err, &missing) {
+		return err
+	}
+	if len(nodes) > 0 {
+		if err := printNodes(e, *o, nodes, len(pks) == 1); err != nil {
+			return err
+		}
+	}
+	return err
+}
+
+// pksText is "5, 6 and 9".
+func pksText(pks []int64) string {
+	s := make([]string, len(pks))
+	for i, pk := range pks {
+		s[i] = strconv.FormatInt(pk, 10)
+	}
+	if len(s) < 2 {
+		return strings.Join(s, "")
+	}
+	return strings.Join(s[:len(s)-1], ", ") + " and " + s[len(s)-1]
+}
