@@ -358,7 +358,8 @@ registryd COMMAND --help shows a command's flags and the environment
 variables it reads; registryd serve --help lists every server setting.
 Without REGISTRY_DATABASE_URL, registryd runs its own PostgreSQL in
 REGISTRY_DATA_DIR (default ./.data). Exit status: 0 done, 1 failed,
-2 usage error (unknown command or flag, missing argument).
+2 usage error (unknown command or flag, missing argument); the admins'
+CLI adds 3 (nodes drain reached its deadline) and 4 (not found).
 `)
 	return b.String()
 }
