@@ -224,7 +224,9 @@ func nodesDrain(ctx context.Context, e *cliEnv, c command, args []string) error 
 		select {
 		case <-wait.Done():
 			if ctx.Err() != nil {
-				return nil // Ctrl-C: the nodes stay cordoned
+				// Ctrl-C: the nodes stay cordoned, and the drain is not
+				// done, which the exit status must not hide.
+				return fmt.Errorf("interrupted: %s", heldText(held, len(set)))
 			}
 			return &exitError{code: exitDeadline, err: fmt.Errorf("deadline %s reached: %s", o.deadline, heldText(held, len(set)))}
 		case <-tick.C:

@@ -314,7 +314,7 @@ func exitStatus(t *testing.T, p *process) int {
 // A drain cordons its nodes and waits: it shows which job still holds
 // them, and exits 0 once that job released them (from elsewhere, while it
 // waited). One whose deadline comes first exits 3, naming the job and its
-// nodes.
+// nodes; one interrupted exits 1, naming them too.
 func TestNodesCLIDrain(t *testing.T) {
 	t.Parallel()
 	f := setupCLI(t)
@@ -352,6 +352,17 @@ func TestNodesCLIDrain(t *testing.T) {
 	r := cli(t, f.env(t), "nodes", "drain", "--ip", "10.0.1.2", "--deadline", "300ms", "--interval", "50ms")
 	if r.code != exitDeadline || !strings.Contains(r.stderr, "deadline 300ms reached: 1 of 1 nodes still held: job 42 holds node 5") {
 		t.Errorf("drain past its deadline: exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+	}
+
+	// Ctrl-C (SIGTERM here) stops the wait, and the exit status says the
+	// drain is not done.
+	p = startProcess(t, f.env(t), "nodes", "drain", "5", "--interval", "50ms")
+	waitFor(t, "the drain's progress", func() bool { return strings.Contains(p.stdout.String(), "1 of 1 nodes still held by job 42\n") })
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := exitStatus(t, p); code != 1 || !strings.Contains(p.stderr.String(), "interrupted: 1 of 1 nodes still held: job 42 holds node 5") {
+		t.Errorf("an interrupted drain: exit %d\n%s", code, p.stderr)
 	}
 }
 
@@ -578,17 +589,26 @@ func TestNodesCLIJobsAndLabels(t *testing.T) {
 	}
 }
 
-// Every CLI command's --help has an example, and the list of commands
-// names each verb.
+// Every CLI command has a runner and a --help with an example, and the
+// list of commands names each verb.
 func TestNodesCLIHelp(t *testing.T) {
 	t.Parallel()
 	out, _, err := runCmd(t, nil, "--help")
 	if err != nil {
 		t.Fatal(err)
 	}
+	for name := range cliRunners {
+		if _, ok := findCommand(name); !ok {
+			t.Errorf("%q runs, but the commands table has no such command", name)
+		}
+	}
 	for _, c := range commands {
-		if _, cli := cliRunners[c.name]; !cli && c.reads != cmdCLI {
+		_, cli := cliRunners[c.name]
+		if !cli && c.reads != cmdCLI {
 			continue
+		}
+		if !cli && !c.group {
+			t.Errorf("%q reads the CLI's settings but is no CLI command", c.name)
 		}
 		help, _, err := runCmd(t, nil, append(strings.Fields(c.name), "--help")...)
 		if err != nil || !strings.Contains(help, "Example") {
