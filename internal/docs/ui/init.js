@@ -33,6 +33,18 @@
 		};
 	}
 
+	// The spec links to its own sections by tag ([conventions](#/conventions)).
+	// Swagger UI opens every Markdown link in a new tab, which would lose
+	// the token given under "Authorize": scroll this page instead.
+	document.addEventListener("click", function (e) {
+		var link = e.target.closest && e.target.closest('#swagger-ui a[href^="#/"]');
+		var tag = link && document.getElementById("operations-tag-" + link.getAttribute("href").slice(2));
+		if (tag) {
+			e.preventDefault();
+			tag.scrollIntoView();
+		}
+	});
+
 	window.ui = SwaggerUIBundle({
 		url: new URL("openapi.yaml", root).href,
 		dom_id: "#swagger-ui",
