@@ -4,8 +4,6 @@ import (
 	"context"
 	"io"
 	"net/http"
-
-	"github.com/registryd/registryd/client/internal/oapi"
 )
 
 // ListAudit returns audit log entries matching f, oldest first: at most
@@ -13,7 +11,7 @@ import (
 func (c *Client) ListAudit(ctx context.Context, f AuditFilter, opts ...CallOption) ([]AuditEntry, error) {
 	cl := newCall(opts)
 	var out []AuditEntry
-	resp, err := c.raw.ListAudit(cl.ctx(ctx), &oapi.ListAuditParams{NodeID: cl.nodeID}, f, cl.editors()...)
+	resp, err := c.raw.ListAudit(cl.ctx(ctx), f, cl.editors()...)
 	_, err = cl.finish(resp, err, &out, http.StatusOK)
 	return out, err
 }
@@ -23,7 +21,7 @@ func (c *Client) ListAudit(ctx context.Context, f AuditFilter, opts ...CallOptio
 func (c *Client) RevokeTokens(ctx context.Context, r RevokeRequest, opts ...CallOption) (Revocation, error) {
 	cl := newCall(opts)
 	var out Revocation
-	resp, err := c.raw.RevokeTokens(cl.ctx(ctx), &oapi.RevokeTokensParams{NodeID: cl.nodeID}, r, cl.editors()...)
+	resp, err := c.raw.RevokeTokens(cl.ctx(ctx), r, cl.editors()...)
 	_, err = cl.finish(resp, err, &out, http.StatusOK)
 	return out, err
 }
@@ -35,7 +33,7 @@ func (c *Client) RevokeTokens(ctx context.Context, r RevokeRequest, opts ...Call
 func (c *Client) RenewToken(ctx context.Context, opts ...CallOption) (RenewedToken, error) {
 	cl := newCall(opts)
 	var out RenewedToken
-	resp, err := c.raw.RenewToken(cl.ctx(ctx), &oapi.RenewTokenParams{NodeID: cl.nodeID}, cl.editors()...)
+	resp, err := c.raw.RenewToken(cl.ctx(ctx), cl.editors()...)
 	_, err = cl.finish(resp, err, &out, http.StatusOK)
 	return out, err
 }

@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/registryd/registryd/client/internal/oapi"
@@ -144,8 +145,9 @@ type call struct {
 }
 
 // AsNode sends Node-Id: pk, so that the call acts on behalf of that node:
-// agents must to change or delete their node, and a call that succeeds
-// with it is the node's heartbeat.
+// agents need it to change or delete their node, and a call that succeeds
+// with it is the node's heartbeat. It goes with any call, whether or not
+// the spec declares Node-Id for it.
 func AsNode(pk int64) CallOption { return func(c *call) { c.nodeID = &pk } }
 
 // IfMatch makes a PUT, PATCH or DELETE conditional on the row's ETag (as
@@ -221,10 +223,16 @@ func newCall(opts []CallOption) *call {
 
 // editors are the request editors of a call's own headers.
 func (cl *call) editors() []oapi.RequestEditorFn {
-	if cl.requestID == "" && cl.idemKey == "" {
+	if cl.requestID == "" && cl.idemKey == "" && cl.nodeID == nil {
 		return nil
 	}
 	return []oapi.RequestEditorFn{func(_ context.Context, req *http.Request) error {
+		// The spec declares Node-Id only where acting as a node means
+		// something; the server takes it on every call, and AsNode sends it
+		// on every call.
+		if cl.nodeID != nil {
+			req.Header.Set("Node-Id", strconv.FormatInt(*cl.nodeID, 10))
+		}
 		if cl.requestID != "" {
 			req.Header.Set("X-Request-Id", cl.requestID)
 		}

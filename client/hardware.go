@@ -12,7 +12,7 @@ import (
 func (c *Client) ListHardware(ctx context.Context, f HardwareFilter, opts ...CallOption) ([]Hardware, error) {
 	cl := newCall(opts)
 	var out []Hardware
-	resp, err := c.raw.ListHardware(cl.ctx(ctx), &oapi.ListHardwareParams{NodeID: cl.nodeID}, f, cl.editors()...)
+	resp, err := c.raw.ListHardware(cl.ctx(ctx), f, cl.editors()...)
 	_, err = cl.finish(resp, err, &out, http.StatusOK)
 	return out, err
 }
@@ -22,7 +22,7 @@ func (c *Client) ListHardware(ctx context.Context, f HardwareFilter, opts ...Cal
 func (c *Client) CreateHardware(ctx context.Context, h HardwareCreate, opts ...CallOption) (Hardware, error) {
 	cl := newCall(opts)
 	var out Hardware
-	resp, err := c.raw.CreateHardware(cl.ctx(ctx), &oapi.CreateHardwareParams{NodeID: cl.nodeID}, h, cl.editors()...)
+	resp, err := c.raw.CreateHardware(cl.ctx(ctx), h, cl.editors()...)
 	_, err = cl.finish(resp, err, &out, http.StatusCreated)
 	return out, err
 }
@@ -35,7 +35,7 @@ func (c *Client) GetHardware(ctx context.Context, pk int64, opts ...CallOption) 
 		return out, err
 	}
 	cl := newCall(opts)
-	resp, err := c.raw.GetHardware(cl.ctx(ctx), pk, &oapi.GetHardwareParams{NodeID: cl.nodeID, IfNoneMatch: cl.ifNoneMatch}, cl.editors()...)
+	resp, err := c.raw.GetHardware(cl.ctx(ctx), pk, &oapi.GetHardwareParams{IfNoneMatch: cl.ifNoneMatch}, cl.editors()...)
 	status, err := cl.finish(resp, err, &out, http.StatusOK, http.StatusNotModified)
 	if err == nil && status == http.StatusNotModified {
 		return out, ErrNotModified
@@ -50,7 +50,7 @@ func (c *Client) HeadHardware(ctx context.Context, pk int64, opts ...CallOption)
 		return "", err
 	}
 	cl := newCall(opts)
-	resp, err := c.raw.HeadHardware(cl.ctx(ctx), pk, &oapi.HeadHardwareParams{NodeID: cl.nodeID, IfNoneMatch: cl.ifNoneMatch}, cl.editors()...)
+	resp, err := c.raw.HeadHardware(cl.ctx(ctx), pk, &oapi.HeadHardwareParams{IfNoneMatch: cl.ifNoneMatch}, cl.editors()...)
 	if resp != nil {
 		etag = resp.Header.Get("ETag")
 	}
@@ -68,7 +68,7 @@ func (c *Client) UpdateHardware(ctx context.Context, pk int64, h HardwareUpdate,
 		return out, err
 	}
 	cl := newCall(opts)
-	resp, err := c.raw.UpdateHardware(cl.ctx(ctx), pk, &oapi.UpdateHardwareParams{NodeID: cl.nodeID, IfMatch: cl.ifMatch}, h, cl.editors()...)
+	resp, err := c.raw.UpdateHardware(cl.ctx(ctx), pk, &oapi.UpdateHardwareParams{IfMatch: cl.ifMatch}, h, cl.editors()...)
 	_, err = cl.finish(resp, err, &out, http.StatusOK)
 	return out, err
 }
@@ -81,7 +81,7 @@ func (c *Client) PatchHardware(ctx context.Context, pk int64, p HardwarePatch, o
 	}
 	cl := newCall(opts)
 	resp, err := c.raw.PatchHardwareWithApplicationMergePatchPlusJSONBody(cl.ctx(ctx), pk,
-		&oapi.PatchHardwareParams{NodeID: cl.nodeID, IfMatch: cl.ifMatch}, p, cl.editors()...)
+		&oapi.PatchHardwareParams{IfMatch: cl.ifMatch}, p, cl.editors()...)
 	_, err = cl.finish(resp, err, &out, http.StatusOK)
 	return out, err
 }
@@ -93,7 +93,7 @@ func (c *Client) DeleteHardware(ctx context.Context, pk int64, opts ...CallOptio
 		return err
 	}
 	cl := newCall(opts)
-	resp, err := c.raw.DeleteHardware(cl.ctx(ctx), pk, &oapi.DeleteHardwareParams{NodeID: cl.nodeID, IfMatch: cl.ifMatch}, cl.editors()...)
+	resp, err := c.raw.DeleteHardware(cl.ctx(ctx), pk, &oapi.DeleteHardwareParams{IfMatch: cl.ifMatch}, cl.editors()...)
 	_, err = cl.finish(resp, err, nil, http.StatusNoContent)
 	return err
 }
@@ -104,7 +104,7 @@ func (c *Client) DeleteHardware(ctx context.Context, pk int64, opts ...CallOptio
 func (c *Client) ListFabrics(ctx context.Context, f FabricListFilter, opts ...CallOption) ([]FabricCapacity, error) {
 	cl := newCall(opts)
 	var out []FabricCapacity
-	resp, err := c.raw.ListFabrics(cl.ctx(ctx), &oapi.ListFabricsParams{NodeID: cl.nodeID}, f, cl.editors()...)
+	resp, err := c.raw.ListFabrics(cl.ctx(ctx), f, cl.editors()...)
 	_, err = cl.finish(resp, err, &out, http.StatusOK)
 	return out, err
 }

@@ -80,7 +80,7 @@ func (c *Client) ListNodesWithPosition(ctx context.Context, f NodeFilter, opts .
 func (c *Client) listNodes(ctx context.Context, f NodeFilter, opts []CallOption) ([]Node, http.Header, error) {
 	cl := newCall(opts)
 	var out []Node
-	resp, err := c.raw.ListNodes(cl.ctx(ctx), &oapi.ListNodesParams{NodeID: cl.nodeID, CacheControl: cl.cacheControl}, f, cl.editors()...)
+	resp, err := c.raw.ListNodes(cl.ctx(ctx), &oapi.ListNodesParams{CacheControl: cl.cacheControl}, f, cl.editors()...)
 	_, err = cl.finish(resp, err, &out, http.StatusOK)
 	return out, cl.header, err
 }
@@ -91,7 +91,7 @@ func (c *Client) listNodes(ctx context.Context, f NodeFilter, opts []CallOption)
 // an *Error with status 409 and ExistingPK naming it.
 func (c *Client) CreateNode(ctx context.Context, n NodeCreate, opts ...CallOption) (node Node, adopted bool, err error) {
 	cl := newCall(opts)
-	resp, err := c.raw.CreateNode(cl.ctx(ctx), &oapi.CreateNodeParams{NodeID: cl.nodeID}, n, cl.editors()...)
+	resp, err := c.raw.CreateNode(cl.ctx(ctx), n, cl.editors()...)
 	status, err := cl.finish(resp, err, &node, http.StatusCreated, http.StatusOK)
 	return node, status == http.StatusOK, err
 }
@@ -193,7 +193,7 @@ func (c *Client) deleteNode(ctx context.Context, pk int64, force bool, opts []Ca
 func (c *Client) ClaimNodes(ctx context.Context, claim NodeClaim, opts ...CallOption) (ClaimResult, error) {
 	cl := newCall(opts)
 	var out ClaimResult
-	resp, err := c.raw.ClaimNodes(cl.ctx(ctx), &oapi.ClaimNodesParams{NodeID: cl.nodeID}, claim, cl.editors()...)
+	resp, err := c.raw.ClaimNodes(cl.ctx(ctx), &oapi.ClaimNodesParams{}, claim, cl.editors()...)
 	_, err = cl.finish(resp, err, &out, http.StatusOK)
 	return out, err
 }
@@ -202,7 +202,7 @@ func (c *Client) ClaimNodes(ctx context.Context, claim NodeClaim, opts ...CallOp
 func (c *Client) ReleaseNodes(ctx context.Context, r NodeRelease, opts ...CallOption) (ReleaseResult, error) {
 	cl := newCall(opts)
 	var out ReleaseResult
-	resp, err := c.raw.ReleaseNodes(cl.ctx(ctx), &oapi.ReleaseNodesParams{NodeID: cl.nodeID}, r, cl.editors()...)
+	resp, err := c.raw.ReleaseNodes(cl.ctx(ctx), &oapi.ReleaseNodesParams{}, r, cl.editors()...)
 	_, err = cl.finish(resp, err, &out, http.StatusOK)
 	return out, err
 }
@@ -215,7 +215,7 @@ func (c *Client) ReleaseNodes(ctx context.Context, r NodeRelease, opts ...CallOp
 func (c *Client) RenewLeases(ctx context.Context, r NodeRenew, opts ...CallOption) (RenewResult, error) {
 	cl := newCall(opts)
 	var out RenewResult
-	resp, err := c.raw.RenewLeases(cl.ctx(ctx), &oapi.RenewLeasesParams{NodeID: cl.nodeID}, r, cl.editors()...)
+	resp, err := c.raw.RenewLeases(cl.ctx(ctx), &oapi.RenewLeasesParams{}, r, cl.editors()...)
 	_, err = cl.finish(resp, err, &out, http.StatusOK)
 	return out, err
 }
@@ -228,7 +228,7 @@ func (c *Client) RenewLeases(ctx context.Context, r NodeRenew, opts ...CallOptio
 func (c *Client) CordonNodes(ctx context.Context, cd NodeCordon, opts ...CallOption) (CordonResult, error) {
 	cl := newCall(opts)
 	var out CordonResult
-	resp, err := c.raw.CordonNodes(cl.ctx(ctx), &oapi.CordonNodesParams{NodeID: cl.nodeID}, cd, cl.editors()...)
+	resp, err := c.raw.CordonNodes(cl.ctx(ctx), &oapi.CordonNodesParams{}, cd, cl.editors()...)
 	_, err = cl.finish(resp, err, &out, http.StatusOK)
 	return out, err
 }
@@ -239,7 +239,7 @@ func (c *Client) CordonNodes(ctx context.Context, cd NodeCordon, opts ...CallOpt
 func (c *Client) UncordonNodes(ctx context.Context, u NodeUncordon, opts ...CallOption) (UncordonResult, error) {
 	cl := newCall(opts)
 	var out UncordonResult
-	resp, err := c.raw.UncordonNodes(cl.ctx(ctx), &oapi.UncordonNodesParams{NodeID: cl.nodeID}, u, cl.editors()...)
+	resp, err := c.raw.UncordonNodes(cl.ctx(ctx), &oapi.UncordonNodesParams{}, u, cl.editors()...)
 	_, err = cl.finish(resp, err, &out, http.StatusOK)
 	return out, err
 }

@@ -355,6 +355,19 @@ func TestCallHeaders(t *testing.T) {
 	if h := s.headers[1]; h.Get("Authorization") != "Bearer tok-2" || h.Get("Node-Id") != "" || h.Get("If-Match") != "" {
 		t.Errorf("second call's headers %v", h)
 	}
+	if got := s.headers[0].Values("Node-Id"); len(got) != 1 {
+		t.Errorf("PatchNode sent Node-Id %q, want it once", got)
+	}
+	// AsNode goes with any call, also one whose operation the spec does
+	// not declare Node-Id for: the server takes it on every operation.
+	hw, hts := newScript(t, answer(200, "[]"))
+	c, _ = client.New(hts.URL)
+	if _, err := c.ListHardware(ctx, client.HardwareFilter{}, client.AsNode(7)); err != nil {
+		t.Fatal(err)
+	}
+	if got := hw.headers[0].Values("Node-Id"); len(got) != 1 || got[0] != "7" {
+		t.Errorf("ListHardware AsNode(7) sent Node-Id %q, want 7 once", got)
+	}
 	// A token source that fails sends nothing.
 	c, _ = client.New(ts.URL, client.WithTokenSource(func(context.Context) (string, error) { return "", errors.New("no token file") }))
 	if _, err := c.Ping(ctx); err == nil || !strings.Contains(err.Error(), "no token file") || len(s.headers) != 2 {

@@ -1729,111 +1729,57 @@ type UnsupportedMediaType = Problem
 // WatchUnavailable An RFC 9457 problem details document.
 type WatchUnavailable = Problem
 
-// ListAuditParams defines parameters for ListAudit.
-type ListAuditParams struct {
-	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
-	NodeID *NodeID `json:"Node-Id,omitempty"`
-}
-
-// ListFabricsParams defines parameters for ListFabrics.
-type ListFabricsParams struct {
-	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
-	NodeID *NodeID `json:"Node-Id,omitempty"`
-}
-
-// CreateHardwareParams defines parameters for CreateHardware.
-type CreateHardwareParams struct {
-	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
-	NodeID *NodeID `json:"Node-Id,omitempty"`
-}
-
-// ListHardwareParams defines parameters for ListHardware.
-type ListHardwareParams struct {
-	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
-	NodeID *NodeID `json:"Node-Id,omitempty"`
-}
-
 // DeleteHardwareParams defines parameters for DeleteHardware.
 type DeleteHardwareParams struct {
-	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
-	NodeID *NodeID `json:"Node-Id,omitempty"`
-
 	// IfMatch One or more entity tags separated by commas, or `*`: node tags look like `"3"`, hardware generation tags like `"3-12"` (version and node count). The write happens only when one names the row's current `ETag` (strong comparison: weak tags such as `W/"3"` never match) or the value is `*`, which matches any version; otherwise 412 Precondition Failed and nothing changes. The check runs with the row locked, so two clients that read the same version cannot both write. For a hardware generation the node count is part of the tag: if a node moved to or from it since it was read, the tag no longer matches (412) even though the generation was not renamed. A row that does not exist is 404, `*` included. Send the `Etag` of the row as last read.
 	IfMatch *IfMatch `json:"If-Match,omitempty"`
 }
 
 // GetHardwareParams defines parameters for GetHardware.
 type GetHardwareParams struct {
-	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
-	NodeID *NodeID `json:"Node-Id,omitempty"`
-
 	// IfNoneMatch One or more entity tags separated by commas, or `*`: node tags look like `"3"` (`W/"3"`), hardware generation tags like `"3-12"` (`W/"3-12"`). When one names the row's current `ETag` (weak comparison: `W/"3"` matches `"3"`) or the value is `*`, the answer is 304 Not Modified with no body. Otherwise the row is sent as usual. A hardware generation's tag includes its `nodes` count, so a tag read before nodes moved to or from it no longer matches.
 	IfNoneMatch *IfNoneMatch `json:"If-None-Match,omitempty"`
 }
 
 // HeadHardwareParams defines parameters for HeadHardware.
 type HeadHardwareParams struct {
-	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
-	NodeID *NodeID `json:"Node-Id,omitempty"`
-
 	// IfNoneMatch One or more entity tags separated by commas, or `*`: node tags look like `"3"` (`W/"3"`), hardware generation tags like `"3-12"` (`W/"3-12"`). When one names the row's current `ETag` (weak comparison: `W/"3"` matches `"3"`) or the value is `*`, the answer is 304 Not Modified with no body. Otherwise the row is sent as usual. A hardware generation's tag includes its `nodes` count, so a tag read before nodes moved to or from it no longer matches.
 	IfNoneMatch *IfNoneMatch `json:"If-None-Match,omitempty"`
 }
 
 // PatchHardwareParams defines parameters for PatchHardware.
 type PatchHardwareParams struct {
-	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
-	NodeID *NodeID `json:"Node-Id,omitempty"`
-
 	// IfMatch One or more entity tags separated by commas, or `*`: node tags look like `"3"`, hardware generation tags like `"3-12"` (version and node count). The write happens only when one names the row's current `ETag` (strong comparison: weak tags such as `W/"3"` never match) or the value is `*`, which matches any version; otherwise 412 Precondition Failed and nothing changes. The check runs with the row locked, so two clients that read the same version cannot both write. For a hardware generation the node count is part of the tag: if a node moved to or from it since it was read, the tag no longer matches (412) even though the generation was not renamed. A row that does not exist is 404, `*` included. Send the `Etag` of the row as last read.
 	IfMatch *IfMatch `json:"If-Match,omitempty"`
 }
 
 // UpdateHardwareParams defines parameters for UpdateHardware.
 type UpdateHardwareParams struct {
-	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
-	NodeID *NodeID `json:"Node-Id,omitempty"`
-
 	// IfMatch One or more entity tags separated by commas, or `*`: node tags look like `"3"`, hardware generation tags like `"3-12"` (version and node count). The write happens only when one names the row's current `ETag` (strong comparison: weak tags such as `W/"3"` never match) or the value is `*`, which matches any version; otherwise 412 Precondition Failed and nothing changes. The check runs with the row locked, so two clients that read the same version cannot both write. For a hardware generation the node count is part of the tag: if a node moved to or from it since it was read, the tag no longer matches (412) even though the generation was not renamed. A row that does not exist is 404, `*` included. Send the `Etag` of the row as last read.
 	IfMatch *IfMatch `json:"If-Match,omitempty"`
 }
 
 // ClaimNodesParams defines parameters for ClaimNodes.
 type ClaimNodesParams struct {
-	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
-	NodeID *NodeID `json:"Node-Id,omitempty"`
-
 	// IdempotencyKey Makes the request safe to retry: the first request of a principal with a key runs; a retry with the same key, path and body gets the first answer (status and body, with `Idempotent-Replayed: true`) from any replica for 24 hours (`REGISTRY_IDEMPOTENCY_KEEP`), error answers included. The same key with another path or body is a 422 (`idempotency_key_reused`). A retry arriving while the first still runs waits for it. When the replica running the first died before answering, a retry runs it again if it changed nothing, and otherwise gets a 409 (`idempotent_answer_lost`) naming the nodes it changed. The first request holds its key for 10 seconds: one still running when a retry takes the key over changes nothing and answers 409 (`idempotency_key_taken_over`). Use a new key (a UUID) for every new request.
 	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
 }
 
 // CordonNodesParams defines parameters for CordonNodes.
 type CordonNodesParams struct {
-	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
-	NodeID *NodeID `json:"Node-Id,omitempty"`
-
 	// IdempotencyKey Makes the request safe to retry: the first request of a principal with a key runs; a retry with the same key, path and body gets the first answer (status and body, with `Idempotent-Replayed: true`) from any replica for 24 hours (`REGISTRY_IDEMPOTENCY_KEEP`), error answers included. The same key with another path or body is a 422 (`idempotency_key_reused`). A retry arriving while the first still runs waits for it. When the replica running the first died before answering, a retry runs it again if it changed nothing, and otherwise gets a 409 (`idempotent_answer_lost`) naming the nodes it changed. The first request holds its key for 10 seconds: one still running when a retry takes the key over changes nothing and answers 409 (`idempotency_key_taken_over`). Use a new key (a UUID) for every new request.
 	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
 }
 
-// CreateNodeParams defines parameters for CreateNode.
-type CreateNodeParams struct {
-	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
-	NodeID *NodeID `json:"Node-Id,omitempty"`
-}
-
 // ListNodesParams defines parameters for ListNodes.
 type ListNodesParams struct {
-	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
-	NodeID *NodeID `json:"Node-Id,omitempty"`
-
 	// CacheControl How current the read must be (RFC 9111 request directives, comma-separated, any case). Without it the read is consistent: it reflects every write any replica acknowledged before the request arrived. `max-stale` or `max-stale=S` (S in seconds, at most 2; a larger S counts as 2) accepts the replica's node cache as it is, which may miss another replica's writes of the last 2 seconds but never waits for the feed. `no-cache` reads PostgreSQL: as current as the database, at the price of a round trip; it wins over `max-stale`. The directive applies to the `Node-Id` check of the same request too. Other directives are ignored.
 	CacheControl *CacheControl `json:"Cache-Control,omitempty"`
 }
 
 // PingNodesParams defines parameters for PingNodes.
 type PingNodesParams struct {
-	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
+	// NodeID Act on behalf of this node (its pk): for the agent that registered it and for admins. A request that succeeds with it is the node's heartbeat (`last_seen`); agents must send it to change or delete their node. Leave it out otherwise. The rules: `Node-Id` in the conventions.
 	NodeID *NodeID `json:"Node-Id,omitempty"`
 
 	// CacheControl How current the read must be (RFC 9111 request directives, comma-separated, any case). Without it the read is consistent: it reflects every write any replica acknowledged before the request arrived. `max-stale` or `max-stale=S` (S in seconds, at most 2; a larger S counts as 2) accepts the replica's node cache as it is, which may miss another replica's writes of the last 2 seconds but never waits for the feed. `no-cache` reads PostgreSQL: as current as the database, at the price of a round trip; it wins over `max-stale`. The directive applies to the `Node-Id` check of the same request too. Other directives are ignored.
@@ -1842,7 +1788,7 @@ type PingNodesParams struct {
 
 // HeadPingNodesParams defines parameters for HeadPingNodes.
 type HeadPingNodesParams struct {
-	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
+	// NodeID Act on behalf of this node (its pk): for the agent that registered it and for admins. A request that succeeds with it is the node's heartbeat (`last_seen`); agents must send it to change or delete their node. Leave it out otherwise. The rules: `Node-Id` in the conventions.
 	NodeID *NodeID `json:"Node-Id,omitempty"`
 
 	// CacheControl How current the read must be (RFC 9111 request directives, comma-separated, any case). Without it the read is consistent: it reflects every write any replica acknowledged before the request arrived. `max-stale` or `max-stale=S` (S in seconds, at most 2; a larger S counts as 2) accepts the replica's node cache as it is, which may miss another replica's writes of the last 2 seconds but never waits for the feed. `no-cache` reads PostgreSQL: as current as the database, at the price of a round trip; it wins over `max-stale`. The directive applies to the `Node-Id` check of the same request too. Other directives are ignored.
@@ -1851,27 +1797,18 @@ type HeadPingNodesParams struct {
 
 // ReleaseNodesParams defines parameters for ReleaseNodes.
 type ReleaseNodesParams struct {
-	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
-	NodeID *NodeID `json:"Node-Id,omitempty"`
-
 	// IdempotencyKey Makes the request safe to retry: the first request of a principal with a key runs; a retry with the same key, path and body gets the first answer (status and body, with `Idempotent-Replayed: true`) from any replica for 24 hours (`REGISTRY_IDEMPOTENCY_KEEP`), error answers included. The same key with another path or body is a 422 (`idempotency_key_reused`). A retry arriving while the first still runs waits for it. When the replica running the first died before answering, a retry runs it again if it changed nothing, and otherwise gets a 409 (`idempotent_answer_lost`) naming the nodes it changed. The first request holds its key for 10 seconds: one still running when a retry takes the key over changes nothing and answers 409 (`idempotency_key_taken_over`). Use a new key (a UUID) for every new request.
 	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
 }
 
 // RenewLeasesParams defines parameters for RenewLeases.
 type RenewLeasesParams struct {
-	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
-	NodeID *NodeID `json:"Node-Id,omitempty"`
-
 	// IdempotencyKey Makes the request safe to retry: the first request of a principal with a key runs; a retry with the same key, path and body gets the first answer (status and body, with `Idempotent-Replayed: true`) from any replica for 24 hours (`REGISTRY_IDEMPOTENCY_KEEP`), error answers included. The same key with another path or body is a 422 (`idempotency_key_reused`). A retry arriving while the first still runs waits for it. When the replica running the first died before answering, a retry runs it again if it changed nothing, and otherwise gets a 409 (`idempotent_answer_lost`) naming the nodes it changed. The first request holds its key for 10 seconds: one still running when a retry takes the key over changes nothing and answers 409 (`idempotency_key_taken_over`). Use a new key (a UUID) for every new request.
 	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
 }
 
 // UncordonNodesParams defines parameters for UncordonNodes.
 type UncordonNodesParams struct {
-	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
-	NodeID *NodeID `json:"Node-Id,omitempty"`
-
 	// IdempotencyKey Makes the request safe to retry: the first request of a principal with a key runs; a retry with the same key, path and body gets the first answer (status and body, with `Idempotent-Replayed: true`) from any replica for 24 hours (`REGISTRY_IDEMPOTENCY_KEEP`), error answers included. The same key with another path or body is a 422 (`idempotency_key_reused`). A retry arriving while the first still runs waits for it. When the replica running the first died before answering, a retry runs it again if it changed nothing, and otherwise gets a 409 (`idempotent_answer_lost`) naming the nodes it changed. The first request holds its key for 10 seconds: one still running when a retry takes the key over changes nothing and answers 409 (`idempotency_key_taken_over`). Use a new key (a UUID) for every new request.
 	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
 }
@@ -1908,7 +1845,7 @@ type WatchNodesParams struct {
 	// Selector Only events whose node's labels match this label selector (see `SelectorFilter`; URL-encode it). A change of a node's labels that takes it out of the selector is not sent to that watch.
 	Selector *WatchSelector `form:"selector,omitempty" json:"selector,omitempty"`
 
-	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
+	// NodeID Act on behalf of this node (its pk): for the agent that registered it and for admins. A request that succeeds with it is the node's heartbeat (`last_seen`); agents must send it to change or delete their node. Leave it out otherwise. The rules: `Node-Id` in the conventions.
 	NodeID *NodeID `json:"Node-Id,omitempty"`
 
 	// LastEventID Resume after this event id (a non-negative int64 in decimal; the SSE `Last-Event-ID` header): every later event is replayed before the stream goes on live, or a `reset` is sent when the id is older than retention or ahead of the registry. Any other value is a 400. Leave it out to start with the changes made after the stream opens.
@@ -1947,7 +1884,7 @@ type HeadWatchNodesParams struct {
 	// Selector Only events whose node's labels match this label selector (see `SelectorFilter`; URL-encode it). A change of a node's labels that takes it out of the selector is not sent to that watch.
 	Selector *WatchSelector `form:"selector,omitempty" json:"selector,omitempty"`
 
-	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
+	// NodeID Act on behalf of this node (its pk): for the agent that registered it and for admins. A request that succeeds with it is the node's heartbeat (`last_seen`); agents must send it to change or delete their node. Leave it out otherwise. The rules: `Node-Id` in the conventions.
 	NodeID *NodeID `json:"Node-Id,omitempty"`
 
 	// LastEventID Resume after this event id (a non-negative int64 in decimal; the SSE `Last-Event-ID` header): every later event is replayed before the stream goes on live, or a `reset` is sent when the id is older than retention or ahead of the registry. Any other value is a 400. Leave it out to start with the changes made after the stream opens.
@@ -1959,7 +1896,7 @@ type DeleteNodeParams struct {
 	// Force `true` or `false` (also `1`/`0`, `t`/`f`, `TRUE`/`FALSE`, `True`/`False`); empty or absent means false. With true an admin deletes a node even though it holds a job. A non-admin asking for `force=true` gets 403; any other value is a 400. Declared as a string because the server itself answers values that are not booleans.
 	Force *Force `form:"force,omitempty" json:"force,omitempty"`
 
-	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
+	// NodeID Act on behalf of this node (its pk): for the agent that registered it and for admins. A request that succeeds with it is the node's heartbeat (`last_seen`); agents must send it to change or delete their node. Leave it out otherwise. The rules: `Node-Id` in the conventions.
 	NodeID *NodeID `json:"Node-Id,omitempty"`
 
 	// IfMatch One or more entity tags separated by commas, or `*`: node tags look like `"3"`, hardware generation tags like `"3-12"` (version and node count). The write happens only when one names the row's current `ETag` (strong comparison: weak tags such as `W/"3"` never match) or the value is `*`, which matches any version; otherwise 412 Precondition Failed and nothing changes. The check runs with the row locked, so two clients that read the same version cannot both write. For a hardware generation the node count is part of the tag: if a node moved to or from it since it was read, the tag no longer matches (412) even though the generation was not renamed. A row that does not exist is 404, `*` included. Send the `Etag` of the row as last read.
@@ -1968,7 +1905,7 @@ type DeleteNodeParams struct {
 
 // GetNodeParams defines parameters for GetNode.
 type GetNodeParams struct {
-	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
+	// NodeID Act on behalf of this node (its pk): for the agent that registered it and for admins. A request that succeeds with it is the node's heartbeat (`last_seen`); agents must send it to change or delete their node. Leave it out otherwise. The rules: `Node-Id` in the conventions.
 	NodeID *NodeID `json:"Node-Id,omitempty"`
 
 	// IfNoneMatch One or more entity tags separated by commas, or `*`: node tags look like `"3"` (`W/"3"`), hardware generation tags like `"3-12"` (`W/"3-12"`). When one names the row's current `ETag` (weak comparison: `W/"3"` matches `"3"`) or the value is `*`, the answer is 304 Not Modified with no body. Otherwise the row is sent as usual. A hardware generation's tag includes its `nodes` count, so a tag read before nodes moved to or from it no longer matches.
@@ -1980,7 +1917,7 @@ type GetNodeParams struct {
 
 // HeadNodeParams defines parameters for HeadNode.
 type HeadNodeParams struct {
-	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
+	// NodeID Act on behalf of this node (its pk): for the agent that registered it and for admins. A request that succeeds with it is the node's heartbeat (`last_seen`); agents must send it to change or delete their node. Leave it out otherwise. The rules: `Node-Id` in the conventions.
 	NodeID *NodeID `json:"Node-Id,omitempty"`
 
 	// IfNoneMatch One or more entity tags separated by commas, or `*`: node tags look like `"3"` (`W/"3"`), hardware generation tags like `"3-12"` (`W/"3-12"`). When one names the row's current `ETag` (weak comparison: `W/"3"` matches `"3"`) or the value is `*`, the answer is 304 Not Modified with no body. Otherwise the row is sent as usual. A hardware generation's tag includes its `nodes` count, so a tag read before nodes moved to or from it no longer matches.
@@ -1992,7 +1929,7 @@ type HeadNodeParams struct {
 
 // PatchNodeParams defines parameters for PatchNode.
 type PatchNodeParams struct {
-	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
+	// NodeID Act on behalf of this node (its pk): for the agent that registered it and for admins. A request that succeeds with it is the node's heartbeat (`last_seen`); agents must send it to change or delete their node. Leave it out otherwise. The rules: `Node-Id` in the conventions.
 	NodeID *NodeID `json:"Node-Id,omitempty"`
 
 	// IfMatch One or more entity tags separated by commas, or `*`: node tags look like `"3"`, hardware generation tags like `"3-12"` (version and node count). The write happens only when one names the row's current `ETag` (strong comparison: weak tags such as `W/"3"` never match) or the value is `*`, which matches any version; otherwise 412 Precondition Failed and nothing changes. The check runs with the row locked, so two clients that read the same version cannot both write. For a hardware generation the node count is part of the tag: if a node moved to or from it since it was read, the tag no longer matches (412) even though the generation was not renamed. A row that does not exist is 404, `*` included. Send the `Etag` of the row as last read.
@@ -2001,23 +1938,11 @@ type PatchNodeParams struct {
 
 // UpdateNodeParams defines parameters for UpdateNode.
 type UpdateNodeParams struct {
-	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
+	// NodeID Act on behalf of this node (its pk): for the agent that registered it and for admins. A request that succeeds with it is the node's heartbeat (`last_seen`); agents must send it to change or delete their node. Leave it out otherwise. The rules: `Node-Id` in the conventions.
 	NodeID *NodeID `json:"Node-Id,omitempty"`
 
 	// IfMatch One or more entity tags separated by commas, or `*`: node tags look like `"3"`, hardware generation tags like `"3-12"` (version and node count). The write happens only when one names the row's current `ETag` (strong comparison: weak tags such as `W/"3"` never match) or the value is `*`, which matches any version; otherwise 412 Precondition Failed and nothing changes. The check runs with the row locked, so two clients that read the same version cannot both write. For a hardware generation the node count is part of the tag: if a node moved to or from it since it was read, the tag no longer matches (412) even though the generation was not renamed. A row that does not exist is 404, `*` included. Send the `Etag` of the row as last read.
 	IfMatch *IfMatch `json:"If-Match,omitempty"`
-}
-
-// RenewTokenParams defines parameters for RenewToken.
-type RenewTokenParams struct {
-	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
-	NodeID *NodeID `json:"Node-Id,omitempty"`
-}
-
-// RevokeTokensParams defines parameters for RevokeTokens.
-type RevokeTokensParams struct {
-	// NodeID The pk of the node the request acts on behalf of (a positive int64 in decimal). Allowed for the agent that registered the node (its `owner`) and for admins, who may act as any node. An allowed `Node-Id` on a request that succeeds records the node's `last_seen` (its heartbeat, written within about a second); a refused request records nothing. A malformed value (anything but a positive integer in plain decimal: digits only, no sign, no leading zero) or a second `Node-Id` header is 400; an empty value counts as no header; a caller that may not act as the node gets 403, the same answer whether or not the node exists; an admin naming a node that does not exist gets 404. Agents must send it to change or delete their node. Leave it out unless the request acts as a node: it is a heartbeat.
-	NodeID *NodeID `json:"Node-Id,omitempty"`
 }
 
 // ListAuditJSONRequestBody defines body for ListAudit for application/json ContentType.
@@ -2260,7 +2185,7 @@ type ClientInterface interface {
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with POST /v1/audit/list (the `ListAudit` operationId).
-	ListAuditWithBody(ctx context.Context, params *ListAuditParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	ListAuditWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ListAudit List audit log entries
 	//
@@ -2270,7 +2195,7 @@ type ClientInterface interface {
 	// Takes a body of the `application/json` content type.
 	//
 	// Corresponds with POST /v1/audit/list (the `ListAudit` operationId).
-	ListAudit(ctx context.Context, params *ListAuditParams, body ListAuditJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	ListAudit(ctx context.Context, body ListAuditJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ListFabricsWithBody Capacity by fabric
 	//
@@ -2280,7 +2205,7 @@ type ClientInterface interface {
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with POST /v1/fabrics/list (the `ListFabrics` operationId).
-	ListFabricsWithBody(ctx context.Context, params *ListFabricsParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	ListFabricsWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ListFabrics Capacity by fabric
 	//
@@ -2290,7 +2215,7 @@ type ClientInterface interface {
 	// Takes a body of the `application/json` content type.
 	//
 	// Corresponds with POST /v1/fabrics/list (the `ListFabrics` operationId).
-	ListFabrics(ctx context.Context, params *ListFabricsParams, body ListFabricsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	ListFabrics(ctx context.Context, body ListFabricsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// CreateHardwareWithBody Create a hardware generation
 	//
@@ -2300,7 +2225,7 @@ type ClientInterface interface {
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with POST /v1/hardware/create (the `CreateHardware` operationId).
-	CreateHardwareWithBody(ctx context.Context, params *CreateHardwareParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	CreateHardwareWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// CreateHardware Create a hardware generation
 	//
@@ -2310,7 +2235,7 @@ type ClientInterface interface {
 	// Takes a body of the `application/json` content type.
 	//
 	// Corresponds with POST /v1/hardware/create (the `CreateHardware` operationId).
-	CreateHardware(ctx context.Context, params *CreateHardwareParams, body CreateHardwareJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	CreateHardware(ctx context.Context, body CreateHardwareJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ListHardwareWithBody List hardware generations
 	//
@@ -2320,7 +2245,7 @@ type ClientInterface interface {
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with POST /v1/hardware/list (the `ListHardware` operationId).
-	ListHardwareWithBody(ctx context.Context, params *ListHardwareParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	ListHardwareWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ListHardware List hardware generations
 	//
@@ -2330,7 +2255,7 @@ type ClientInterface interface {
 	// Takes a body of the `application/json` content type.
 	//
 	// Corresponds with POST /v1/hardware/list (the `ListHardware` operationId).
-	ListHardware(ctx context.Context, params *ListHardwareParams, body ListHardwareJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	ListHardware(ctx context.Context, body ListHardwareJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// DeleteHardware Delete a hardware generation
 	//
@@ -2468,7 +2393,7 @@ type ClientInterface interface {
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with POST /v1/nodes/create (the `CreateNode` operationId).
-	CreateNodeWithBody(ctx context.Context, params *CreateNodeParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	CreateNodeWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// CreateNode Create a node
 	//
@@ -2480,7 +2405,7 @@ type ClientInterface interface {
 	// Takes a body of the `application/json` content type.
 	//
 	// Corresponds with POST /v1/nodes/create (the `CreateNode` operationId).
-	CreateNode(ctx context.Context, params *CreateNodeParams, body CreateNodeJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	CreateNode(ctx context.Context, body CreateNodeJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ListNodesWithBody List nodes
 	//
@@ -2822,7 +2747,7 @@ type ClientInterface interface {
 	// Roles: agent only; the others get 403.
 	//
 	// Corresponds with POST /v1/tokens/renew (the `RenewToken` operationId).
-	RenewToken(ctx context.Context, params *RenewTokenParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+	RenewToken(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// RevokeTokensWithBody Revoke tokens before they expire
 	//
@@ -2832,7 +2757,7 @@ type ClientInterface interface {
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with POST /v1/tokens/revoke (the `RevokeTokens` operationId).
-	RevokeTokensWithBody(ctx context.Context, params *RevokeTokensParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	RevokeTokensWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// RevokeTokens Revoke tokens before they expire
 	//
@@ -2842,7 +2767,7 @@ type ClientInterface interface {
 	// Takes a body of the `application/json` content type.
 	//
 	// Corresponds with POST /v1/tokens/revoke (the `RevokeTokens` operationId).
-	RevokeTokens(ctx context.Context, params *RevokeTokensParams, body RevokeTokensJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	RevokeTokens(ctx context.Context, body RevokeTokensJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 }
 
 // Healthz Liveness probe
@@ -2955,8 +2880,8 @@ func (c *Client) HeadReadyz(ctx context.Context, reqEditors ...RequestEditorFn) 
 // Takes any type of body and a specified content type.
 //
 // Corresponds with POST /v1/audit/list (the `ListAudit` operationId).
-func (c *Client) ListAuditWithBody(ctx context.Context, params *ListAuditParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewListAuditRequestWithBody(c.Server, params, contentType, body)
+func (c *Client) ListAuditWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListAuditRequestWithBody(c.Server, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2975,8 +2900,8 @@ func (c *Client) ListAuditWithBody(ctx context.Context, params *ListAuditParams,
 // Takes a body of the `application/json` content type.
 //
 // Corresponds with POST /v1/audit/list (the `ListAudit` operationId).
-func (c *Client) ListAudit(ctx context.Context, params *ListAuditParams, body ListAuditJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewListAuditRequest(c.Server, params, body)
+func (c *Client) ListAudit(ctx context.Context, body ListAuditJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListAuditRequest(c.Server, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2995,8 +2920,8 @@ func (c *Client) ListAudit(ctx context.Context, params *ListAuditParams, body Li
 // Takes any type of body and a specified content type.
 //
 // Corresponds with POST /v1/fabrics/list (the `ListFabrics` operationId).
-func (c *Client) ListFabricsWithBody(ctx context.Context, params *ListFabricsParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewListFabricsRequestWithBody(c.Server, params, contentType, body)
+func (c *Client) ListFabricsWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListFabricsRequestWithBody(c.Server, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -3015,8 +2940,8 @@ func (c *Client) ListFabricsWithBody(ctx context.Context, params *ListFabricsPar
 // Takes a body of the `application/json` content type.
 //
 // Corresponds with POST /v1/fabrics/list (the `ListFabrics` operationId).
-func (c *Client) ListFabrics(ctx context.Context, params *ListFabricsParams, body ListFabricsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewListFabricsRequest(c.Server, params, body)
+func (c *Client) ListFabrics(ctx context.Context, body ListFabricsJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListFabricsRequest(c.Server, body)
 	if err != nil {
 		return nil, err
 	}
@@ -3035,8 +2960,8 @@ func (c *Client) ListFabrics(ctx context.Context, params *ListFabricsParams, bod
 // Takes any type of body and a specified content type.
 //
 // Corresponds with POST /v1/hardware/create (the `CreateHardware` operationId).
-func (c *Client) CreateHardwareWithBody(ctx context.Context, params *CreateHardwareParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewCreateHardwareRequestWithBody(c.Server, params, contentType, body)
+func (c *Client) CreateHardwareWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateHardwareRequestWithBody(c.Server, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -3055,8 +2980,8 @@ func (c *Client) CreateHardwareWithBody(ctx context.Context, params *CreateHardw
 // Takes a body of the `application/json` content type.
 //
 // Corresponds with POST /v1/hardware/create (the `CreateHardware` operationId).
-func (c *Client) CreateHardware(ctx context.Context, params *CreateHardwareParams, body CreateHardwareJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewCreateHardwareRequest(c.Server, params, body)
+func (c *Client) CreateHardware(ctx context.Context, body CreateHardwareJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateHardwareRequest(c.Server, body)
 	if err != nil {
 		return nil, err
 	}
@@ -3075,8 +3000,8 @@ func (c *Client) CreateHardware(ctx context.Context, params *CreateHardwareParam
 // Takes any type of body and a specified content type.
 //
 // Corresponds with POST /v1/hardware/list (the `ListHardware` operationId).
-func (c *Client) ListHardwareWithBody(ctx context.Context, params *ListHardwareParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewListHardwareRequestWithBody(c.Server, params, contentType, body)
+func (c *Client) ListHardwareWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListHardwareRequestWithBody(c.Server, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -3095,8 +3020,8 @@ func (c *Client) ListHardwareWithBody(ctx context.Context, params *ListHardwareP
 // Takes a body of the `application/json` content type.
 //
 // Corresponds with POST /v1/hardware/list (the `ListHardware` operationId).
-func (c *Client) ListHardware(ctx context.Context, params *ListHardwareParams, body ListHardwareJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewListHardwareRequest(c.Server, params, body)
+func (c *Client) ListHardware(ctx context.Context, body ListHardwareJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListHardwareRequest(c.Server, body)
 	if err != nil {
 		return nil, err
 	}
@@ -3363,8 +3288,8 @@ func (c *Client) CordonNodes(ctx context.Context, params *CordonNodesParams, bod
 // Takes any type of body and a specified content type.
 //
 // Corresponds with POST /v1/nodes/create (the `CreateNode` operationId).
-func (c *Client) CreateNodeWithBody(ctx context.Context, params *CreateNodeParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewCreateNodeRequestWithBody(c.Server, params, contentType, body)
+func (c *Client) CreateNodeWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateNodeRequestWithBody(c.Server, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -3385,8 +3310,8 @@ func (c *Client) CreateNodeWithBody(ctx context.Context, params *CreateNodeParam
 // Takes a body of the `application/json` content type.
 //
 // Corresponds with POST /v1/nodes/create (the `CreateNode` operationId).
-func (c *Client) CreateNode(ctx context.Context, params *CreateNodeParams, body CreateNodeJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewCreateNodeRequest(c.Server, params, body)
+func (c *Client) CreateNode(ctx context.Context, body CreateNodeJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateNodeRequest(c.Server, body)
 	if err != nil {
 		return nil, err
 	}
@@ -3937,8 +3862,8 @@ func (c *Client) UpdateNode(ctx context.Context, pk NodePK, params *UpdateNodePa
 // Roles: agent only; the others get 403.
 //
 // Corresponds with POST /v1/tokens/renew (the `RenewToken` operationId).
-func (c *Client) RenewToken(ctx context.Context, params *RenewTokenParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewRenewTokenRequest(c.Server, params)
+func (c *Client) RenewToken(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewRenewTokenRequest(c.Server)
 	if err != nil {
 		return nil, err
 	}
@@ -3957,8 +3882,8 @@ func (c *Client) RenewToken(ctx context.Context, params *RenewTokenParams, reqEd
 // Takes any type of body and a specified content type.
 //
 // Corresponds with POST /v1/tokens/revoke (the `RevokeTokens` operationId).
-func (c *Client) RevokeTokensWithBody(ctx context.Context, params *RevokeTokensParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewRevokeTokensRequestWithBody(c.Server, params, contentType, body)
+func (c *Client) RevokeTokensWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewRevokeTokensRequestWithBody(c.Server, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -3977,8 +3902,8 @@ func (c *Client) RevokeTokensWithBody(ctx context.Context, params *RevokeTokensP
 // Takes a body of the `application/json` content type.
 //
 // Corresponds with POST /v1/tokens/revoke (the `RevokeTokens` operationId).
-func (c *Client) RevokeTokens(ctx context.Context, params *RevokeTokensParams, body RevokeTokensJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewRevokeTokensRequest(c.Server, params, body)
+func (c *Client) RevokeTokens(ctx context.Context, body RevokeTokensJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewRevokeTokensRequest(c.Server, body)
 	if err != nil {
 		return nil, err
 	}
@@ -4152,18 +4077,18 @@ func NewHeadReadyzRequest(server string) (*http.Request, error) {
 }
 
 // NewListAuditRequest calls the generic ListAudit builder with application/json body
-func NewListAuditRequest(server string, params *ListAuditParams, body ListAuditJSONRequestBody) (*http.Request, error) {
+func NewListAuditRequest(server string, body ListAuditJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewListAuditRequestWithBody(server, params, "application/json", bodyReader)
+	return NewListAuditRequestWithBody(server, "application/json", bodyReader)
 }
 
 // NewListAuditRequestWithBody constructs an http.Request for the ListAudit method, with any body, and a specified content type
-func NewListAuditRequestWithBody(server string, params *ListAuditParams, contentType string, body io.Reader) (*http.Request, error) {
+func NewListAuditRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	serverURL, err := url.Parse(server)
@@ -4188,37 +4113,22 @@ func NewListAuditRequestWithBody(server string, params *ListAuditParams, content
 
 	req.Header.Add("Content-Type", contentType)
 
-	if params != nil {
-
-		if params.NodeID != nil {
-			var headerParam0 string
-
-			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Node-Id", *params.NodeID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "integer", Format: "int64"})
-			if err != nil {
-				return nil, err
-			}
-
-			req.Header.Set("Node-Id", headerParam0)
-		}
-
-	}
-
 	return req, nil
 }
 
 // NewListFabricsRequest calls the generic ListFabrics builder with application/json body
-func NewListFabricsRequest(server string, params *ListFabricsParams, body ListFabricsJSONRequestBody) (*http.Request, error) {
+func NewListFabricsRequest(server string, body ListFabricsJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewListFabricsRequestWithBody(server, params, "application/json", bodyReader)
+	return NewListFabricsRequestWithBody(server, "application/json", bodyReader)
 }
 
 // NewListFabricsRequestWithBody constructs an http.Request for the ListFabrics method, with any body, and a specified content type
-func NewListFabricsRequestWithBody(server string, params *ListFabricsParams, contentType string, body io.Reader) (*http.Request, error) {
+func NewListFabricsRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	serverURL, err := url.Parse(server)
@@ -4243,37 +4153,22 @@ func NewListFabricsRequestWithBody(server string, params *ListFabricsParams, con
 
 	req.Header.Add("Content-Type", contentType)
 
-	if params != nil {
-
-		if params.NodeID != nil {
-			var headerParam0 string
-
-			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Node-Id", *params.NodeID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "integer", Format: "int64"})
-			if err != nil {
-				return nil, err
-			}
-
-			req.Header.Set("Node-Id", headerParam0)
-		}
-
-	}
-
 	return req, nil
 }
 
 // NewCreateHardwareRequest calls the generic CreateHardware builder with application/json body
-func NewCreateHardwareRequest(server string, params *CreateHardwareParams, body CreateHardwareJSONRequestBody) (*http.Request, error) {
+func NewCreateHardwareRequest(server string, body CreateHardwareJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewCreateHardwareRequestWithBody(server, params, "application/json", bodyReader)
+	return NewCreateHardwareRequestWithBody(server, "application/json", bodyReader)
 }
 
 // NewCreateHardwareRequestWithBody constructs an http.Request for the CreateHardware method, with any body, and a specified content type
-func NewCreateHardwareRequestWithBody(server string, params *CreateHardwareParams, contentType string, body io.Reader) (*http.Request, error) {
+func NewCreateHardwareRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	serverURL, err := url.Parse(server)
@@ -4298,37 +4193,22 @@ func NewCreateHardwareRequestWithBody(server string, params *CreateHardwareParam
 
 	req.Header.Add("Content-Type", contentType)
 
-	if params != nil {
-
-		if params.NodeID != nil {
-			var headerParam0 string
-
-			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Node-Id", *params.NodeID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "integer", Format: "int64"})
-			if err != nil {
-				return nil, err
-			}
-
-			req.Header.Set("Node-Id", headerParam0)
-		}
-
-	}
-
 	return req, nil
 }
 
 // NewListHardwareRequest calls the generic ListHardware builder with application/json body
-func NewListHardwareRequest(server string, params *ListHardwareParams, body ListHardwareJSONRequestBody) (*http.Request, error) {
+func NewListHardwareRequest(server string, body ListHardwareJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewListHardwareRequestWithBody(server, params, "application/json", bodyReader)
+	return NewListHardwareRequestWithBody(server, "application/json", bodyReader)
 }
 
 // NewListHardwareRequestWithBody constructs an http.Request for the ListHardware method, with any body, and a specified content type
-func NewListHardwareRequestWithBody(server string, params *ListHardwareParams, contentType string, body io.Reader) (*http.Request, error) {
+func NewListHardwareRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	serverURL, err := url.Parse(server)
@@ -4352,21 +4232,6 @@ func NewListHardwareRequestWithBody(server string, params *ListHardwareParams, c
 	}
 
 	req.Header.Add("Content-Type", contentType)
-
-	if params != nil {
-
-		if params.NodeID != nil {
-			var headerParam0 string
-
-			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Node-Id", *params.NodeID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "integer", Format: "int64"})
-			if err != nil {
-				return nil, err
-			}
-
-			req.Header.Set("Node-Id", headerParam0)
-		}
-
-	}
 
 	return req, nil
 }
@@ -4404,26 +4269,15 @@ func NewDeleteHardwareRequest(server string, pk HardwarePK, params *DeleteHardwa
 
 	if params != nil {
 
-		if params.NodeID != nil {
+		if params.IfMatch != nil {
 			var headerParam0 string
 
-			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Node-Id", *params.NodeID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "integer", Format: "int64"})
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "If-Match", *params.IfMatch, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
 			if err != nil {
 				return nil, err
 			}
 
-			req.Header.Set("Node-Id", headerParam0)
-		}
-
-		if params.IfMatch != nil {
-			var headerParam1 string
-
-			headerParam1, err = runtime.StyleParamWithOptions("simple", false, "If-Match", *params.IfMatch, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
-			if err != nil {
-				return nil, err
-			}
-
-			req.Header.Set("If-Match", headerParam1)
+			req.Header.Set("If-Match", headerParam0)
 		}
 
 	}
@@ -4464,26 +4318,15 @@ func NewGetHardwareRequest(server string, pk HardwarePK, params *GetHardwarePara
 
 	if params != nil {
 
-		if params.NodeID != nil {
+		if params.IfNoneMatch != nil {
 			var headerParam0 string
 
-			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Node-Id", *params.NodeID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "integer", Format: "int64"})
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "If-None-Match", *params.IfNoneMatch, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
 			if err != nil {
 				return nil, err
 			}
 
-			req.Header.Set("Node-Id", headerParam0)
-		}
-
-		if params.IfNoneMatch != nil {
-			var headerParam1 string
-
-			headerParam1, err = runtime.StyleParamWithOptions("simple", false, "If-None-Match", *params.IfNoneMatch, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
-			if err != nil {
-				return nil, err
-			}
-
-			req.Header.Set("If-None-Match", headerParam1)
+			req.Header.Set("If-None-Match", headerParam0)
 		}
 
 	}
@@ -4524,26 +4367,15 @@ func NewHeadHardwareRequest(server string, pk HardwarePK, params *HeadHardwarePa
 
 	if params != nil {
 
-		if params.NodeID != nil {
+		if params.IfNoneMatch != nil {
 			var headerParam0 string
 
-			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Node-Id", *params.NodeID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "integer", Format: "int64"})
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "If-None-Match", *params.IfNoneMatch, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
 			if err != nil {
 				return nil, err
 			}
 
-			req.Header.Set("Node-Id", headerParam0)
-		}
-
-		if params.IfNoneMatch != nil {
-			var headerParam1 string
-
-			headerParam1, err = runtime.StyleParamWithOptions("simple", false, "If-None-Match", *params.IfNoneMatch, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
-			if err != nil {
-				return nil, err
-			}
-
-			req.Header.Set("If-None-Match", headerParam1)
+			req.Header.Set("If-None-Match", headerParam0)
 		}
 
 	}
@@ -4608,26 +4440,15 @@ func NewPatchHardwareRequestWithBody(server string, pk HardwarePK, params *Patch
 
 	if params != nil {
 
-		if params.NodeID != nil {
+		if params.IfMatch != nil {
 			var headerParam0 string
 
-			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Node-Id", *params.NodeID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "integer", Format: "int64"})
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "If-Match", *params.IfMatch, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
 			if err != nil {
 				return nil, err
 			}
 
-			req.Header.Set("Node-Id", headerParam0)
-		}
-
-		if params.IfMatch != nil {
-			var headerParam1 string
-
-			headerParam1, err = runtime.StyleParamWithOptions("simple", false, "If-Match", *params.IfMatch, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
-			if err != nil {
-				return nil, err
-			}
-
-			req.Header.Set("If-Match", headerParam1)
+			req.Header.Set("If-Match", headerParam0)
 		}
 
 	}
@@ -4681,26 +4502,15 @@ func NewUpdateHardwareRequestWithBody(server string, pk HardwarePK, params *Upda
 
 	if params != nil {
 
-		if params.NodeID != nil {
+		if params.IfMatch != nil {
 			var headerParam0 string
 
-			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Node-Id", *params.NodeID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "integer", Format: "int64"})
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "If-Match", *params.IfMatch, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
 			if err != nil {
 				return nil, err
 			}
 
-			req.Header.Set("Node-Id", headerParam0)
-		}
-
-		if params.IfMatch != nil {
-			var headerParam1 string
-
-			headerParam1, err = runtime.StyleParamWithOptions("simple", false, "If-Match", *params.IfMatch, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
-			if err != nil {
-				return nil, err
-			}
-
-			req.Header.Set("If-Match", headerParam1)
+			req.Header.Set("If-Match", headerParam0)
 		}
 
 	}
@@ -4747,26 +4557,15 @@ func NewClaimNodesRequestWithBody(server string, params *ClaimNodesParams, conte
 
 	if params != nil {
 
-		if params.NodeID != nil {
+		if params.IdempotencyKey != nil {
 			var headerParam0 string
 
-			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Node-Id", *params.NodeID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "integer", Format: "int64"})
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", *params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
 			if err != nil {
 				return nil, err
 			}
 
-			req.Header.Set("Node-Id", headerParam0)
-		}
-
-		if params.IdempotencyKey != nil {
-			var headerParam1 string
-
-			headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", *params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
-			if err != nil {
-				return nil, err
-			}
-
-			req.Header.Set("Idempotency-Key", headerParam1)
+			req.Header.Set("Idempotency-Key", headerParam0)
 		}
 
 	}
@@ -4813,26 +4612,15 @@ func NewCordonNodesRequestWithBody(server string, params *CordonNodesParams, con
 
 	if params != nil {
 
-		if params.NodeID != nil {
+		if params.IdempotencyKey != nil {
 			var headerParam0 string
 
-			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Node-Id", *params.NodeID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "integer", Format: "int64"})
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", *params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
 			if err != nil {
 				return nil, err
 			}
 
-			req.Header.Set("Node-Id", headerParam0)
-		}
-
-		if params.IdempotencyKey != nil {
-			var headerParam1 string
-
-			headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", *params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
-			if err != nil {
-				return nil, err
-			}
-
-			req.Header.Set("Idempotency-Key", headerParam1)
+			req.Header.Set("Idempotency-Key", headerParam0)
 		}
 
 	}
@@ -4841,18 +4629,18 @@ func NewCordonNodesRequestWithBody(server string, params *CordonNodesParams, con
 }
 
 // NewCreateNodeRequest calls the generic CreateNode builder with application/json body
-func NewCreateNodeRequest(server string, params *CreateNodeParams, body CreateNodeJSONRequestBody) (*http.Request, error) {
+func NewCreateNodeRequest(server string, body CreateNodeJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewCreateNodeRequestWithBody(server, params, "application/json", bodyReader)
+	return NewCreateNodeRequestWithBody(server, "application/json", bodyReader)
 }
 
 // NewCreateNodeRequestWithBody constructs an http.Request for the CreateNode method, with any body, and a specified content type
-func NewCreateNodeRequestWithBody(server string, params *CreateNodeParams, contentType string, body io.Reader) (*http.Request, error) {
+func NewCreateNodeRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	serverURL, err := url.Parse(server)
@@ -4876,21 +4664,6 @@ func NewCreateNodeRequestWithBody(server string, params *CreateNodeParams, conte
 	}
 
 	req.Header.Add("Content-Type", contentType)
-
-	if params != nil {
-
-		if params.NodeID != nil {
-			var headerParam0 string
-
-			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Node-Id", *params.NodeID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "integer", Format: "int64"})
-			if err != nil {
-				return nil, err
-			}
-
-			req.Header.Set("Node-Id", headerParam0)
-		}
-
-	}
 
 	return req, nil
 }
@@ -4934,26 +4707,15 @@ func NewListNodesRequestWithBody(server string, params *ListNodesParams, content
 
 	if params != nil {
 
-		if params.NodeID != nil {
+		if params.CacheControl != nil {
 			var headerParam0 string
 
-			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Node-Id", *params.NodeID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "integer", Format: "int64"})
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Cache-Control", *params.CacheControl, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
 			if err != nil {
 				return nil, err
 			}
 
-			req.Header.Set("Node-Id", headerParam0)
-		}
-
-		if params.CacheControl != nil {
-			var headerParam1 string
-
-			headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Cache-Control", *params.CacheControl, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
-			if err != nil {
-				return nil, err
-			}
-
-			req.Header.Set("Cache-Control", headerParam1)
+			req.Header.Set("Cache-Control", headerParam0)
 		}
 
 	}
@@ -5106,26 +4868,15 @@ func NewReleaseNodesRequestWithBody(server string, params *ReleaseNodesParams, c
 
 	if params != nil {
 
-		if params.NodeID != nil {
+		if params.IdempotencyKey != nil {
 			var headerParam0 string
 
-			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Node-Id", *params.NodeID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "integer", Format: "int64"})
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", *params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
 			if err != nil {
 				return nil, err
 			}
 
-			req.Header.Set("Node-Id", headerParam0)
-		}
-
-		if params.IdempotencyKey != nil {
-			var headerParam1 string
-
-			headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", *params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
-			if err != nil {
-				return nil, err
-			}
-
-			req.Header.Set("Idempotency-Key", headerParam1)
+			req.Header.Set("Idempotency-Key", headerParam0)
 		}
 
 	}
@@ -5172,26 +4923,15 @@ func NewRenewLeasesRequestWithBody(server string, params *RenewLeasesParams, con
 
 	if params != nil {
 
-		if params.NodeID != nil {
+		if params.IdempotencyKey != nil {
 			var headerParam0 string
 
-			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Node-Id", *params.NodeID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "integer", Format: "int64"})
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", *params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
 			if err != nil {
 				return nil, err
 			}
 
-			req.Header.Set("Node-Id", headerParam0)
-		}
-
-		if params.IdempotencyKey != nil {
-			var headerParam1 string
-
-			headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", *params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
-			if err != nil {
-				return nil, err
-			}
-
-			req.Header.Set("Idempotency-Key", headerParam1)
+			req.Header.Set("Idempotency-Key", headerParam0)
 		}
 
 	}
@@ -5238,26 +4978,15 @@ func NewUncordonNodesRequestWithBody(server string, params *UncordonNodesParams,
 
 	if params != nil {
 
-		if params.NodeID != nil {
+		if params.IdempotencyKey != nil {
 			var headerParam0 string
 
-			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Node-Id", *params.NodeID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "integer", Format: "int64"})
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", *params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
 			if err != nil {
 				return nil, err
 			}
 
-			req.Header.Set("Node-Id", headerParam0)
-		}
-
-		if params.IdempotencyKey != nil {
-			var headerParam1 string
-
-			headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", *params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
-			if err != nil {
-				return nil, err
-			}
-
-			req.Header.Set("Idempotency-Key", headerParam1)
+			req.Header.Set("Idempotency-Key", headerParam0)
 		}
 
 	}
@@ -6028,7 +5757,7 @@ func NewUpdateNodeRequestWithBody(server string, pk NodePK, params *UpdateNodePa
 }
 
 // NewRenewTokenRequest constructs an http.Request for the RenewToken method
-func NewRenewTokenRequest(server string, params *RenewTokenParams) (*http.Request, error) {
+func NewRenewTokenRequest(server string) (*http.Request, error) {
 	var err error
 
 	serverURL, err := url.Parse(server)
@@ -6051,37 +5780,22 @@ func NewRenewTokenRequest(server string, params *RenewTokenParams) (*http.Reques
 		return nil, err
 	}
 
-	if params != nil {
-
-		if params.NodeID != nil {
-			var headerParam0 string
-
-			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Node-Id", *params.NodeID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "integer", Format: "int64"})
-			if err != nil {
-				return nil, err
-			}
-
-			req.Header.Set("Node-Id", headerParam0)
-		}
-
-	}
-
 	return req, nil
 }
 
 // NewRevokeTokensRequest calls the generic RevokeTokens builder with application/json body
-func NewRevokeTokensRequest(server string, params *RevokeTokensParams, body RevokeTokensJSONRequestBody) (*http.Request, error) {
+func NewRevokeTokensRequest(server string, body RevokeTokensJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewRevokeTokensRequestWithBody(server, params, "application/json", bodyReader)
+	return NewRevokeTokensRequestWithBody(server, "application/json", bodyReader)
 }
 
 // NewRevokeTokensRequestWithBody constructs an http.Request for the RevokeTokens method, with any body, and a specified content type
-func NewRevokeTokensRequestWithBody(server string, params *RevokeTokensParams, contentType string, body io.Reader) (*http.Request, error) {
+func NewRevokeTokensRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	serverURL, err := url.Parse(server)
@@ -6105,21 +5819,6 @@ func NewRevokeTokensRequestWithBody(server string, params *RevokeTokensParams, c
 	}
 
 	req.Header.Add("Content-Type", contentType)
-
-	if params != nil {
-
-		if params.NodeID != nil {
-			var headerParam0 string
-
-			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Node-Id", *params.NodeID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "integer", Format: "int64"})
-			if err != nil {
-				return nil, err
-			}
-
-			req.Header.Set("Node-Id", headerParam0)
-		}
-
-	}
 
 	return req, nil
 }
@@ -6230,7 +5929,7 @@ type ClientWithResponsesInterface interface {
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/audit/list (the `ListAudit` operationId).
-	ListAuditWithBodyWithResponse(ctx context.Context, params *ListAuditParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ListAuditResponse, error)
+	ListAuditWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ListAuditResponse, error)
 
 	// ListAuditWithResponse List audit log entries
 	//
@@ -6240,7 +5939,7 @@ type ClientWithResponsesInterface interface {
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/audit/list (the `ListAudit` operationId).
-	ListAuditWithResponse(ctx context.Context, params *ListAuditParams, body ListAuditJSONRequestBody, reqEditors ...RequestEditorFn) (*ListAuditResponse, error)
+	ListAuditWithResponse(ctx context.Context, body ListAuditJSONRequestBody, reqEditors ...RequestEditorFn) (*ListAuditResponse, error)
 
 	// ListFabricsWithBodyWithResponse Capacity by fabric
 	//
@@ -6250,7 +5949,7 @@ type ClientWithResponsesInterface interface {
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/fabrics/list (the `ListFabrics` operationId).
-	ListFabricsWithBodyWithResponse(ctx context.Context, params *ListFabricsParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ListFabricsResponse, error)
+	ListFabricsWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ListFabricsResponse, error)
 
 	// ListFabricsWithResponse Capacity by fabric
 	//
@@ -6260,7 +5959,7 @@ type ClientWithResponsesInterface interface {
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/fabrics/list (the `ListFabrics` operationId).
-	ListFabricsWithResponse(ctx context.Context, params *ListFabricsParams, body ListFabricsJSONRequestBody, reqEditors ...RequestEditorFn) (*ListFabricsResponse, error)
+	ListFabricsWithResponse(ctx context.Context, body ListFabricsJSONRequestBody, reqEditors ...RequestEditorFn) (*ListFabricsResponse, error)
 
 	// CreateHardwareWithBodyWithResponse Create a hardware generation
 	//
@@ -6270,7 +5969,7 @@ type ClientWithResponsesInterface interface {
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/hardware/create (the `CreateHardware` operationId).
-	CreateHardwareWithBodyWithResponse(ctx context.Context, params *CreateHardwareParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateHardwareResponse, error)
+	CreateHardwareWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateHardwareResponse, error)
 
 	// CreateHardwareWithResponse Create a hardware generation
 	//
@@ -6280,7 +5979,7 @@ type ClientWithResponsesInterface interface {
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/hardware/create (the `CreateHardware` operationId).
-	CreateHardwareWithResponse(ctx context.Context, params *CreateHardwareParams, body CreateHardwareJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateHardwareResponse, error)
+	CreateHardwareWithResponse(ctx context.Context, body CreateHardwareJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateHardwareResponse, error)
 
 	// ListHardwareWithBodyWithResponse List hardware generations
 	//
@@ -6290,7 +5989,7 @@ type ClientWithResponsesInterface interface {
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/hardware/list (the `ListHardware` operationId).
-	ListHardwareWithBodyWithResponse(ctx context.Context, params *ListHardwareParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ListHardwareResponse, error)
+	ListHardwareWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ListHardwareResponse, error)
 
 	// ListHardwareWithResponse List hardware generations
 	//
@@ -6300,7 +5999,7 @@ type ClientWithResponsesInterface interface {
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/hardware/list (the `ListHardware` operationId).
-	ListHardwareWithResponse(ctx context.Context, params *ListHardwareParams, body ListHardwareJSONRequestBody, reqEditors ...RequestEditorFn) (*ListHardwareResponse, error)
+	ListHardwareWithResponse(ctx context.Context, body ListHardwareJSONRequestBody, reqEditors ...RequestEditorFn) (*ListHardwareResponse, error)
 
 	// DeleteHardwareWithResponse Delete a hardware generation
 	//
@@ -6444,7 +6143,7 @@ type ClientWithResponsesInterface interface {
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/nodes/create (the `CreateNode` operationId).
-	CreateNodeWithBodyWithResponse(ctx context.Context, params *CreateNodeParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateNodeResponse, error)
+	CreateNodeWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateNodeResponse, error)
 
 	// CreateNodeWithResponse Create a node
 	//
@@ -6456,7 +6155,7 @@ type ClientWithResponsesInterface interface {
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/nodes/create (the `CreateNode` operationId).
-	CreateNodeWithResponse(ctx context.Context, params *CreateNodeParams, body CreateNodeJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateNodeResponse, error)
+	CreateNodeWithResponse(ctx context.Context, body CreateNodeJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateNodeResponse, error)
 
 	// ListNodesWithBodyWithResponse List nodes
 	//
@@ -6814,7 +6513,7 @@ type ClientWithResponsesInterface interface {
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/tokens/renew (the `RenewToken` operationId).
-	RenewTokenWithResponse(ctx context.Context, params *RenewTokenParams, reqEditors ...RequestEditorFn) (*RenewTokenResponse, error)
+	RenewTokenWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*RenewTokenResponse, error)
 
 	// RevokeTokensWithBodyWithResponse Revoke tokens before they expire
 	//
@@ -6824,7 +6523,7 @@ type ClientWithResponsesInterface interface {
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/tokens/revoke (the `RevokeTokens` operationId).
-	RevokeTokensWithBodyWithResponse(ctx context.Context, params *RevokeTokensParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*RevokeTokensResponse, error)
+	RevokeTokensWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*RevokeTokensResponse, error)
 
 	// RevokeTokensWithResponse Revoke tokens before they expire
 	//
@@ -6834,7 +6533,7 @@ type ClientWithResponsesInterface interface {
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/tokens/revoke (the `RevokeTokens` operationId).
-	RevokeTokensWithResponse(ctx context.Context, params *RevokeTokensParams, body RevokeTokensJSONRequestBody, reqEditors ...RequestEditorFn) (*RevokeTokensResponse, error)
+	RevokeTokensWithResponse(ctx context.Context, body RevokeTokensJSONRequestBody, reqEditors ...RequestEditorFn) (*RevokeTokensResponse, error)
 }
 
 // HealthzResponse200Headers the declared response headers of an HTTP 200 response for Healthz
@@ -12285,8 +11984,8 @@ func (c *ClientWithResponses) HeadReadyzWithResponse(ctx context.Context, reqEdi
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/audit/list (the `ListAudit` operationId).
-func (c *ClientWithResponses) ListAuditWithBodyWithResponse(ctx context.Context, params *ListAuditParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ListAuditResponse, error) {
-	rsp, err := c.ListAuditWithBody(ctx, params, contentType, body, reqEditors...)
+func (c *ClientWithResponses) ListAuditWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ListAuditResponse, error) {
+	rsp, err := c.ListAuditWithBody(ctx, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -12301,8 +12000,8 @@ func (c *ClientWithResponses) ListAuditWithBodyWithResponse(ctx context.Context,
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/audit/list (the `ListAudit` operationId).
-func (c *ClientWithResponses) ListAuditWithResponse(ctx context.Context, params *ListAuditParams, body ListAuditJSONRequestBody, reqEditors ...RequestEditorFn) (*ListAuditResponse, error) {
-	rsp, err := c.ListAudit(ctx, params, body, reqEditors...)
+func (c *ClientWithResponses) ListAuditWithResponse(ctx context.Context, body ListAuditJSONRequestBody, reqEditors ...RequestEditorFn) (*ListAuditResponse, error) {
+	rsp, err := c.ListAudit(ctx, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -12317,8 +12016,8 @@ func (c *ClientWithResponses) ListAuditWithResponse(ctx context.Context, params 
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/fabrics/list (the `ListFabrics` operationId).
-func (c *ClientWithResponses) ListFabricsWithBodyWithResponse(ctx context.Context, params *ListFabricsParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ListFabricsResponse, error) {
-	rsp, err := c.ListFabricsWithBody(ctx, params, contentType, body, reqEditors...)
+func (c *ClientWithResponses) ListFabricsWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ListFabricsResponse, error) {
+	rsp, err := c.ListFabricsWithBody(ctx, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -12333,8 +12032,8 @@ func (c *ClientWithResponses) ListFabricsWithBodyWithResponse(ctx context.Contex
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/fabrics/list (the `ListFabrics` operationId).
-func (c *ClientWithResponses) ListFabricsWithResponse(ctx context.Context, params *ListFabricsParams, body ListFabricsJSONRequestBody, reqEditors ...RequestEditorFn) (*ListFabricsResponse, error) {
-	rsp, err := c.ListFabrics(ctx, params, body, reqEditors...)
+func (c *ClientWithResponses) ListFabricsWithResponse(ctx context.Context, body ListFabricsJSONRequestBody, reqEditors ...RequestEditorFn) (*ListFabricsResponse, error) {
+	rsp, err := c.ListFabrics(ctx, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -12349,8 +12048,8 @@ func (c *ClientWithResponses) ListFabricsWithResponse(ctx context.Context, param
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/hardware/create (the `CreateHardware` operationId).
-func (c *ClientWithResponses) CreateHardwareWithBodyWithResponse(ctx context.Context, params *CreateHardwareParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateHardwareResponse, error) {
-	rsp, err := c.CreateHardwareWithBody(ctx, params, contentType, body, reqEditors...)
+func (c *ClientWithResponses) CreateHardwareWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateHardwareResponse, error) {
+	rsp, err := c.CreateHardwareWithBody(ctx, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -12365,8 +12064,8 @@ func (c *ClientWithResponses) CreateHardwareWithBodyWithResponse(ctx context.Con
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/hardware/create (the `CreateHardware` operationId).
-func (c *ClientWithResponses) CreateHardwareWithResponse(ctx context.Context, params *CreateHardwareParams, body CreateHardwareJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateHardwareResponse, error) {
-	rsp, err := c.CreateHardware(ctx, params, body, reqEditors...)
+func (c *ClientWithResponses) CreateHardwareWithResponse(ctx context.Context, body CreateHardwareJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateHardwareResponse, error) {
+	rsp, err := c.CreateHardware(ctx, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -12381,8 +12080,8 @@ func (c *ClientWithResponses) CreateHardwareWithResponse(ctx context.Context, pa
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/hardware/list (the `ListHardware` operationId).
-func (c *ClientWithResponses) ListHardwareWithBodyWithResponse(ctx context.Context, params *ListHardwareParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ListHardwareResponse, error) {
-	rsp, err := c.ListHardwareWithBody(ctx, params, contentType, body, reqEditors...)
+func (c *ClientWithResponses) ListHardwareWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ListHardwareResponse, error) {
+	rsp, err := c.ListHardwareWithBody(ctx, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -12397,8 +12096,8 @@ func (c *ClientWithResponses) ListHardwareWithBodyWithResponse(ctx context.Conte
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/hardware/list (the `ListHardware` operationId).
-func (c *ClientWithResponses) ListHardwareWithResponse(ctx context.Context, params *ListHardwareParams, body ListHardwareJSONRequestBody, reqEditors ...RequestEditorFn) (*ListHardwareResponse, error) {
-	rsp, err := c.ListHardware(ctx, params, body, reqEditors...)
+func (c *ClientWithResponses) ListHardwareWithResponse(ctx context.Context, body ListHardwareJSONRequestBody, reqEditors ...RequestEditorFn) (*ListHardwareResponse, error) {
+	rsp, err := c.ListHardware(ctx, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -12619,8 +12318,8 @@ func (c *ClientWithResponses) CordonNodesWithResponse(ctx context.Context, param
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/nodes/create (the `CreateNode` operationId).
-func (c *ClientWithResponses) CreateNodeWithBodyWithResponse(ctx context.Context, params *CreateNodeParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateNodeResponse, error) {
-	rsp, err := c.CreateNodeWithBody(ctx, params, contentType, body, reqEditors...)
+func (c *ClientWithResponses) CreateNodeWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateNodeResponse, error) {
+	rsp, err := c.CreateNodeWithBody(ctx, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -12637,8 +12336,8 @@ func (c *ClientWithResponses) CreateNodeWithBodyWithResponse(ctx context.Context
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/nodes/create (the `CreateNode` operationId).
-func (c *ClientWithResponses) CreateNodeWithResponse(ctx context.Context, params *CreateNodeParams, body CreateNodeJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateNodeResponse, error) {
-	rsp, err := c.CreateNode(ctx, params, body, reqEditors...)
+func (c *ClientWithResponses) CreateNodeWithResponse(ctx context.Context, body CreateNodeJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateNodeResponse, error) {
+	rsp, err := c.CreateNode(ctx, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -13121,8 +12820,8 @@ func (c *ClientWithResponses) UpdateNodeWithResponse(ctx context.Context, pk Nod
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/tokens/renew (the `RenewToken` operationId).
-func (c *ClientWithResponses) RenewTokenWithResponse(ctx context.Context, params *RenewTokenParams, reqEditors ...RequestEditorFn) (*RenewTokenResponse, error) {
-	rsp, err := c.RenewToken(ctx, params, reqEditors...)
+func (c *ClientWithResponses) RenewTokenWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*RenewTokenResponse, error) {
+	rsp, err := c.RenewToken(ctx, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -13137,8 +12836,8 @@ func (c *ClientWithResponses) RenewTokenWithResponse(ctx context.Context, params
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/tokens/revoke (the `RevokeTokens` operationId).
-func (c *ClientWithResponses) RevokeTokensWithBodyWithResponse(ctx context.Context, params *RevokeTokensParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*RevokeTokensResponse, error) {
-	rsp, err := c.RevokeTokensWithBody(ctx, params, contentType, body, reqEditors...)
+func (c *ClientWithResponses) RevokeTokensWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*RevokeTokensResponse, error) {
+	rsp, err := c.RevokeTokensWithBody(ctx, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -13153,8 +12852,8 @@ func (c *ClientWithResponses) RevokeTokensWithBodyWithResponse(ctx context.Conte
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/tokens/revoke (the `RevokeTokens` operationId).
-func (c *ClientWithResponses) RevokeTokensWithResponse(ctx context.Context, params *RevokeTokensParams, body RevokeTokensJSONRequestBody, reqEditors ...RequestEditorFn) (*RevokeTokensResponse, error) {
-	rsp, err := c.RevokeTokens(ctx, params, body, reqEditors...)
+func (c *ClientWithResponses) RevokeTokensWithResponse(ctx context.Context, body RevokeTokensJSONRequestBody, reqEditors ...RequestEditorFn) (*RevokeTokensResponse, error) {
+	rsp, err := c.RevokeTokens(ctx, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
