@@ -2511,6 +2511,14 @@ type ClientInterface interface {
 
 	// WatchNodes Watch node changes
 	//
+	// **Swagger UI cannot show this stream**: it waits for an answer to
+	// end, and this one stays open, so /docs offers no "Try it out" here.
+	// Watch with curl instead (`-N` prints each event as it comes):
+	//
+	// ```
+	// curl -N -H "Authorization: Bearer $TOKEN" http://127.0.0.1:8080/v1/nodes/watch
+	// ```
+	//
 	// Answers 200 with a Server-Sent Events stream
 	// (`text/event-stream`, [WHATWG HTML § 9.2](https://html.spec.whatwg.org/multipage/server-sent-events.html))
 	// of changes to nodes, as they are committed through any replica. The
@@ -3525,6 +3533,14 @@ func (c *Client) UncordonNodes(ctx context.Context, params *UncordonNodesParams,
 }
 
 // WatchNodes Watch node changes
+//
+// **Swagger UI cannot show this stream**: it waits for an answer to
+// end, and this one stays open, so /docs offers no "Try it out" here.
+// Watch with curl instead (`-N` prints each event as it comes):
+//
+// ```
+// curl -N -H "Authorization: Bearer $TOKEN" http://127.0.0.1:8080/v1/nodes/watch
+// ```
 //
 // Answers 200 with a Server-Sent Events stream
 // (`text/event-stream`, [WHATWG HTML § 9.2](https://html.spec.whatwg.org/multipage/server-sent-events.html))
@@ -6264,6 +6280,14 @@ type ClientWithResponsesInterface interface {
 	UncordonNodesWithResponse(ctx context.Context, params *UncordonNodesParams, body UncordonNodesJSONRequestBody, reqEditors ...RequestEditorFn) (*UncordonNodesResponse, error)
 
 	// WatchNodesWithResponse Watch node changes
+	//
+	// **Swagger UI cannot show this stream**: it waits for an answer to
+	// end, and this one stays open, so /docs offers no "Try it out" here.
+	// Watch with curl instead (`-N` prints each event as it comes):
+	//
+	// ```
+	// curl -N -H "Authorization: Bearer $TOKEN" http://127.0.0.1:8080/v1/nodes/watch
+	// ```
 	//
 	// Answers 200 with a Server-Sent Events stream
 	// (`text/event-stream`, [WHATWG HTML § 9.2](https://html.spec.whatwg.org/multipage/server-sent-events.html))
@@ -12511,6 +12535,14 @@ func (c *ClientWithResponses) UncordonNodesWithResponse(ctx context.Context, par
 }
 
 // WatchNodesWithResponse Watch node changes
+//
+// **Swagger UI cannot show this stream**: it waits for an answer to
+// end, and this one stays open, so /docs offers no "Try it out" here.
+// Watch with curl instead (`-N` prints each event as it comes):
+//
+// ```
+// curl -N -H "Authorization: Bearer $TOKEN" http://127.0.0.1:8080/v1/nodes/watch
+// ```
 //
 // Answers 200 with a Server-Sent Events stream
 // (`text/event-stream`, [WHATWG HTML § 9.2](https://html.spec.whatwg.org/multipage/server-sent-events.html))

@@ -33,6 +33,25 @@
 		};
 	}
 
+	// Swagger UI shows an answer once it ends; an event stream (the
+	// watch) never does, and "Try it out" would spin forever. Such an
+	// operation gets no "Try it out": its description gives the curl line.
+	function streamsNoTry() {
+		return {
+			statePlugins: {
+				spec: {
+					selectors: {
+						allowTryItOutFor: function (state, path, method) {
+							var op = state.getIn(["resolvedSubtrees", "paths", path, method]) || state.getIn(["json", "paths", path, method]);
+							var content = op && op.getIn(["responses", "200", "content"]);
+							return !(content && content.has("text/event-stream"));
+						},
+					},
+				},
+			},
+		};
+	}
+
 	// The spec links to its own sections by tag ([conventions](#/conventions)).
 	// Swagger UI opens every Markdown link in a new tab, which would lose
 	// the token given under "Authorize": scroll this page instead.
@@ -49,7 +68,7 @@
 		url: new URL("openapi.yaml", root).href,
 		dom_id: "#swagger-ui",
 		presets: [SwaggerUIBundle.presets.apis],
-		plugins: [sameServer],
+		plugins: [sameServer, streamsNoTry],
 		layout: "BaseLayout",
 		deepLinking: true,
 		displayRequestDuration: true,
