@@ -87,11 +87,15 @@ func specOperations(t *testing.T, url string) (blocks int, ids []string, ping st
 }
 
 // The API browser, in a real headless Chromium against a real server:
-// every operation of the served spec renders, "Authorize" takes a bearer
-// token, "Try it out" on GET /v1/nodes/ping sends it and shows 200, the
-// request goes to the server that serves the page (not the spec's
-// default address), and the page runs under its Content-Security-Policy
-// without a single violation or console error. Then CORS as a browser
+// every operation of the served spec renders; at 1440×900 "Authorize" is
+// on the first screen, nodes come first and the intro's link shows the
+// conventions on this page; Node-Id is offered on node operations only;
+// the watch says it cannot stream here and offers no "Try it out";
+// "Authorize" takes a bearer token, "Try it out" on GET /v1/nodes/ping
+// sends it and shows 200, the request goes to the server that serves the
+// page (not the spec's default address), and the page runs under its
+// Content-Security-Policy without a single violation or console error.
+// Then CORS as a browser
 // does it: a page of an allowed origin calls the API (preflight, token,
 // JSON body) and reads the answer; a page of another origin cannot.
 func TestDocsInBrowser(t *testing.T) {
@@ -131,7 +135,7 @@ func TestDocsInBrowser(t *testing.T) {
 		chromedp.Flag("disable-default-apps", true),
 		chromedp.Flag("disable-dev-shm-usage", true),
 		chromedp.Flag("metrics-recording-only", true),
-		chromedp.WindowSize(1280, 1024),
+		chromedp.WindowSize(1440, 900), // a laptop's screen: the first screen below must fit it
 	}
 	if os.Geteuid() == 0 {
 		opts = append(opts, chromedp.NoSandbox) // Chromium refuses root otherwise
@@ -224,6 +228,38 @@ document.addEventListener("securitypolicyviolation", function (e) {
 	}
 	rendering := time.Since(start)
 
+	// The first screen, as a person sees it: Authorize without scrolling,
+	// the nodes first, and the conventions behind a link to the end.
+	firstScreen, err := chromedp.Run(ctx, chromedp.Evaluate[map[string]any](`(() => {
+		const b = document.querySelector(".auth-wrapper .authorize").getBoundingClientRect();
+		return {top: b.top, bottom: b.bottom, height: window.innerHeight, scrolled: window.scrollY,
+			firstTag: document.querySelector(".opblock-tag").id};
+	})()`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if top, bottom, height := firstScreen["top"].(float64), firstScreen["bottom"].(float64), firstScreen["height"].(float64); firstScreen["scrolled"] != 0.0 ||
+		height > 900 || top < 0 || bottom > height {
+		t.Errorf("Authorize is not on the first screen at 1440×900: %v", firstScreen)
+	}
+	if firstScreen["firstTag"] != "operations-tag-nodes" {
+		t.Errorf("the first tag shown is %v, want nodes", firstScreen["firstTag"])
+	}
+	step("follow the intro's link to the conventions", chromedp.Click(chromedp.CSS(`.info a[href="#/conventions"]`)))
+	conventions, err := chromedp.Run(ctx, chromedp.Evaluate[map[string]any](`(() => {
+		const c = document.getElementById("operations-tag-conventions");
+		return {top: c.getBoundingClientRect().top, height: window.innerHeight, rules: c.innerText.includes("Rules that hold for every endpoint"),
+			url: window.location.href};
+	})()`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if top, height := conventions["top"].(float64), conventions["height"].(float64); top < 0 || top >= height ||
+		conventions["rules"] != true || conventions["url"] != srv.url+"/docs" {
+		t.Errorf("the link to the conventions does not show them on this page: %v", conventions)
+	}
+	step("back to the top", chromedp.Evaluate[chromedp.Void](`window.scrollTo(0, 0)`))
+
 	// Authorize with a bearer token.
 	step("authorize",
 		chromedp.Click(chromedp.CSS(".auth-wrapper .authorize")),
@@ -284,6 +320,50 @@ document.addEventListener("securitypolicyviolation", function (e) {
 	curl, _ := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(op+" .curl-command")))
 	if !strings.Contains(curl, srv.url+"/v1/nodes/ping") || !strings.Contains(curl, "Authorization: Bearer "+token) {
 		t.Errorf("the request Swagger UI made is not to %s with the token:\n%s", srv.url, curl)
+	}
+
+	// Node-Id is offered where acting as a node means something: on a
+	// node's own operations, not on hardware, audit, tokens or fabrics.
+	for _, tc := range []struct {
+		id     string
+		nodeID bool
+	}{
+		{"operations-nodes-getNode", true}, {"operations-nodes-patchNode", true},
+		{"operations-hardware-listHardware", false}, {"operations-audit-listAudit", false},
+		{"operations-tokens-revokeTokens", false}, {"operations-nodes-listFabrics", false},
+	} {
+		op := "#" + tc.id
+		step("try out "+tc.id,
+			chromedp.Click(chromedp.CSS(op+" .opblock-summary-control")),
+			chromedp.WaitVisible(chromedp.CSS(op+" .try-out__btn")),
+			chromedp.Click(chromedp.CSS(op+" .try-out__btn")),
+			chromedp.WaitVisible(chromedp.CSS(op+" .execute")),
+		)
+		n, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll("`+op+` .parameters tr[data-param-name='Node-Id'] input").length`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := n == 1; got != tc.nodeID || n > 1 {
+			t.Errorf("%s: %d Node-Id inputs, want it offered: %v", tc.id, n, tc.nodeID)
+		}
+	}
+
+	// The watch, a stream Swagger UI cannot show, says so and offers no
+	// "Try it out" (which would spin forever).
+	watch := "#operations-nodes-watchNodes"
+	step("open the watch",
+		chromedp.Click(chromedp.CSS(watch+" .opblock-summary-control")),
+		chromedp.WaitVisible(chromedp.CSS(watch+" .opblock-section-header")),
+	)
+	said, err := chromedp.Run(ctx, chromedp.Evaluate[map[string]any](`({
+		text: document.querySelector("`+watch+` .opblock-description-wrapper").innerText.slice(0, 300),
+		tryOut: document.querySelectorAll("`+watch+` .try-out__btn").length})`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if text, _ := said["text"].(string); !strings.HasPrefix(text, "Swagger UI cannot show this stream") || !strings.Contains(text, "curl -N") ||
+		said["tryOut"] != 0.0 {
+		t.Errorf("the watch operation: %v; want it to open with why Swagger UI cannot show it and a curl line, and no Try it out", said)
 	}
 
 	violations, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`window.__cspViolations`))

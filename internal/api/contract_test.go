@@ -235,3 +235,42 @@ func TestSpecNullability(t *testing.T) {
 		}
 	}
 }
+
+// What /docs shows a person, held by the spec: Node-Id is declared only
+// where acting as a node means something (the heartbeat, the watch, and
+// the operations of one node; the server takes it everywhere), the tags
+// start with nodes, and the conventions are a tag of their own, last,
+// that the short intro links to.
+func TestSpecForPeople(t *testing.T) {
+	doc, _ := apitest.Spec(t)
+	want := []string{"deleteNode", "getNode", "headNode", "headPingNodes", "headWatchNodes", "patchNode", "pingNodes", "updateNode", "watchNodes"}
+	var got []string
+	for _, item := range doc.Paths.Map() {
+		for _, op := range item.Operations() {
+			for _, p := range append(slices.Clone(item.Parameters), op.Parameters...) {
+				if p.Ref == "#/components/parameters/NodeId" {
+					got = append(got, op.OperationID)
+				}
+			}
+		}
+	}
+	slices.Sort(got)
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("operations declaring Node-Id (-want +got):\n%s", diff)
+	}
+
+	var tags []string
+	for _, tag := range doc.Tags {
+		tags = append(tags, tag.Name)
+	}
+	if len(tags) == 0 || tags[0] != "nodes" || tags[len(tags)-1] != "conventions" {
+		t.Errorf("tags %v: want nodes first and conventions last", tags)
+	}
+	if conv := doc.Tags.Get("conventions"); conv == nil || !strings.Contains(conv.Description, "Rules that hold for every endpoint") {
+		t.Error("the conventions tag does not hold the rules")
+	}
+	intro := doc.Info.Description
+	if n := strings.Count(intro, "\n"); n > 20 || !strings.Contains(intro, "](#/conventions)") {
+		t.Errorf("info.description has %d lines, link to the conventions: %v; want a short intro that links to them", n, strings.Contains(intro, "](#/conventions)"))
+	}
+}
