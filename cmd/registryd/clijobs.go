@@ -53,20 +53,57 @@ func nodesLabel(ctx context.Context, e *cliEnv, c command, args []string) error 
 	})
 }
 
-// eachNode runs act on each pk in turn. A pk that names no node (act's
-// ErrNotFound) does not stop the others, and they are reported together
-// at the end (exit 4); any other failure stops at once.
+// eachNode runs act on each pk in turn, and on every one of them: a
+// failure for one node does not stop the others. Its error names each
+// node that failed and why, then the pks that name no node; its exit
+// status is the most severe: 1 when any failed otherwise, else 4 when a
+// pk names no node (act's ErrNotFound). A failure that is no node's own
+// (no answer, 401, 403) stops at once: it would be every node's.
 func eachNode(pks []int64, act func(pk int64) error) error {
+	var failed []string
 	var missing []int64
-	for _, pk := range pks {
-		switch err := act(pk); {
+	for i, pk := range pks {
+		err := act(pk)
+		var ce *client.Error
+		switch {
+		case err == nil:
 		case errors.Is(err, client.ErrNotFound):
 			missing = append(missing, pk)
-		case err != nil:
-			return err
+		case !errors.As(err, &ce) || ce.Status == 401 || ce.Status == 403:
+			if i == 0 {
+				return err // nothing done yet: the failure is all there is to say
+			}
+			failed = append(failed, fmt.Sprintf("node/%d: %s", pk, errorText(err)))
+			if left := pks[i+1:]; len(left) > 0 {
+				failed = append(failed, "not tried: "+pksText(left))
+			}
+			return &exitError{code: 1, err: nodesFailed(failed, missing)}
+		default:
+			failed = append(failed, fmt.Sprintf("node/%d: %s", pk, errorText(err)))
 		}
 	}
+	if len(failed) > 0 {
+		return &exitError{code: 1, err: nodesFailed(failed, missing)}
+	}
 	return missingError(missing)
+}
+
+// nodesFailed is eachNode's failure: a line per node that failed, then
+// the pks that name no node.
+func nodesFailed(failed []string, missing []int64) error {
+	if len(missing) > 0 {
+		failed = append(failed, "no node "+pksText(missing))
+	}
+	return errors.New("not done for every node:\n" + strings.Join(failed, "\n"))
+}
+
+// errorText is err for people: a server's problem as problemText words it.
+func errorText(err error) string {
+	var ce *client.Error
+	if errors.As(err, &ce) {
+		return problemText(ce)
+	}
+	return err.Error()
 }
 
 // jobOptions are the flags of claim, release and renew.

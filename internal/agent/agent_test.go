@@ -227,7 +227,7 @@ func TestGPURemovedWhileHoldingAJob(t *testing.T) {
 	b.api.takeCalls()
 	before, _ := b.api.get(2)
 	rep := b.pass(t)
-	if rep.Err != nil || !strings.Contains(rep.Problems[key(1)], "holds job 4711") {
+	if rep.Err != nil || !strings.Contains(rep.Problems[key(1)], "job 4711 holds node") {
 		t.Fatalf("err %v, problems %v", rep.Err, rep.Problems)
 	}
 	if rep.Nodes[key(1)] != 2 {
@@ -242,7 +242,7 @@ func TestGPURemovedWhileHoldingAJob(t *testing.T) {
 	}
 	// The problem is logged once, not on every pass.
 	b.pass(t)
-	if n := strings.Count(b.logs.String(), "holds job 4711"); n != 1 {
+	if n := strings.Count(b.logs.String(), "job 4711 holds node"); n != 1 {
 		t.Errorf("the problem was logged %d times, want once:\n%s", n, b.logs.String())
 	}
 	b.api.setJob(2, nil)

@@ -246,7 +246,7 @@ func (f *fakeAPI) DeleteNodeAs(_ context.Context, pk int64) error {
 		return registry.Errorf(registry.ErrForbidden, "agent %q may not act as node %d", f.sub, pk)
 	}
 	if n.CurrentJob != nil {
-		return registry.Errorf(registry.ErrConflict, "node %d holds job %d%s", pk, *n.CurrentJob, f.requestID())
+		return registry.Errorf(registry.ErrConflict, "job %d holds node %d%s", *n.CurrentJob, pk, f.requestID())
 	}
 	delete(f.nodes, pk)
 	return nil

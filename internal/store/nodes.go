@@ -242,7 +242,7 @@ func (s *Store) DeleteNode(ctx context.Context, actor registry.Actor, pk int64, 
 			}
 		}
 		if cur.CurrentJob != nil && !force {
-			return registry.Conflictf("node %d holds job %d; release it before deleting the node", pk, *cur.CurrentJob)
+			return registry.Conflictf("job %d holds node %d; release it before deleting the node", *cur.CurrentJob, pk)
 		}
 		if _, err := tx.db.Exec(ctx, `DELETE FROM nodes WHERE pk = $1`, pk); err != nil {
 			return fmt.Errorf("store: delete node %d: %w", pk, translate(err))
