@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/registryd/registryd/client"
+	"github.com/registryd/registryd/internal/registry"
 )
 
 // filterOptions are the node filters of the API as flags: list, get's
@@ -91,8 +92,9 @@ func (o *filterOptions) check() error {
 		return errors.New("--job: job ids are positive")
 	}
 	if o.ip != "" {
-		if _, err := parseIPMatch(o.ip); err != nil {
-			return err
+		// The server's own check: 10.0.0.5/24 is refused, not masked.
+		if _, err := registry.CanonicalIPFilter(o.ip); err != nil {
+			return fmt.Errorf("--ip: %q %v", o.ip, err)
 		}
 	}
 	return nil

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/registryd/registryd/client"
+	"github.com/registryd/registryd/internal/registry"
 )
 
 // nodesLabel is `registryd nodes label PK… KEY=VALUE… KEY-…`: one merge
@@ -28,14 +29,22 @@ func nodesLabel(ctx context.Context, e *cliEnv, c command, args []string) error 
 			continue
 		}
 		k, v, set := strings.Cut(a, "=")
+		var change *string
 		switch {
 		case set && k != "":
-			labels[k] = &v
+			change = &v
 		case !set && strings.HasSuffix(a, "-") && len(a) > 1:
-			labels[strings.TrimSuffix(a, "-")] = nil
+			k = strings.TrimSuffix(a, "-")
 		default:
 			return usageError(e.stderr, c, fmt.Errorf("%q is neither a node pk, KEY=VALUE nor KEY-", a))
 		}
+		if err := checkLabelChange(k, change); err != nil {
+			return usageError(e.stderr, c, err)
+		}
+		if _, twice := labels[k]; twice {
+			return usageError(e.stderr, c, fmt.Errorf("label %q is changed twice: set it or remove it, once", k))
+		}
+		labels[k] = change
 	}
 	if len(pks) == 0 || len(labels) == 0 {
 		return usageError(e.stderr, c, errors.New("name at least one node pk and one label change"))
@@ -51,6 +60,20 @@ func nodesLabel(ctx context.Context, e *cliEnv, c command, args []string) error 
 		}
 		return err
 	})
+}
+
+// checkLabelChange is what the server holds a label change to: a key
+// (and the value it is set to, nil to remove it) of a label's syntax.
+func checkLabelChange(k string, v *string) error {
+	if msg := registry.CheckLabelKey(k); msg != "" {
+		return fmt.Errorf("label key %q: %s", k, msg)
+	}
+	if v != nil {
+		if msg := registry.CheckLabelValue(*v); msg != "" {
+			return fmt.Errorf("label %s's value %q: %s", k, *v, msg)
+		}
+	}
+	return nil
 }
 
 // eachNode runs act on each pk in turn, and on every one of them: a

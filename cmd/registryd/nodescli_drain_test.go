@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/registryd/registryd/client"
 )
 
@@ -39,5 +41,40 @@ func TestNodesCLIEveryPK(t *testing.T) {
 		if n, err := f.api.GetNode(ctx, pk); err != nil || n.Labels["tier"] != "gold" {
 			t.Errorf("node %d after label 99999 3 5: %v %v", pk, err, n.Labels)
 		}
+	}
+}
+
+// Mistakes the command line shows are usage errors (exit 2), and nothing
+// is sent: a label key or value the server refuses, a label both set and
+// removed, an --ip prefix with host bits.
+func TestNodesCLIUsageNotSent(t *testing.T) {
+	t.Parallel()
+	f := setupCLI(t)
+	aFleet(t, f)
+	ctx := context.Background()
+	before, err := f.api.ListNodes(ctx, client.NodeFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"nodes", "label", "4", "bad key=1"},
+		{"nodes", "label", "4", "a=bad value"},
+		{"nodes", "label", "4", "x.-"},
+		{"nodes", "label", "4", "a=1", "a-"},
+		{"nodes", "label", "4", "a=1", "a=2"},
+		{"nodes", "list", "--ip", "10.0.0.5/24"},
+		{"nodes", "cordon", "--ip", "10.0.0.5/24"},
+	} {
+		r := cli(t, f.env(t), args...)
+		if r.code != 2 || !strings.Contains(r.stderr, "usage: registryd") || r.stdout != "" {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want a usage error (2)", args, r.code, r.stdout, r.stderr)
+		}
+	}
+	after, err := f.api.ListNodes(ctx, client.NodeFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff(before, after); d != "" {
+		t.Errorf("usage errors changed nodes (-before +after):\n%s", d)
 	}
 }
