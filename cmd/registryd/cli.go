@@ -140,15 +140,16 @@ Example:
 		flags: func() *flag.FlagSet { fs, _ := getFlags(); return fs }, positional: true},
 	{name: "nodes cordon", synopsis: "nodes cordon PK... | [filters] [--reason TEXT]", reads: cmdCLI,
 		summary: "take nodes out of scheduling (by pk or filters)",
-		about: `Cordons the nodes named, or those the filters select (at most 1000):
-no claim takes them. A node a job holds drains: the job keeps it until
-it releases it. Prints each node and its state; a pk that names no node
-is reported on stderr, and the exit status is 4. Admins only.
+		about: `Cordons the nodes named, or those the filters select: no claim takes
+them. A node a job holds drains: the job keeps it until it releases it.
+--reason replaces the reason of nodes already cordoned; without it they
+keep theirs. Prints each node and its state; a pk that names no node is
+reported on stderr, and the exit status is 4. Admins only.
 
 Example:
   registryd nodes cordon 42 43 --reason "fan failure"
   registryd nodes cordon --selector rack=r12 --reason "kernel upgrade"`,
-		flags: func() *flag.FlagSet { fs, _ := cordonFlags("nodes cordon", "x"); return fs }, positional: true},
+		flags: func() *flag.FlagSet { fs, _ := cordonFlags("nodes cordon"); return fs }, positional: true},
 	{name: "nodes uncordon", synopsis: "nodes uncordon PK... | [filters]", reads: cmdCLI,
 		summary: "put cordoned nodes back into scheduling",
 		about: `Uncordons the nodes named, or the cordoned and draining nodes the
@@ -158,7 +159,7 @@ failure; a pk that names no node is (exit 4). Admins only.
 Example:
   registryd nodes uncordon 42 43
   registryd nodes uncordon --selector rack=r12`,
-		flags: func() *flag.FlagSet { fs, _ := cordonFlags("nodes uncordon", ""); return fs }, positional: true},
+		flags: func() *flag.FlagSet { fs, _ := cordonFlags("nodes uncordon"); return fs }, positional: true},
 	{name: "nodes drain", synopsis: "nodes drain PK... | [filters] [--reason TEXT] [--deadline 2h] [--interval 2s]", reads: cmdCLI,
 		summary: "cordon nodes and wait until their jobs release them (exit 3 at --deadline)",
 		about: `Cordons the nodes, as nodes cordon does, then waits until no job holds
@@ -169,7 +170,7 @@ stay cordoned either way (nodes uncordon puts them back). Admins only.
 
 Example:
   registryd nodes drain --selector rack=r12 --reason "PSU swap" --deadline 2h`,
-		flags: func() *flag.FlagSet { fs, _ := cordonFlags("nodes drain", "x"); return fs }, positional: true},
+		flags: func() *flag.FlagSet { fs, _ := cordonFlags("nodes drain"); return fs }, positional: true},
 	{name: "nodes label", synopsis: "nodes label PK... KEY=VALUE... KEY-...", reads: cmdCLI,
 		summary: "set (KEY=VALUE) and remove (KEY-) labels of nodes",
 		about: `Changes the labels of each node named, as one merge patch: KEY=VALUE

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -12,31 +13,64 @@ import (
 	"time"
 
 	"github.com/registryd/registryd/client"
+	"github.com/registryd/registryd/internal/registry"
 )
 
 // noSuchNode is the reason the API gives for a pk that names no node.
 const noSuchNode = "no such node"
 
+// maxPKsPerRequest is the most node pks one cordon or uncordon request
+// takes (the API's limit); the CLI sends longer lists in batches of it.
+const maxPKsPerRequest = registry.MaxCordon
+
 // cordonOptions are the flags of cordon, uncordon and drain.
 type cordonOptions struct {
 	filterOptions
-	reason   string
-	deadline time.Duration
-	interval time.Duration
+	reason    string
+	reasonSet bool // --reason was given: it replaces every node's reason
+	deadline  time.Duration
+	interval  time.Duration
 }
 
-func cordonFlags(name, defaultReason string) (*flag.FlagSet, *cordonOptions) {
+// defaultReason is the reason a cordon or drain without --reason gives
+// the nodes that are not cordoned yet. Nodes already cordoned keep their
+// own: an admin's reason is never replaced by this.
+func defaultReason(command string) string {
+	if command == "nodes drain" {
+		return "drained with registryd nodes drain"
+	}
+	return "cordoned with registryd nodes cordon"
+}
+
+func cordonFlags(name string) (*flag.FlagSet, *cordonOptions) {
 	o := &cordonOptions{}
 	fs := newFlagSet(name)
 	o.filterOptions.add(fs, allFilters)
-	if defaultReason != "" {
-		fs.StringVar(&o.reason, "reason", defaultReason, "why, for the other admins (cordon_reason, at most 200 characters)")
+	if name != "nodes uncordon" {
+		fs.Func("reason", fmt.Sprintf("`TEXT` saying why, for the other admins (cordon_reason, 1 to %d characters); it replaces the reason "+
+			"of nodes already cordoned. Without it, those keep theirs and the others get %q", registry.MaxCordonReasonLen, defaultReason(name)),
+			func(s string) error { o.reason, o.reasonSet = s, true; return nil })
 	}
 	if name == "nodes drain" {
 		fs.DurationVar(&o.deadline, "deadline", 0, "give up waiting after this long (exit 3), such as 2h; 0: wait until every node is released")
 		fs.DurationVar(&o.interval, "interval", 2*time.Second, "how often to look whether the nodes are released")
 	}
 	return fs, o
+}
+
+// checkReason is what the server holds a cordon's reason to, checked
+// before anything is sent.
+func checkReason(r string) error {
+	switch {
+	case r == "":
+		return errors.New("--reason must not be empty: say why the nodes are cordoned (or leave --reason out)")
+	case strings.TrimSpace(r) != r:
+		return errors.New("--reason must not start or end with whitespace")
+	}
+	if msg := registry.CheckLabel(r, registry.MaxCordonReasonLen); msg != "" {
+		return fmt.Errorf("--reason %s", msg)
+	}
+	return nil
 }
 
 // start reads the nodes a cordon, uncordon or drain acts on (pks, or
@@ -55,51 +89,152 @@ func (o *cordonOptions) start(ctx context.Context, e *cliEnv, c command, fs *fla
 		err = errors.New("name nodes (PK …) or select them (--selector, --ip, --fabric …)")
 	case o.interval < 0 || o.deadline < 0:
 		err = errors.New("--deadline and --interval must not be negative")
-	default:
+	case o.reasonSet:
+		err = checkReason(o.reason)
+	}
+	if err == nil {
 		err = o.check()
 	}
 	if err != nil {
 		return nil, nil, usageError(e.stderr, c, err)
 	}
 	cl, err := e.client(ctx)
-	return pks, cl, err
+	return distinct(pks), cl, err
 }
 
-// cordon cordons the nodes pks names, or those o's filters select, and
-// prints what became of each; it returns the nodes cordoned (draining
-// ones included) and the pks that name no node.
-func (o *cordonOptions) cordon(ctx context.Context, e *cliEnv, cl *client.Client, pks []int64) (cordoned []client.Node, missing []int64, err error) {
-	req := client.NodeCordon{Reason: o.reason}
+// distinct is pks sorted, each once.
+func distinct(pks []int64) []int64 {
+	return slices.Compact(slices.Sorted(slices.Values(pks)))
+}
+
+// targets lists the nodes a command acts on: those pks names (the ones
+// that exist), or with no pks those the filters select. f is the filter
+// it listed by (nil for pks).
+func (o *cordonOptions) targets(ctx context.Context, cl *client.Client, pks []int64) (nodes []client.Node, f *client.NodeFilter, err error) {
 	if len(pks) > 0 {
-		req.Nodes = &pks
-	} else {
-		f, err := o.filter(ctx, cl)
-		if err != nil {
-			return nil, nil, err
-		}
-		req = cordonOf(f, o.reason)
+		nodes, err = nodesByPK(ctx, cl, pks)
+		return nodes, nil, err
 	}
-	res, err := cl.CordonNodes(ctx, req, client.IdempotencyKey(client.NewIdempotencyKey()))
+	filter, err := o.filter(ctx, cl)
 	if err != nil {
 		return nil, nil, err
 	}
-	for _, n := range res.Cordoned {
+	nodes, err = listAll(ctx, cl, filter, 0)
+	return nodes, &filter, err
+}
+
+// nodesByPK reads the nodes of pks (sorted, distinct) by listing: one
+// request per run of consecutive pks (at most a page), so that a range
+// of nodes costs a page, not a request each. Pks that name no node are
+// left out.
+func nodesByPK(ctx context.Context, cl *client.Client, pks []int64) ([]client.Node, error) {
+	var out []client.Node
+	for i := 0; i < len(pks); {
+		j := i + 1
+		for j < len(pks) && pks[j] == pks[j-1]+1 && j-i < listPageSize {
+			j++
+		}
+		after, n := pks[i]-1, j-i
+		page, err := cl.ListNodes(ctx, client.NodeFilter{After: &after, Limit: &n})
+		if err != nil {
+			return nil, err
+		}
+		for _, nd := range page {
+			if nd.PK <= pks[j-1] {
+				out = append(out, nd)
+			}
+		}
+		i = j
+	}
+	return out, nil
+}
+
+// cordonResult is what a cordon did: the nodes cordoned (draining ones
+// included), those that kept the reason they had, and the pks that name
+// no node.
+type cordonResult struct {
+	cordoned, kept []client.Node
+	missing        []int64
+	listedBy       *client.NodeFilter // the filters' listing; nil for pks
+}
+
+// all is every node the cordon leaves cordoned, by pk.
+func (r cordonResult) all() []client.Node {
+	out := slices.Concat(r.cordoned, r.kept)
+	slices.SortFunc(out, func(a, b client.Node) int { return cmp.Compare(a.PK, b.PK) })
+	return out
+}
+
+// cordon cordons the nodes pks names, or those o's filters select, and
+// prints what became of each. With --reason every node takes it; without,
+// a node already cordoned keeps its reason (nothing is sent for it) and
+// the others get the default. The nodes are sent by pk, in batches of
+// maxPKsPerRequest; filters are listed first.
+func (o *cordonOptions) cordon(ctx context.Context, e *cliEnv, c command, cl *client.Client, pks []int64) (cordonResult, error) {
+	var res cordonResult
+	send, reason := pks, o.reason
+	if len(pks) == 0 || !o.reasonSet {
+		nodes, f, err := o.targets(ctx, cl, pks)
+		if err != nil {
+			return res, err
+		}
+		res.listedBy = f
+		found := map[int64]bool{}
+		send = nil
+		for _, n := range nodes {
+			found[n.PK] = true
+			if !o.reasonSet && n.CordonReason != nil {
+				res.kept = append(res.kept, n)
+			} else {
+				send = append(send, n.PK)
+			}
+		}
+		// Pks that name no node are sent too: the server says so.
+		for _, pk := range pks {
+			if !found[pk] {
+				send = append(send, pk)
+			}
+		}
+		slices.Sort(send)
+	}
+	if !o.reasonSet {
+		reason = defaultReason(c.name)
+	}
+	for batch := range slices.Chunk(send, maxPKsPerRequest) {
+		r, err := cl.CordonNodes(ctx, client.NodeCordon{Nodes: &batch, Reason: reason}, client.IdempotencyKey(client.NewIdempotencyKey()))
+		if err != nil {
+			return res, err
+		}
+		res.cordoned = append(res.cordoned, r.Cordoned...)
+		for _, nd := range r.NotCordoned {
+			fmt.Fprintf(e.stderr, "node/%d: %s\n", nd.PK, nd.Reason)
+			if nd.Reason == noSuchNode {
+				res.missing = append(res.missing, nd.PK)
+			}
+		}
+	}
+	kept := map[int64]bool{}
+	for _, n := range res.kept {
+		kept[n.PK] = true
+	}
+	for _, n := range res.all() {
+		var notes []string
 		if n.CurrentJob != nil {
-			fmt.Fprintf(e.stdout, "node/%d %s (job %d holds it)\n", n.PK, n.State, *n.CurrentJob)
+			notes = append(notes, fmt.Sprintf("job %d holds it", *n.CurrentJob))
+		}
+		if kept[n.PK] {
+			notes = append(notes, "already cordoned: "+*n.CordonReason)
+		}
+		if len(notes) > 0 {
+			fmt.Fprintf(e.stdout, "node/%d %s (%s)\n", n.PK, n.State, strings.Join(notes, "; "))
 		} else {
 			fmt.Fprintf(e.stdout, "node/%d %s\n", n.PK, n.State)
 		}
 	}
-	for _, nd := range res.NotCordoned {
-		fmt.Fprintf(e.stderr, "node/%d: %s\n", nd.PK, nd.Reason)
-		if nd.Reason == noSuchNode {
-			missing = append(missing, nd.PK)
-		}
-	}
-	if len(res.Cordoned) == 0 && len(res.NotCordoned) == 0 {
+	if len(send) == 0 && len(res.kept) == 0 {
 		fmt.Fprintln(e.stderr, "no node matched")
 	}
-	return res.Cordoned, missing, nil
+	return res, nil
 }
 
 // missingError is the not-found failure of pks that name no node; nil
@@ -113,22 +248,23 @@ func missingError(missing []int64) error {
 
 // nodesCordon is `registryd nodes cordon`.
 func nodesCordon(ctx context.Context, e *cliEnv, c command, args []string) error {
-	fs, o := cordonFlags(c.name, "cordoned with registryd nodes cordon")
+	fs, o := cordonFlags(c.name)
 	pks, cl, err := o.start(ctx, e, c, fs, args)
 	if err != nil {
 		return err
 	}
-	_, missing, err := o.cordon(ctx, e, cl, pks)
+	res, err := o.cordon(ctx, e, c, cl, pks)
 	if err != nil {
 		return err
 	}
-	return missingError(missing)
+	return missingError(res.missing)
 }
 
 // nodesUncordon is `registryd nodes uncordon`. With filters, it uncordons
-// the cordoned and draining nodes they select.
+// the cordoned and draining nodes they select. The nodes are sent by pk,
+// in batches of maxPKsPerRequest.
 func nodesUncordon(ctx context.Context, e *cliEnv, c command, args []string) error {
-	fs, o := cordonFlags(c.name, "")
+	fs, o := cordonFlags(c.name)
 	pks, cl, err := o.start(ctx, e, c, fs, args)
 	if err != nil {
 		return err
@@ -153,21 +289,23 @@ func nodesUncordon(ctx context.Context, e *cliEnv, c command, args []string) err
 			return nil
 		}
 	}
-	res, err := cl.UncordonNodes(ctx, client.NodeUncordon{Nodes: pks}, client.IdempotencyKey(client.NewIdempotencyKey()))
-	if err != nil {
-		return err
-	}
-	for _, n := range res.Uncordoned {
-		fmt.Fprintf(e.stdout, "node/%d uncordoned (%s)\n", n.PK, n.State)
-	}
 	var missing []int64
-	for _, nd := range res.NotUncordoned {
-		if nd.Reason == noSuchNode {
-			missing = append(missing, nd.PK)
-			fmt.Fprintf(e.stderr, "node/%d: %s\n", nd.PK, nd.Reason)
-			continue
+	for batch := range slices.Chunk(pks, maxPKsPerRequest) {
+		res, err := cl.UncordonNodes(ctx, client.NodeUncordon{Nodes: batch}, client.IdempotencyKey(client.NewIdempotencyKey()))
+		if err != nil {
+			return err
 		}
-		fmt.Fprintf(e.stdout, "node/%d %s\n", nd.PK, nd.Reason)
+		for _, n := range res.Uncordoned {
+			fmt.Fprintf(e.stdout, "node/%d uncordoned (%s)\n", n.PK, n.State)
+		}
+		for _, nd := range res.NotUncordoned {
+			if nd.Reason == noSuchNode {
+				missing = append(missing, nd.PK)
+				fmt.Fprintf(e.stderr, "node/%d: %s\n", nd.PK, nd.Reason)
+				continue
+			}
+			fmt.Fprintf(e.stdout, "node/%d %s\n", nd.PK, nd.Reason)
+		}
 	}
 	return missingError(missing)
 }
@@ -177,7 +315,7 @@ func nodesUncordon(ctx context.Context, e *cliEnv, c command, args []string) err
 // changes; at the deadline it fails with exit status 3, naming the jobs
 // that still hold nodes and which.
 func nodesDrain(ctx context.Context, e *cliEnv, c command, args []string) error {
-	fs, o := cordonFlags(c.name, "drained with registryd nodes drain")
+	fs, o := cordonFlags(c.name)
 	pks, cl, err := o.start(ctx, e, c, fs, args)
 	if err != nil {
 		return err
@@ -185,12 +323,13 @@ func nodesDrain(ctx context.Context, e *cliEnv, c command, args []string) error 
 	if o.interval == 0 {
 		o.interval = 2 * time.Second
 	}
-	cordoned, missing, err := o.cordon(ctx, e, cl, pks)
+	res, err := o.cordon(ctx, e, c, cl, pks)
 	if err != nil {
 		return err
 	}
+	missing := res.missing
 	set := map[int64]bool{}
-	for _, n := range cordoned {
+	for _, n := range res.all() {
 		set[n.PK] = true
 	}
 	wait := ctx

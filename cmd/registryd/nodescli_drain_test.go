@@ -3,13 +3,115 @@ package main
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/registryd/registryd/client"
 )
+
+// An admin's cordon reason is never replaced by the CLI's default: a
+// cordon or drain without --reason leaves a cordoned node's reason as it
+// is, and gives the default only to nodes not cordoned yet; --reason
+// replaces every one. The help says so, and no "(default x)".
+func TestNodesCLICordonKeepsReason(t *testing.T) {
+	t.Parallel()
+	f := setupCLI(t)
+	aFleet(t, f) // node 3 cordoned for "fan failure"
+	ctx := context.Background()
+	reasons := func() map[int64]string {
+		t.Helper()
+		nodes, err := f.api.ListNodes(ctx, client.NodeFilter{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[int64]string{}
+		for _, n := range nodes {
+			if n.CordonReason != nil {
+				out[n.PK] = *n.CordonReason
+			}
+		}
+		return out
+	}
+	out := f.ok(t, "nodes", "cordon", "3", "4")
+	if want := "node/3 cordoned (already cordoned: fan failure)\nnode/4 cordoned\n"; out != want {
+		t.Errorf("cordon 3 4:\n%q\nwant\n%q", out, want)
+	}
+	want := map[int64]string{3: "fan failure", 4: "cordoned with registryd nodes cordon"}
+	if d := cmp.Diff(want, reasons()); d != "" {
+		t.Errorf("reasons after a cordon without --reason (-want +got):\n%s", d)
+	}
+	// By filters, and a drain: the same.
+	f.ok(t, "nodes", "cordon", "--selector", "team=research")
+	f.ok(t, "nodes", "drain", "--ip", "10.0.1.2", "--interval", "50ms", "--deadline", "10s")
+	f.ok(t, "nodes", "drain", "3", "--interval", "50ms", "--deadline", "10s")
+	want = map[int64]string{1: "cordoned with registryd nodes cordon", 2: "cordoned with registryd nodes cordon", 3: "fan failure",
+		4: "cordoned with registryd nodes cordon", 5: "drained with registryd nodes drain"}
+	if d := cmp.Diff(want, reasons()); d != "" {
+		t.Errorf("reasons after cordons and drains without --reason (-want +got):\n%s", d)
+	}
+	// --reason is the admin's word: it replaces.
+	f.ok(t, "nodes", "cordon", "3", "--reason", "new fan")
+	if got := reasons()[3]; got != "new fan" {
+		t.Errorf("node 3's reason after --reason: %q", got)
+	}
+	for _, name := range []string{"cordon", "drain"} {
+		help, _, err := runCmd(t, nil, "nodes", name, "--help")
+		if err != nil || strings.Contains(help, "(default x)") || !strings.Contains(help, "keep theirs") {
+			t.Errorf("nodes %s --help: %v\n%s", name, err, help)
+		}
+	}
+}
+
+// More than a request takes (1000 pks): cordon and uncordon by filters
+// send the nodes in batches, and act on every one.
+func TestNodesCLIThousandsByFilter(t *testing.T) {
+	t.Parallel()
+	f := setupCLI(t)
+	const n = maxPKsPerRequest + 5
+	// Registered 16 at a time.
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	next := make(chan int)
+	for range 16 {
+		wg.Go(func() {
+			for i := range next {
+				ip := "10.1." + strconv.Itoa(i/250) + "." + strconv.Itoa(i%250+1)
+				_, _, err := f.api.CreateNode(context.Background(), client.NodeCreate{IP: ip, CPUMem: 1 << 30,
+					DriverVersion: "550.54.15", Labels: &client.NodeLabels{"rack": "r12"}})
+				errs <- err
+			}
+		})
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	count := func(state client.NodeState) int {
+		t.Helper()
+		nodes, err := listAll(context.Background(), f.api, client.NodeFilter{State: client.States(state)}, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(nodes)
+	}
+	if r := cli(t, f.env(t), "nodes", "cordon", "--selector", "rack=r12", "--reason", "rack move"); r.code != 0 || count(client.StateCordoned) != n {
+		t.Fatalf("cordon of %d nodes by selector: exit %d, %d cordoned\n%s", n, r.code, count(client.StateCordoned), r.stderr)
+	}
+	if r := cli(t, f.env(t), "nodes", "uncordon", "--selector", "rack=r12"); r.code != 0 || count(client.StateFree) != n {
+		t.Fatalf("uncordon of %d nodes by selector: exit %d, %d free\n%s", n, r.code, count(client.StateFree), r.stderr)
+	}
+}
 
 // nodes delete and label act on every pk named, whatever becomes of one:
 // each failure is named, and the exit status is the most severe (1 for
@@ -45,8 +147,8 @@ func TestNodesCLIEveryPK(t *testing.T) {
 }
 
 // Mistakes the command line shows are usage errors (exit 2), and nothing
-// is sent: a label key or value the server refuses, a label both set and
-// removed, an --ip prefix with host bits.
+// is sent: an empty reason, a label key or value the server refuses, a
+// label both set and removed, an --ip prefix with host bits.
 func TestNodesCLIUsageNotSent(t *testing.T) {
 	t.Parallel()
 	f := setupCLI(t)
@@ -57,6 +159,9 @@ func TestNodesCLIUsageNotSent(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, args := range [][]string{
+		{"nodes", "cordon", "4", "--reason", ""},
+		{"nodes", "cordon", "4", "--reason", " padded"},
+		{"nodes", "drain", "4", "--reason", ""},
 		{"nodes", "label", "4", "bad key=1"},
 		{"nodes", "label", "4", "a=bad value"},
 		{"nodes", "label", "4", "x.-"},
