@@ -166,7 +166,9 @@ Example:
 any of them, printing a line whenever that changes ("3 of 8 nodes still
 held by jobs 41, 42"). Exits 0 once every node is released; at the
 deadline it exits 3, naming which job still holds which nodes. The nodes
-stay cordoned either way (nodes uncordon puts them back). Admins only.
+stay cordoned either way (nodes uncordon puts them back). A node someone
+uncordons meanwhile is not drained (exit 1); a registry that does not
+answer for a while is waited for. Admins only.
 
 Example:
   registryd nodes drain --selector rack=r12 --reason "PSU swap" --deadline 2h`,

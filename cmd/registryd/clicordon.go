@@ -6,10 +6,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"maps"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/registryd/registryd/client"
@@ -313,7 +316,9 @@ func nodesUncordon(ctx context.Context, e *cliEnv, c command, args []string) err
 // nodesDrain is `registryd nodes drain`: it cordons the nodes, then waits
 // until no job holds any of them. Its progress goes to stdout whenever it
 // changes; at the deadline it fails with exit status 3, naming the jobs
-// that still hold nodes and which.
+// that still hold nodes and which. A look that fails for a while (the
+// registry restarting, a 5xx, a timeout) is said once and tried again
+// every interval; other refusals end the drain.
 func nodesDrain(ctx context.Context, e *cliEnv, c command, args []string) error {
 	fs, o := cordonFlags(c.name)
 	pks, cl, err := o.start(ctx, e, c, fs, args)
@@ -327,11 +332,11 @@ func nodesDrain(ctx context.Context, e *cliEnv, c command, args []string) error 
 	if err != nil {
 		return err
 	}
-	missing := res.missing
-	set := map[int64]bool{}
+	w := &drainWatch{cl: cl, stderr: e.stderr, warned: map[int64]bool{}, filter: lifecycleFree(res.listedBy)}
 	for _, n := range res.all() {
-		set[n.PK] = true
+		w.pks = append(w.pks, n.PK)
 	}
+	total := len(w.pks)
 	wait := ctx
 	if o.deadline > 0 {
 		var cancel context.CancelFunc
@@ -341,54 +346,169 @@ func nodesDrain(ctx context.Context, e *cliEnv, c command, args []string) error 
 	tick := time.NewTicker(o.interval)
 	defer tick.Stop()
 	var held map[int64][]int64
-	last := ""
+	last, failing := "", false
 	for {
-		h, err := heldByJobs(wait, cl, set)
+		v, err := w.look(wait)
 		switch {
 		case err == nil:
-			held = h
-		case wait.Err() == nil:
-			return err
-		}
-		if err == nil {
-			if len(held) == 0 {
-				fmt.Fprintf(e.stdout, "%d of %d nodes drained: no job holds any\n", len(set), len(set))
-				return missingError(missing)
+			if failing {
+				fmt.Fprintln(e.stderr, "the registry answers again")
+				failing = false
 			}
-			if line := progressLine(held, len(set)); line != last {
+			held = v.held
+			if len(held) == 0 {
+				return drainDone(e, v, total, res.missing)
+			}
+			if line := progressLine(held, total); line != last {
 				fmt.Fprintln(e.stdout, line)
 				last = line
 			}
+		case wait.Err() != nil:
+		case transient(err):
+			if !failing {
+				fmt.Fprintf(e.stderr, "warning: cannot read the nodes: %s; trying again every %s\n", errorText(err), o.interval)
+				failing = true
+			}
+		default:
+			return err
 		}
 		select {
 		case <-wait.Done():
+			what := heldText(held, total)
+			if failing && held != nil {
+				what += " (as last read: the registry has not answered since)"
+			}
 			if ctx.Err() != nil {
 				// Ctrl-C: the nodes stay cordoned, and the drain is not
 				// done, which the exit status must not hide.
-				return fmt.Errorf("interrupted: %s", heldText(held, len(set)))
+				return fmt.Errorf("interrupted: %s", what)
 			}
-			return &exitError{code: exitDeadline, err: fmt.Errorf("deadline %s reached: %s", o.deadline, heldText(held, len(set)))}
+			return &exitError{code: exitDeadline, err: fmt.Errorf("deadline %s reached: %s", o.deadline, what)}
 		case <-tick.C:
 		}
 	}
 }
 
-// heldByJobs is, for each job holding nodes of set, the pks it holds. A
-// cordoned node a job holds is draining (or lost or gone, which come
-// first), so one list of those states finds every one.
-func heldByJobs(ctx context.Context, cl *client.Client, set map[int64]bool) (map[int64][]int64, error) {
-	f := client.NodeFilter{State: client.States(client.StateDraining, client.StateLost, client.StateGone)}
-	nodes, err := listAll(ctx, cl, f, 0)
-	if err != nil {
-		return nil, err
+// drainDone ends a drain no job holds a node of: done, unless someone
+// uncordoned nodes of it meanwhile, which are not drained (a claim may
+// take them) and fail it.
+func drainDone(e *cliEnv, v drainView, total int, missing []int64) error {
+	if n := len(v.uncordoned); n > 0 {
+		verb := "is"
+		if n > 1 {
+			verb = "are"
+		}
+		return fmt.Errorf("no job holds any of the %d nodes, but %d of them (%s) %s no longer cordoned: someone uncordoned them; %d of %d nodes drained",
+			total, n, pksText(v.uncordoned), verb, total-n, total)
 	}
-	held := map[int64][]int64{}
-	for _, n := range nodes {
-		if set[n.PK] && n.CurrentJob != nil {
-			held[*n.CurrentJob] = append(held[*n.CurrentJob], n.PK)
+	fmt.Fprintf(e.stdout, "%d of %d nodes drained: no job holds any\n", total, total)
+	return missingError(missing)
+}
+
+// drainWatch reads the nodes of a drain, by any state: a node someone
+// uncordons during the drain is still the drain's.
+type drainWatch struct {
+	cl     *client.Client
+	stderr io.Writer
+	pks    []int64 // the drain's nodes, sorted
+	// filter, when the drain selected its nodes by filters that a drain
+	// does not change, lists most of them in a page or two; the rest (or
+	// all, for a drain of pks) are read by pk.
+	filter *client.NodeFilter
+	warned map[int64]bool
+}
+
+// drainView is one look at a drain's nodes.
+type drainView struct {
+	held       map[int64][]int64 // job → the nodes of the drain it holds
+	uncordoned []int64           // nodes no job holds that are not cordoned
+}
+
+// look reads the drain's nodes and says, once per node, which left the
+// drain: uncordoned by someone else, or deleted.
+func (w *drainWatch) look(ctx context.Context) (drainView, error) {
+	got := map[int64]client.Node{}
+	want := map[int64]bool{}
+	for _, pk := range w.pks {
+		want[pk] = true
+	}
+	if w.filter != nil {
+		nodes, err := listAll(ctx, w.cl, *w.filter, 0)
+		if err != nil {
+			return drainView{}, err
+		}
+		for _, n := range nodes {
+			if want[n.PK] {
+				got[n.PK] = n
+			}
 		}
 	}
-	return held, nil
+	var rest []int64
+	for _, pk := range w.pks {
+		if _, ok := got[pk]; !ok {
+			rest = append(rest, pk)
+		}
+	}
+	nodes, err := nodesByPK(ctx, w.cl, rest)
+	if err != nil {
+		return drainView{}, err
+	}
+	for _, n := range nodes {
+		got[n.PK] = n
+	}
+	v := drainView{held: map[int64][]int64{}}
+	for _, pk := range w.pks {
+		n, ok := got[pk]
+		switch {
+		case !ok:
+			w.warn(pk, "node/%d was deleted; it holds no job")
+			continue
+		case n.CordonReason == nil:
+			w.warn(pk, "node/%d was uncordoned by someone else; it is no longer draining")
+			if n.CurrentJob == nil {
+				v.uncordoned = append(v.uncordoned, pk)
+			}
+		}
+		if n.CurrentJob != nil {
+			v.held[*n.CurrentJob] = append(v.held[*n.CurrentJob], pk)
+		}
+	}
+	return v, nil
+}
+
+// warn prints format (with pk) on stderr, once per node.
+func (w *drainWatch) warn(pk int64, format string) {
+	if !w.warned[pk] {
+		w.warned[pk] = true
+		fmt.Fprintf(w.stderr, "warning: "+format+"\n", pk)
+	}
+}
+
+// lifecycleFree is f without the members a cordon or a release changes
+// (state, free, current job), so that it still lists the drain's nodes
+// when they drain and are released; nil when nothing else is left of it
+// (a list of the whole fleet would be no narrower than reading by pk).
+func lifecycleFree(f *client.NodeFilter) *client.NodeFilter {
+	if f == nil || f.Fabric == nil && f.Selector == nil && f.IP == nil && f.Owner == nil && f.MinGPUMem == nil && f.HardwareGeneration == nil {
+		return nil
+	}
+	g := *f
+	g.State, g.Free, g.CurrentJob, g.After, g.Limit = nil, nil, nil, nil, nil
+	return &g
+}
+
+// transient reports whether a failure may pass by itself: no answer (the
+// connection refused, reset or cut, a timeout), a 5xx, 408 or 429.
+func transient(err error) bool {
+	var ce *client.Error
+	if errors.As(err, &ce) {
+		return ce.Status >= 500 || ce.Status == 408 || ce.Status == 429
+	}
+	var op *net.OpError
+	var ne net.Error
+	return errors.As(err, &op) || errors.As(err, &ne) && ne.Timeout() ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
 // progressLine is "3 of 8 nodes still held by jobs 41, 42".

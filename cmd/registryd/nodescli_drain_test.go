@@ -3,15 +3,148 @@ package main
 import (
 	"context"
 	"errors"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/registryd/registryd/client"
 )
+
+// running fails the test if p has exited: what it waits for has not come.
+func running(t *testing.T, p *process, why string) {
+	t.Helper()
+	select {
+	case <-p.done:
+		t.Fatalf("exited %s: %v\nstdout:\n%s\nstderr:\n%s", why, p.err, p.stdout, p.stderr)
+	default:
+	}
+}
+
+// A node uncordoned by someone else during a drain stays the drain's:
+// while its job holds it, the drain waits and says it is held (once, a
+// warning that it is no longer draining); once released, it is not
+// drained (a claim may take it), and the drain fails.
+func TestNodesCLIDrainUncordonedByOthers(t *testing.T) {
+	t.Parallel()
+	f := setupCLI(t)
+	aFleet(t, f) // job 41 holds nodes 1 and 2
+	ctx := context.Background()
+	p := startProcess(t, f.env(t), "nodes", "drain", "1", "2", "4", "--interval", "50ms", "--deadline", "1m", "--reason", "psu")
+	waitFor(t, "the drain's progress", func() bool { return strings.Contains(p.stdout.String(), "2 of 3 nodes still held by job 41\n") })
+	if _, err := f.api.UncordonNodes(ctx, client.NodeUncordon{Nodes: []int64{1, 2}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, pk := range []string{"1", "2"} {
+		warning := "node/" + pk + " was uncordoned by someone else; it is no longer draining\n"
+		waitFor(t, "the warning for node "+pk, func() bool { return strings.Contains(p.stderr.String(), warning) })
+	}
+	// Busy again, both are still held by job 41: the drain goes on.
+	time.Sleep(500 * time.Millisecond)
+	running(t, p, "while job 41 still held its nodes, uncordoned by someone else")
+	if _, err := f.api.ReleaseNodes(ctx, client.NodeRelease{Job: 41}); err != nil {
+		t.Fatal(err)
+	}
+	if code := exitStatus(t, p); code != 1 || !strings.Contains(p.stderr.String(), "2 of them (1 and 2) are no longer cordoned") {
+		t.Errorf("a drain whose nodes someone uncordoned: exit %d\n%s", code, p.stderr)
+	}
+	if strings.Contains(p.stdout.String(), "drained") {
+		t.Errorf("nodes someone uncordoned were said drained:\n%s", p.stdout)
+	}
+	if n := strings.Count(p.stderr.String(), "node/1 was uncordoned"); n != 1 {
+		t.Errorf("the warning for node 1 came %d times, want once:\n%s", n, p.stderr)
+	}
+}
+
+// flakyProxy stands between the CLI and the registry, and can stop
+// answering (connections refused) and start again, at the same address.
+type flakyProxy struct {
+	addr  string
+	proxy *httputil.ReverseProxy
+	tr    *http.Transport
+	mu    sync.Mutex
+	srv   *http.Server
+}
+
+func startFlakyProxy(t *testing.T, target string) *flakyProxy {
+	t.Helper()
+	u, err := url.Parse(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	p := &flakyProxy{addr: "127.0.0.1:0", proxy: httputil.NewSingleHostReverseProxy(u), tr: tr}
+	p.proxy.Transport = tr
+	p.up(t)
+	t.Cleanup(func() { p.down(); tr.CloseIdleConnections() })
+	return p
+}
+
+func (p *flakyProxy) url() string { return "http://" + p.addr }
+
+// up listens again, at the address it listened at before.
+func (p *flakyProxy) up(t *testing.T) {
+	t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ln, err := net.Listen("tcp", p.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.addr = ln.Addr().String()
+	p.srv = &http.Server{Handler: p.proxy, ReadHeaderTimeout: 10 * time.Second}
+	go p.srv.Serve(ln)
+}
+
+// down closes the listener and every connection: the next ones are
+// refused.
+func (p *flakyProxy) down() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.srv.Close()
+}
+
+// A drain outlives a registry that stops answering for a while: it says
+// so once, looks again every interval, and ends when the nodes are
+// released, as it would have.
+func TestNodesCLIDrainRegistryRestart(t *testing.T) {
+	t.Parallel()
+	f := setupCLI(t)
+	aFleet(t, f) // job 41 holds nodes 1 and 2
+	proxy := startFlakyProxy(t, f.url)
+	env := f.env(t)
+	env["REGISTRY_SERVER"] = proxy.url()
+	p := startProcess(t, env, "nodes", "drain", "1", "2", "--interval", "50ms", "--deadline", "1m", "--reason", "psu")
+	waitFor(t, "the drain's progress", func() bool { return strings.Contains(p.stdout.String(), "2 of 2 nodes still held by job 41\n") })
+	proxy.down()
+	waitFor(t, "the warning", func() bool { return strings.Contains(p.stderr.String(), "warning: cannot read the nodes") })
+	running(t, p, "while the registry did not answer")
+	if _, err := f.api.ReleaseNodes(context.Background(), client.NodeRelease{Job: 41}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	running(t, p, "while the registry did not answer")
+	proxy.up(t)
+	if code := exitStatus(t, p); code != 0 || !strings.Contains(p.stdout.String(), "2 of 2 nodes drained: no job holds any\n") {
+		t.Fatalf("drain after the registry came back: exit %d\nstdout:\n%s\nstderr:\n%s", code, p.stdout, p.stderr)
+	}
+	if n := strings.Count(p.stderr.String(), "warning: cannot read the nodes"); n != 1 || !strings.Contains(p.stderr.String(), "the registry answers again\n") {
+		t.Errorf("the outage was said %d times (want once, then that it answers again):\n%s", n, p.stderr)
+	}
+	// A refusal that will not pass by itself still ends it: a reader may
+	// not cordon (403), before any wait.
+	env["REGISTRY_TOKEN"] = f.reader
+	if r := cli(t, env, "nodes", "drain", "4", "--interval", "50ms", "--deadline", "1m"); r.code != 1 || !strings.Contains(r.stderr, "403") {
+		t.Errorf("a reader's drain: %+v", r)
+	}
+}
 
 // An admin's cordon reason is never replaced by the CLI's default: a
 // cordon or drain without --reason leaves a cordoned node's reason as it
