@@ -33,6 +33,10 @@ type cordonOptions struct {
 	reasonSet bool // --reason was given: it replaces every node's reason
 	deadline  time.Duration
 	interval  time.Duration
+	// all lets filters take more nodes out of scheduling than the API
+	// cordons by filter at once (maxPKsPerRequest): a filter that
+	// selects more is refused without it, as the server refuses it.
+	all bool
 }
 
 // defaultReason is the reason a cordon or drain without --reason gives
@@ -53,6 +57,9 @@ func cordonFlags(name string) (*flag.FlagSet, *cordonOptions) {
 		fs.Func("reason", fmt.Sprintf("`TEXT` saying why, for the other admins (cordon_reason, 1 to %d characters); it replaces the reason "+
 			"of nodes already cordoned. Without it, those keep theirs and the others get %q", registry.MaxCordonReasonLen, defaultReason(name)),
 			func(s string) error { o.reason, o.reasonSet = s, true; return nil })
+	}
+	if name != "nodes uncordon" {
+		fs.BoolVar(&o.all, "all", false, fmt.Sprintf("let the filters select more than %d nodes (the most the API cordons by filter): they are cordoned in batches", maxPKsPerRequest))
 	}
 	if name == "nodes drain" {
 		fs.DurationVar(&o.deadline, "deadline", 0, "give up waiting after this long (exit 3), such as 2h; 0: wait until every node is released")
@@ -182,6 +189,10 @@ func (o *cordonOptions) cordon(ctx context.Context, e *cliEnv, c command, cl *cl
 			return res, err
 		}
 		res.listedBy = f
+		if f != nil && len(nodes) > maxPKsPerRequest && !o.all {
+			return res, fmt.Errorf("the filters select %d nodes, more than the %d the API takes out of scheduling by filter at once; "+
+				"narrow them, or pass --all to cordon every one (in batches)", len(nodes), maxPKsPerRequest)
+		}
 		found := map[int64]bool{}
 		send = nil
 		for _, n := range nodes {

@@ -238,7 +238,16 @@ func TestNodesCLIThousandsByFilter(t *testing.T) {
 		}
 		return len(nodes)
 	}
-	if r := cli(t, f.env(t), "nodes", "cordon", "--selector", "rack=r12", "--reason", "rack move"); r.code != 0 || count(client.StateCordoned) != n {
+	// More than the API cordons by filter: refused, nothing cordoned,
+	// unless --all says so.
+	if r := cli(t, f.env(t), "nodes", "cordon", "--selector", "rack=r12", "--reason", "rack move"); r.code != 1 ||
+		!strings.Contains(r.stderr, "--all") || count(client.StateCordoned) != 0 {
+		t.Fatalf("cordon of %d nodes by selector without --all: exit %d, %d cordoned\n%s", n, r.code, count(client.StateCordoned), r.stderr)
+	}
+	if r := cli(t, f.env(t), "nodes", "drain", "--selector", "rack=r12"); r.code != 1 || count(client.StateCordoned) != 0 {
+		t.Fatalf("drain of %d nodes by selector without --all: exit %d, %d cordoned\n%s", n, r.code, count(client.StateCordoned), r.stderr)
+	}
+	if r := cli(t, f.env(t), "nodes", "cordon", "--selector", "rack=r12", "--reason", "rack move", "--all"); r.code != 0 || count(client.StateCordoned) != n {
 		t.Fatalf("cordon of %d nodes by selector: exit %d, %d cordoned\n%s", n, r.code, count(client.StateCordoned), r.stderr)
 	}
 	if r := cli(t, f.env(t), "nodes", "uncordon", "--selector", "rack=r12"); r.code != 0 || count(client.StateFree) != n {
