@@ -1,17 +1,22 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 
@@ -75,6 +80,8 @@ func loadCLIConfig(path string) (cliConfig, error) {
 		return cfg, fmt.Errorf("%s: %w", path, err)
 	}
 	for i, c := range cfg.Contexts {
+		// A token pasted with its newline would make an invalid header.
+		cfg.Contexts[i].Token = strings.TrimSpace(c.Token)
 		if c.Name == "" {
 			return cfg, fmt.Errorf("%s: context %d has no name", path, i+1)
 		}
@@ -137,7 +144,17 @@ type cliEnv struct {
 // target is the registry a command talks to: the current context, with
 // REGISTRY_SERVER and REGISTRY_TOKEN or REGISTRY_TOKEN_FILE overriding
 // its members (either token variable replaces both of the context's).
+// A context's token and CA file go to its own server only: a
+// REGISTRY_SERVER naming another one takes its token from the
+// environment too, or is refused. With server and token both from the
+// environment the file's current context is not needed.
 func (e *cliEnv) target() (cliContext, error) {
+	envServer := e.getenv("REGISTRY_SERVER")
+	tok, file := strings.TrimSpace(e.getenv("REGISTRY_TOKEN")), e.getenv("REGISTRY_TOKEN_FILE")
+	if tok != "" && file != "" {
+		return cliContext{}, errors.New("set REGISTRY_TOKEN or REGISTRY_TOKEN_FILE, not both")
+	}
+	envOnly := envServer != "" && (tok != "" || file != "")
 	var ctx cliContext
 	path, err := cliConfigPath(e.getenv, e.rawenv)
 	if err == nil {
@@ -147,36 +164,91 @@ func (e *cliEnv) target() (cliContext, error) {
 		}
 		if cfg.CurrentContext != "" {
 			c, ok := cfg.find(cfg.CurrentContext)
-			if !ok {
-				return ctx, fmt.Errorf("%s: current context %q is not among its contexts", path, cfg.CurrentContext)
+			switch {
+			case ok:
+				ctx = *c
+			case !envOnly:
+				return ctx, notFound(fmt.Errorf("%s: current context %q is not among its contexts (registryd config use-context NAME)", path, cfg.CurrentContext))
 			}
-			ctx = *c
 		}
 	}
-	if s := e.getenv("REGISTRY_SERVER"); s != "" {
-		ctx.Server = s
+	if envServer != "" && envServer != ctx.Server {
+		if ctx.Server != "" && (ctx.Token != "" || ctx.TokenFile != "") && tok == "" && file == "" {
+			return ctx, fmt.Errorf("REGISTRY_SERVER %s is not context %q's server %s: that context's token is not sent to another server; set REGISTRY_TOKEN or REGISTRY_TOKEN_FILE for it too",
+				redactURL(envServer), ctx.Name, redactURL(ctx.Server))
+		}
+		// Another server: nothing of the context's applies to it.
+		ctx = cliContext{Name: ctx.Name, Server: envServer}
 	}
-	tok, file := strings.TrimSpace(e.getenv("REGISTRY_TOKEN")), e.getenv("REGISTRY_TOKEN_FILE")
 	switch {
-	case tok != "" && file != "":
-		return ctx, errors.New("set REGISTRY_TOKEN or REGISTRY_TOKEN_FILE, not both")
 	case tok != "":
 		ctx.Token, ctx.TokenFile = tok, ""
 	case file != "":
 		ctx.Token, ctx.TokenFile = "", file
 	}
+	if ca := e.getenv("REGISTRY_CA_FILE"); ca != "" {
+		ctx.CAFile = ca
+	}
 	if ctx.Server == "" {
 		return ctx, errors.New("no registry: set REGISTRY_SERVER, or a context (registryd config set-context NAME --server URL --token-file FILE, then registryd config use-context NAME)")
 	}
-	if _, err := parseServerURL(ctx.Server); err != nil {
-		return ctx, fmt.Errorf("server %q: %v", ctx.Server, err)
+	u, err := parseServerURL(ctx.Server)
+	if err != nil {
+		return ctx, fmt.Errorf("server %s: %v", redactURL(ctx.Server), err)
+	}
+	if u.Scheme == "http" && !isLoopback(u.Hostname()) {
+		insecure, err := strconv.ParseBool(cmp.Or(e.getenv("REGISTRY_INSECURE_HTTP"), "false"))
+		switch {
+		case err != nil:
+			return ctx, fmt.Errorf("REGISTRY_INSECURE_HTTP=%q: want true or false", e.getenv("REGISTRY_INSECURE_HTTP"))
+		case !insecure:
+			return ctx, fmt.Errorf("server %s is plain http to another host: the token would cross the network readable; use https (or set REGISTRY_INSECURE_HTTP=true on a network you trust)", u.Redacted())
+		}
 	}
 	return ctx, nil
 }
 
-// client is a client of the target registry.
+// redactURL is raw with any password replaced, for messages: a
+// REGISTRY_SERVER of https://admin:pw@host is never echoed whole.
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		if strings.Contains(raw, "@") {
+			return "(a URL that does not parse)"
+		}
+		return strconv.Quote(raw)
+	}
+	return strconv.Quote(u.Redacted())
+}
+
+// defaultRequestTimeout bounds each request when REGISTRY_REQUEST_TIMEOUT
+// is unset.
+const defaultRequestTimeout = 30 * time.Second
+
+// requestTimeout is REGISTRY_REQUEST_TIMEOUT: how long one request may
+// wait for its answer (0: for ever).
+func (e *cliEnv) requestTimeout() (time.Duration, error) {
+	v := e.getenv("REGISTRY_REQUEST_TIMEOUT")
+	if v == "" {
+		return defaultRequestTimeout, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		return 0, fmt.Errorf("REGISTRY_REQUEST_TIMEOUT=%q: want a duration such as 30s (0: none)", v)
+	}
+	return d, nil
+}
+
+// client is a client of the target registry. Every request but the
+// watch stream's must be answered within the request timeout; the
+// stream, which lives until Ctrl-C, must connect and send its headers
+// within it.
 func (e *cliEnv) client(ctx context.Context) (*client.Client, error) {
 	t, err := e.target()
+	if err != nil {
+		return nil, err
+	}
+	timeout, err := e.requestTimeout()
 	if err != nil {
 		return nil, err
 	}
@@ -191,14 +263,62 @@ func (e *cliEnv) client(ctx context.Context) (*client.Client, error) {
 		}
 		opts = append(opts, client.WithTokenSource(src))
 	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	if timeout > 0 {
+		tr.DialContext = (&net.Dialer{Timeout: timeout, KeepAlive: 30 * time.Second}).DialContext
+		tr.TLSHandshakeTimeout = timeout
+		tr.ResponseHeaderTimeout = timeout
+	}
 	if t.CAFile != "" {
 		pool, err := loadAgentCAs(t.CAFile)
 		if err != nil {
 			return nil, fmt.Errorf("ca_file %s: %w", t.CAFile, err)
 		}
-		tr := http.DefaultTransport.(*http.Transport).Clone()
 		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
-		opts = append(opts, client.WithHTTPClient(&http.Client{Transport: tr}))
 	}
+	opts = append(opts, client.WithHTTPClient(&http.Client{Transport: &timeoutTransport{next: tr, timeout: timeout}}))
 	return client.New(t.Server, opts...)
+}
+
+// timeoutTransport ends a request (its answer's body included) that
+// takes longer than timeout, except the watch stream's, and says so.
+type timeoutTransport struct {
+	next    http.RoundTripper
+	timeout time.Duration
+}
+
+func (d *timeoutTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if d.timeout <= 0 {
+		return d.next.RoundTrip(r)
+	}
+	cancel := context.CancelFunc(func() {})
+	if !strings.HasSuffix(r.URL.Path, "/watch") {
+		var ctx context.Context
+		ctx, cancel = context.WithTimeout(r.Context(), d.timeout)
+		r = r.WithContext(ctx)
+	}
+	resp, err := d.next.RoundTrip(r)
+	if err != nil {
+		cancel()
+		if r.Context().Err() == nil || errors.Is(r.Context().Err(), context.DeadlineExceeded) {
+			if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() || errors.Is(err, context.DeadlineExceeded) {
+				return nil, fmt.Errorf("no answer from %s within %s (REGISTRY_REQUEST_TIMEOUT): %w", r.URL.Host, d.timeout, err)
+			}
+		}
+		return nil, err
+	}
+	resp.Body = &cancelBody{ReadCloser: resp.Body, cancel: cancel}
+	return resp, nil
+}
+
+// cancelBody ends its request's timeout when it is closed.
+type cancelBody struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (b *cancelBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.cancel()
+	return err
 }

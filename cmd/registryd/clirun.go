@@ -63,6 +63,9 @@ var cliRunners = map[string]cliRunner{
 // exit status that says what kind of failure it is.
 func runCLI(ctx context.Context, c command, run cliRunner, args []string, rawenv func(string) string, stdout, stderr io.Writer) error {
 	e := &cliEnv{getenv: commandEnv(cmdCLI, rawenv), rawenv: rawenv, stdout: stdout, stderr: stderr}
+	for _, w := range unknownSettings(environ()) {
+		fmt.Fprintln(stderr, "registryd: warning:", w)
+	}
 	err := run(ctx, e, c, args)
 	var ce *client.Error
 	switch {

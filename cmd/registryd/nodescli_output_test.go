@@ -1,0 +1,206 @@
+package main
+
+import (
+	"encoding/pem"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeRegistry answers every list with no nodes and records the
+// Authorization header of each request it gets.
+type fakeRegistry struct {
+	*httptest.Server
+	mu    sync.Mutex
+	auths []string
+}
+
+func newFakeRegistry(t *testing.T, tlsServer bool) *fakeRegistry {
+	t.Helper()
+	f := &fakeRegistry{}
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f.mu.Lock()
+		f.auths = append(f.auths, r.Header.Get("Authorization"))
+		f.mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Event-Id", "0")
+		_, _ = w.Write([]byte("[]\n"))
+	})
+	if tlsServer {
+		f.Server = httptest.NewTLSServer(h)
+	} else {
+		f.Server = httptest.NewServer(h)
+	}
+	t.Cleanup(f.Close)
+	return f
+}
+
+// seen is the Authorization headers received so far.
+func (f *fakeRegistry) seen() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.auths...)
+}
+
+// writeTestFile writes text to a new file under dir and returns its path.
+func writeTestFile(t *testing.T, dir, name, text string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// A server that accepts and never answers does not hang the CLI: each
+// request gives up after REGISTRY_REQUEST_TIMEOUT, and the command fails
+// (exit 1) saying so.
+func TestNodesCLIRequestTimeout(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	var conns []net.Conn
+	var mu sync.Mutex
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c) // held open, never answered
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	env := map[string]string{"REGISTRY_SERVER": "http://" + ln.Addr().String(), "REGISTRY_TOKEN": "x.y.z",
+		"REGISTRY_CONFIG": filepath.Join(t.TempDir(), "none.yaml"), "REGISTRY_REQUEST_TIMEOUT": "200ms"}
+	for _, args := range [][]string{{"nodes", "list"}, {"nodes", "list", "--watch"}, {"hardware", "list"}} {
+		start := time.Now()
+		r := cli(t, env, args...)
+		took := time.Since(start)
+		if r.code != 1 || !strings.Contains(r.stderr, "no answer from "+ln.Addr().String()+" within 200ms") {
+			t.Errorf("%q against a server that never answers: exit %d, stderr %q; want 1 and the timeout named", args, r.code, r.stderr)
+		}
+		// Retries of a read multiply the bound by the client's attempts
+		// (4) and its backoff; far below the minute cli allows.
+		if took > 15*time.Second {
+			t.Errorf("%q took %s", args, took)
+		}
+	}
+	env["REGISTRY_REQUEST_TIMEOUT"] = "soon"
+	if r := cli(t, env, "nodes", "list"); r.code != 1 || !strings.Contains(r.stderr, "REGISTRY_REQUEST_TIMEOUT") {
+		t.Errorf("a bad REGISTRY_REQUEST_TIMEOUT: %+v", r)
+	}
+}
+
+// A dangling current_context does not stand in the way of a registry the
+// environment names fully; without that it is a context not found (4).
+func TestNodesCLIDanglingContext(t *testing.T) {
+	t.Parallel()
+	reg := newFakeRegistry(t, false)
+	cfg := writeTestFile(t, t.TempDir(), "config.yaml", "current_context: gone\n")
+	env := map[string]string{"REGISTRY_CONFIG": cfg, "REGISTRY_SERVER": reg.URL, "REGISTRY_TOKEN": "env.token.x"}
+	if r := cli(t, env, "nodes", "list", "-o", "name"); r.code != 0 {
+		t.Errorf("env-configured list with a dangling current_context: %+v", r)
+	}
+	delete(env, "REGISTRY_TOKEN")
+	if r := cli(t, env, "nodes", "list"); r.code != exitNotFound || !strings.Contains(r.stderr, `"gone"`) {
+		t.Errorf("a dangling current_context without the environment's token: %+v; want exit 4", r)
+	}
+}
+
+// A password in REGISTRY_SERVER is never echoed.
+func TestNodesCLIServerPasswordRedacted(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"REGISTRY_CONFIG": filepath.Join(t.TempDir(), "none.yaml"),
+		"REGISTRY_SERVER": "https://admin:hunter2secret@registry.example.com", "REGISTRY_TOKEN": "x.y.z"}
+	r := cli(t, env, "nodes", "list")
+	if r.code != 1 || strings.Contains(r.stderr, "hunter2secret") || !strings.Contains(r.stderr, "admin:xxxxx@registry.example.com") {
+		t.Errorf("a server URL with a password: exit %d, stderr %q; want 1, the URL redacted", r.code, r.stderr)
+	}
+}
+
+// The CLI sends no token over plain http to another host unless told to,
+// sends no context's token to a server REGISTRY_SERVER swapped in, and
+// takes a CA from REGISTRY_CA_FILE.
+func TestNodesCLITokenSafety(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	env := map[string]string{"REGISTRY_CONFIG": filepath.Join(dir, "none.yaml"),
+		"REGISTRY_SERVER": "http://192.0.2.1:8080", "REGISTRY_TOKEN": "x.y.z", "REGISTRY_REQUEST_TIMEOUT": "100ms"}
+	if r := cli(t, env, "nodes", "list"); r.code != 1 || !strings.Contains(r.stderr, "plain http") || !strings.Contains(r.stderr, "REGISTRY_INSECURE_HTTP") {
+		t.Errorf("plain http to another host: %+v; want a refusal naming REGISTRY_INSECURE_HTTP", r)
+	}
+	env["REGISTRY_INSECURE_HTTP"] = "true"
+	if r := cli(t, env, "nodes", "list"); strings.Contains(r.stderr, "plain http") {
+		t.Errorf("plain http with REGISTRY_INSECURE_HTTP=true is still refused: %+v", r)
+	}
+
+	// The prod context's token must not go to the server REGISTRY_SERVER names.
+	prod := newFakeRegistry(t, false)
+	staging := newFakeRegistry(t, false)
+	cfg := writeTestFile(t, dir, "config.yaml", "current_context: prod\ncontexts:\n  - name: prod\n    server: "+prod.URL+"\n    token: \"prod.token.x\\n\"\n")
+	env = map[string]string{"REGISTRY_CONFIG": cfg, "REGISTRY_SERVER": staging.URL}
+	if r := cli(t, env, "nodes", "list"); r.code != 1 || !strings.Contains(r.stderr, "REGISTRY_TOKEN") {
+		t.Errorf("another server without a token of its own: %+v; want a refusal", r)
+	}
+	if got := staging.seen(); len(got) != 0 {
+		t.Errorf("staging was sent %q", got)
+	}
+	env["REGISTRY_TOKEN"] = "staging.token.x"
+	if r := cli(t, env, "nodes", "list"); r.code != 0 {
+		t.Errorf("another server with its own token: %+v", r)
+	}
+	if got := staging.seen(); len(got) != 1 || got[0] != "Bearer staging.token.x" {
+		t.Errorf("staging got %q; want its own token only", got)
+	}
+	// The same server as the context's: the context's token, trimmed of
+	// the newline the file holds.
+	env = map[string]string{"REGISTRY_CONFIG": cfg}
+	if r := cli(t, env, "nodes", "list"); r.code != 0 {
+		t.Errorf("the prod context: %+v", r)
+	}
+	if got := prod.seen(); len(got) != 1 || got[0] != "Bearer prod.token.x" {
+		t.Errorf("prod got %q; want its token, trimmed", got)
+	}
+
+	// Env only, over https with a private CA.
+	secure := newFakeRegistry(t, true)
+	ca := writeTestFile(t, dir, "ca.pem", string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: secure.Certificate().Raw})))
+	env = map[string]string{"REGISTRY_CONFIG": filepath.Join(dir, "none.yaml"), "REGISTRY_SERVER": secure.URL, "REGISTRY_TOKEN": "x.y.z"}
+	if r := cli(t, env, "nodes", "list"); r.code != 1 || !strings.Contains(r.stderr, "certificate") {
+		t.Errorf("https to a private CA's server without the CA: %+v", r)
+	}
+	env["REGISTRY_CA_FILE"] = ca
+	if r := cli(t, env, "nodes", "list"); r.code != 0 {
+		t.Errorf("https with REGISTRY_CA_FILE: %+v", r)
+	}
+}
+
+// A misspelt setting is named, with the one it is likely a typo of.
+func TestNodesCLIUnknownSetting(t *testing.T) {
+	t.Parallel()
+	reg := newFakeRegistry(t, false)
+	typo := "REGISTRY_" + "REQUST_TIMEOUT" // spelt apart: the settings test reads sources
+	env := map[string]string{"REGISTRY_CONFIG": filepath.Join(t.TempDir(), "none.yaml"),
+		"REGISTRY_SERVER": reg.URL, "REGISTRY_TOKEN": "x.y.z", typo: "1s"}
+	if r := cli(t, env, "nodes", "list"); r.code != 0 || !strings.Contains(r.stderr, typo+" is not a setting registryd reads; it is ignored; did you mean REGISTRY_REQUEST_TIMEOUT?") {
+		t.Errorf("a misspelt setting: %+v", r)
+	}
+}
