@@ -2,10 +2,10 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
-	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,8 +14,8 @@ import (
 	"github.com/registryd/registryd/internal/registry"
 )
 
-// filterOptions are the node filters of the API as flags: list, get's
-// watch, cordon, uncordon, drain, claim and fabrics list share them.
+// filterOptions are the node filters of the API as flags: list (and its
+// watch), cordon, uncordon, drain, claim and fabrics list share them.
 type filterOptions struct {
 	free      bool
 	state     string
@@ -94,8 +94,11 @@ func (o *filterOptions) check() error {
 	if o.ip != "" {
 		// The server's own check: 10.0.0.5/24 is refused, not masked.
 		if _, err := registry.CanonicalIPFilter(o.ip); err != nil {
-			return fmt.Errorf("--ip: %q %v", o.ip, err)
+			return fmt.Errorf("--ip %q: %v", o.ip, err)
 		}
+	}
+	if _, err := registry.ParseSelector(o.selector); err != nil {
+		return fmt.Errorf("--selector %q: %v", o.selector, err)
 	}
 	return nil
 }
@@ -155,51 +158,33 @@ func hardwarePK(ctx context.Context, c *client.Client, s string) (int64, error) 
 	return hw[0].PK, nil
 }
 
-// ipMatch is --ip as a test of a node's address: one address, or a CIDR.
-type ipMatch struct{ prefix netip.Prefix }
-
-func parseIPMatch(s string) (ipMatch, error) {
-	if strings.Contains(s, "/") {
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			return ipMatch{}, fmt.Errorf("--ip: %q is neither an address nor a CIDR", s)
-		}
-		return ipMatch{p.Masked()}, nil
-	}
-	a, err := netip.ParseAddr(s)
-	if err != nil {
-		return ipMatch{}, fmt.Errorf("--ip: %q is neither an address nor a CIDR", s)
-	}
-	a = a.Unmap()
-	return ipMatch{netip.PrefixFrom(a, a.BitLen())}, nil
-}
-
-func (m ipMatch) contains(ip string) bool {
-	a, err := netip.ParseAddr(ip)
-	return err == nil && m.prefix.Contains(a.Unmap())
-}
-
-// matches says whether n passes the filters f, for a watch, whose stream
-// is filtered by selector only: the other filters are applied here, as
-// the server applies them to a list.
-func matches(f client.NodeFilter, ip *ipMatch, n client.Node) bool {
-	switch {
-	case f.Free != nil && *f.Free && n.State != client.StateFree,
-		f.Fabric != nil && (n.Fabric == nil || *n.Fabric != *f.Fabric),
-		f.CurrentJob != nil && (n.CurrentJob == nil || *n.CurrentJob != *f.CurrentJob),
-		f.Owner != nil && (n.Owner == nil || *n.Owner != *f.Owner),
-		f.MinGPUMem != nil && (n.GPUMem == nil || *n.GPUMem < *f.MinGPUMem),
-		f.HardwareGeneration != nil && (n.HardwareGeneration == nil || *n.HardwareGeneration != *f.HardwareGeneration),
-		ip != nil && !ip.contains(n.IP):
-		return false
-	}
+// matcher is f as the registry's own filter, whose Match is the
+// filters' one meaning: a watch applies it to each node the stream
+// brings, as the server applies it to a list.
+func matcher(f client.NodeFilter) (registry.NodeFilter, error) {
+	m := registry.NodeFilter{Free: f.Free, CurrentJob: f.CurrentJob, HardwareGeneration: f.HardwareGeneration,
+		MinGPUMem: f.MinGPUMem, IP: f.IP, Fabric: f.Fabric, Owner: f.Owner}
 	if f.State != nil {
 		states, _ := f.State.AsNodeStateFilter1()
-		if !slices.Contains(states, n.State) {
-			return false
+		for _, st := range states {
+			m.State = append(m.State, registry.State(st))
 		}
 	}
-	return true
+	if f.Selector != nil {
+		sel, err := registry.ParseSelector(*f.Selector)
+		if err != nil {
+			return m, fmt.Errorf("--selector: %v", err)
+		}
+		m.Selector = sel
+	}
+	return m, m.Normalize()
+}
+
+// registryNode is the node of an API document, as Match reads it.
+func registryNode(doc []byte) (registry.Node, error) {
+	var n registry.Node
+	err := json.Unmarshal(doc, &n)
+	return n, err
 }
 
 // cordonOf is the cordon of the nodes f selects.

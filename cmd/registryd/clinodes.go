@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -255,13 +256,14 @@ var errRelist = errors.New("re-list")
 // arrives, kubectl get --watch style: a node that changes is printed
 // again (a deleted one as state "deleted"), and one that leaves the
 // filter is printed once more as it now is. It runs until ctx ends
-// (Ctrl-C), which is not a failure. The stream is asked for the label
-// selector; the other filters are applied here (matches).
+// (Ctrl-C), which is not a failure. The stream is not filtered: the
+// server drops an event whose node no longer matches, so a node leaving
+// the filters would never be seen to leave. The filters are applied
+// here, with the registry's own NodeFilter.Match.
 func watchNodes(ctx context.Context, e *cliEnv, c *client.Client, f client.NodeFilter, o *listOptions) error {
-	var ip *ipMatch
-	if o.ip != "" {
-		m, _ := parseIPMatch(o.ip)
-		ip = &m
+	m, err := matcher(f)
+	if err != nil {
+		return err
 	}
 	wide := o.output == outWide
 	t := nodeTable(e, wide)
@@ -290,7 +292,7 @@ func watchNodes(ctx context.Context, e *cliEnv, c *client.Client, f client.NodeF
 			}
 		}
 		first = false
-		opts := client.WatchOptions{After: &l.EventID, Selector: f.Selector}
+		opts := client.WatchOptions{After: &l.EventID}
 		err = c.Watch(ctx, opts, func(ev client.Event) error {
 			switch {
 			case ev.Reset != nil:
@@ -299,8 +301,16 @@ func watchNodes(ctx context.Context, e *cliEnv, c *client.Client, f client.NodeF
 				return nil
 			}
 			n := ev.Node.Node
+			var doc struct{ Node json.RawMessage }
+			if err := json.Unmarshal(ev.Data, &doc); err != nil {
+				return err
+			}
+			rn, err := registryNode(doc.Node)
+			if err != nil {
+				return fmt.Errorf("event %d: %w", ev.ID, err)
+			}
 			state := ""
-			in := ev.Node.Kind != client.EventDeleted && matches(f, ip, n)
+			in := ev.Node.Kind != client.EventDeleted && m.Match(rn, time.Now())
 			switch {
 			case in:
 				shown[n.PK] = true

@@ -1,16 +1,21 @@
 package main
 
 import (
+	"context"
 	"encoding/pem"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/registryd/registryd/client"
 )
 
 // fakeRegistry answers every list with no nodes and records the
@@ -202,5 +207,36 @@ func TestNodesCLIUnknownSetting(t *testing.T) {
 		"REGISTRY_SERVER": reg.URL, "REGISTRY_TOKEN": "x.y.z", typo: "1s"}
 	if r := cli(t, env, "nodes", "list"); r.code != 0 || !strings.Contains(r.stderr, typo+" is not a setting registryd reads; it is ignored; did you mean REGISTRY_REQUEST_TIMEOUT?") {
 		t.Errorf("a misspelt setting: %+v", r)
+	}
+}
+
+// A watch shows a node leaving its --selector (its labels changed
+// elsewhere): the node's row once more, as it now is. The filters mean
+// what the server's mean: --ip takes an IPv4-mapped prefix.
+func TestNodesCLIWatchLeavesSelector(t *testing.T) {
+	t.Parallel()
+	f := setupCLI(t)
+	aFleet(t, f)
+	ctx := context.Background()
+	p := startProcess(t, f.env(t), "nodes", "list", "--watch", "--selector", "team=research", "--ip", "::ffff:10.0.0.0/120")
+	waitFor(t, "the first table", func() bool { return strings.Count(p.stdout.String(), "\n") >= 5 })
+	if _, err := f.api.PatchNode(ctx, 4, client.NodePatch{Labels: map[string]*string{"team": client.Ptr("other")}}); err != nil {
+		t.Fatal(err)
+	}
+	// Node 4 is shown again once it left; node 6, registered after it
+	// in the range and with the label, enters (the stream went on, and
+	// --ip's mapped prefix matches it as the server's filter does).
+	f.node(t, "10.0.0.9", 0, nil, "ib-b", map[string]string{"team": "research"})
+	waitFor(t, "node 6's row", func() bool {
+		return regexp.MustCompile(`(?m)^6\s+10\.0\.0\.9\s+0\s+80Gi\s+free\s`).MatchString(p.stdout.String())
+	})
+	if n := strings.Count(p.stdout.String(), "\n4 "); n != 2 {
+		t.Errorf("node 4 shown %d times; want twice (listed, then leaving the selector):\n%s", n, p.stdout)
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := exitStatus(t, p); code != 0 {
+		t.Errorf("watch after SIGTERM: exit %d\n%s", code, p.stderr)
 	}
 }
