@@ -119,8 +119,11 @@ through the fleet by pk, as a table (SEEN is when the node last acted),
 a wider table (-o wide), the API's documents (-o json, -o yaml: a list)
 or node/PK lines (-o name). --watch prints the list, then every node
 again each time it changes (a deleted one as "deleted", one that leaves
-the filters once more as it now is) until Ctrl-C. States are coloured
-on a terminal unless NO_COLOR is set.
+the filters once more as it now is) until Ctrl-C; with -o json or yaml
+as events, {"type": "added|modified|deleted", "object": NODE} (json: one
+a line; yaml: a --- document each), with -o name "node/PK deleted" for a
+deletion. --limit does not apply to --watch. States are coloured on a
+terminal unless NO_COLOR is set.
 
 Examples:
   registryd nodes list --free --min-gpu-mem 80Gi --fabric ib-a

@@ -139,6 +139,8 @@ type cliEnv struct {
 	rawenv func(string) string // the whole environment (HOME, NO_COLOR)
 	stdout io.Writer
 	stderr io.Writer
+	// docs are the node documents the API sent, as sent (client).
+	docs *nodeDocs
 }
 
 // target is the registry a command talks to: the current context, with
@@ -276,7 +278,11 @@ func (e *cliEnv) client(ctx context.Context) (*client.Client, error) {
 		}
 		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 	}
-	opts = append(opts, client.WithHTTPClient(&http.Client{Transport: &timeoutTransport{next: tr, timeout: timeout}}))
+	if e.docs == nil {
+		e.docs = &nodeDocs{}
+	}
+	rt := &timeoutTransport{next: &recordTransport{next: tr, docs: e.docs}, timeout: timeout}
+	opts = append(opts, client.WithHTTPClient(&http.Client{Transport: rt}))
 	return client.New(t.Server, opts...)
 }
 

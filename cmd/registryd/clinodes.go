@@ -1,12 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -143,17 +145,22 @@ func labelsText(l client.NodeLabels) string {
 }
 
 // printNodes shows nodes as -o asks: a table, the API's documents (one
-// document when one is asks for one node, else a list), or node/PK lines.
+// document when one node is asked for, else a list), or node/PK lines.
 func printNodes(e *cliEnv, v viewOptions, nodes []client.Node, one bool) error {
 	switch v.output {
 	case outJSON, outYAML:
-		if one && len(nodes) == 1 {
-			return writeDocument(e.stdout, v.output, nodes[0])
+		docs := make([]json.RawMessage, len(nodes))
+		for i, n := range nodes {
+			d, err := e.docs.doc(n)
+			if err != nil {
+				return err
+			}
+			docs[i] = d
 		}
-		if nodes == nil {
-			nodes = []client.Node{}
+		if one && len(docs) == 1 {
+			return writeRaw(e.stdout, v.output, docs[0])
 		}
-		return writeDocument(e.stdout, v.output, nodes)
+		return writeRaw(e.stdout, v.output, jsonList(docs))
 	case outName:
 		for _, n := range nodes {
 			fmt.Fprintf(e.stdout, "node/%d\n", n.PK)
@@ -171,6 +178,47 @@ func printNodes(e *cliEnv, v viewOptions, nodes []client.Node, one bool) error {
 	}
 	t.write(e.stdout, v.noHeaders)
 	return nil
+}
+
+// Types of a watch's events as -o json and yaml print them, kubectl
+// --output-watch-events style.
+const (
+	watchAdded    = "added"    // listed, or entered the filters
+	watchModified = "modified" // changed (or left the filters: as it now is)
+	watchDeleted  = "deleted"
+)
+
+// printEvent prints one event of a watch for -o json (one compact
+// {"type", "object"} per line), yaml (the same, a --- document each) or
+// name (node/PK, and "deleted" after a deleted one).
+func printEvent(e *cliEnv, output, typ string, n client.Node) error {
+	if output == outName {
+		if typ == watchDeleted {
+			_, err := fmt.Fprintf(e.stdout, "node/%d deleted\n", n.PK)
+			return err
+		}
+		_, err := fmt.Fprintf(e.stdout, "node/%d\n", n.PK)
+		return err
+	}
+	doc, err := e.docs.doc(n)
+	if err != nil {
+		return err
+	}
+	var b bytes.Buffer
+	b.WriteString(`{"type":"` + typ + `","object":`)
+	if err := json.Compact(&b, doc); err != nil {
+		return err
+	}
+	b.WriteString("}")
+	if output == outJSON {
+		b.WriteByte('\n')
+		_, err := e.stdout.Write(b.Bytes())
+		return err
+	}
+	if _, err := io.WriteString(e.stdout, "---\n"); err != nil {
+		return err
+	}
+	return writeRaw(e.stdout, output, b.Bytes())
 }
 
 // listPageSize is how many nodes one list request asks for; the CLI
@@ -287,8 +335,10 @@ func watchNodes(ctx context.Context, e *cliEnv, c *client.Client, f client.NodeF
 			}
 			t.write(e.stdout, o.noHeaders || !first)
 		default:
-			if err := printNodes(e, o.viewOptions, l.Nodes, false); err != nil {
-				return err
+			for _, n := range l.Nodes {
+				if err := printEvent(e, o.output, watchAdded, n); err != nil {
+					return err
+				}
 			}
 		}
 		first = false
@@ -309,25 +359,32 @@ func watchNodes(ctx context.Context, e *cliEnv, c *client.Client, f client.NodeF
 			if err != nil {
 				return fmt.Errorf("event %d: %w", ev.ID, err)
 			}
-			state := ""
+			e.docs.set(n.PK, doc.Node)
+			typ := watchModified
 			in := ev.Node.Kind != client.EventDeleted && m.Match(rn, time.Now())
 			switch {
-			case in:
+			case in && !shown[n.PK]:
 				shown[n.PK] = true
+				typ = watchAdded
+			case in:
 			case shown[n.PK]:
 				delete(shown, n.PK)
 				if ev.Node.Kind == client.EventDeleted {
-					state = "deleted"
+					typ = watchDeleted
 				}
 			default:
 				return nil
 			}
 			if o.output == outTable || wide {
+				state := ""
+				if typ == watchDeleted {
+					state = "deleted"
+				}
 				t.rows = append(t.rows, nodeRow(n, wide, time.Now(), state))
 				t.write(e.stdout, true)
 				return nil
 			}
-			return printNodes(e, o.viewOptions, []client.Node{n}, true)
+			return printEvent(e, o.output, typ, n)
 		})
 		if !errors.Is(err, errRelist) {
 			return quiet(ctx, err)

@@ -11,8 +11,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"go.yaml.in/yaml/v3"
-
 	"github.com/registryd/registryd/client"
 )
 
@@ -230,41 +228,25 @@ func intDash(n *int64) string {
 	return strconv.FormatInt(*n, 10)
 }
 
-// writeDocument prints v, an API document or a list of them, as JSON
-// (indented, as the API sends it, members in its order) or YAML (the
-// same members, in the same order).
+// writeDocument prints v, a value of the client's (audit entries,
+// hardware, fabrics), as writeRaw prints a document: its members in the
+// order of the client's type.
 func writeDocument(w io.Writer, format string, v any) error {
+	b, err := marshalJSON(v)
+	if err != nil {
+		return err
+	}
+	return writeRaw(w, format, b)
+}
+
+// marshalJSON is v as JSON, with <, > and & as they are (the API sends
+// them so).
+func marshalJSON(v any) ([]byte, error) {
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(false)
-	enc.SetIndent("", "  ")
 	if err := enc.Encode(v); err != nil {
-		return err
+		return nil, err
 	}
-	if format == outJSON {
-		_, err := w.Write(b.Bytes())
-		return err
-	}
-	// JSON is YAML: read it as a YAML tree (which keeps the members'
-	// order) and write it back in block style.
-	var doc yaml.Node
-	if err := yaml.Unmarshal(b.Bytes(), &doc); err != nil {
-		return err
-	}
-	blockStyle(&doc)
-	enc2 := yaml.NewEncoder(w)
-	enc2.SetIndent(2)
-	if err := enc2.Encode(&doc); err != nil {
-		return err
-	}
-	return enc2.Close()
-}
-
-// blockStyle clears the styles JSON gave n and its children (flow
-// braces, quoted strings): the encoder quotes only what needs it.
-func blockStyle(n *yaml.Node) {
-	n.Style = 0
-	for _, c := range n.Content {
-		blockStyle(c)
-	}
+	return bytes.TrimSpace(b.Bytes()), nil
 }

@@ -1,12 +1,18 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -14,6 +20,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/registryd/registryd/client"
 )
@@ -238,5 +247,182 @@ func TestNodesCLIWatchLeavesSelector(t *testing.T) {
 	}
 	if code := exitStatus(t, p); code != 0 {
 		t.Errorf("watch after SIGTERM: exit %d\n%s", code, p.stderr)
+	}
+}
+
+// apiBody is the body the API answers to method path (body: JSON sent),
+// as curl would print it, asked with the fleet's admin token.
+func (f *cliFleet) apiBody(t *testing.T, method, path, body string) []byte {
+	t.Helper()
+	req, err := http.NewRequest(method, f.url+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+f.admin)
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("%s %s: %d %v %s", method, path, resp.StatusCode, err, b)
+	}
+	return b
+}
+
+// compact is JSON text without its blanks.
+func compact(t *testing.T, b []byte) string {
+	t.Helper()
+	var out bytes.Buffer
+	if err := json.Compact(&out, b); err != nil {
+		t.Fatalf("%v: %s", err, b)
+	}
+	return out.String()
+}
+
+// yamlKeys are the keys of the first mapping of a YAML text, in order.
+func yamlKeys(t *testing.T, text string) []string {
+	t.Helper()
+	var doc yaml.Node
+	if err := yaml.Unmarshal([]byte(text), &doc); err != nil {
+		t.Fatal(err)
+	}
+	m := doc.Content[0]
+	if m.Kind == yaml.SequenceNode {
+		m = m.Content[0]
+	}
+	var keys []string
+	for i := 0; i < len(m.Content); i += 2 {
+		keys = append(keys, m.Content[i].Value)
+	}
+	return keys
+}
+
+// -o json is the API's text: the same members in the same order with the
+// same values, and members the client does not know kept. -o yaml has
+// the same members in the same order, and a YAML 1.1 reader (PyYAML)
+// reads strings such as yes and on as strings.
+func TestNodesCLIJSONIsTheAPIs(t *testing.T) {
+	t.Parallel()
+	f := setupCLI(t)
+	aFleet(t, f)
+	labels := map[string]*string{"on": client.Ptr("yes"), "x": client.Ptr("NO")}
+	if _, err := f.api.PatchNode(context.Background(), 1, client.NodePatch{Labels: labels}); err != nil {
+		t.Fatal(err)
+	}
+	api := f.apiBody(t, "POST", "/v1/nodes/list", "{}")
+	if got := f.ok(t, "nodes", "list", "-o", "json"); compact(t, []byte(got)) != compact(t, api) {
+		t.Errorf("nodes list -o json is not the API's list:\ncli %s\napi %s", compact(t, []byte(got)), compact(t, api))
+	}
+	one := f.apiBody(t, "GET", "/v1/nodes/1", "")
+	if got := f.ok(t, "nodes", "get", "1", "-o", "json"); compact(t, []byte(got)) != compact(t, one) {
+		t.Errorf("nodes get 1 -o json is not the API's document:\ncli %s\napi %s", compact(t, []byte(got)), compact(t, one))
+	}
+	y := f.ok(t, "nodes", "get", "1", "-o", "yaml")
+	if d := cmp.Diff(yamlKeys(t, compact(t, one)), yamlKeys(t, y)); d != "" {
+		t.Errorf("nodes get 1 -o yaml: members not in the API's order (-api +cli):\n%s", d)
+	}
+	for _, want := range []string{`"on": "yes"`, `x: "NO"`} {
+		if !strings.Contains(y, want) {
+			t.Errorf("nodes get 1 -o yaml lacks %s:\n%s", want, y)
+		}
+	}
+	if _, err := exec.LookPath("python3"); err == nil {
+		py := `import sys, yaml; d = yaml.safe_load(sys.stdin); print(sorted((str(k), type(k).__name__, type(v).__name__) for k, v in d["labels"].items()))`
+		cmd := exec.Command("python3", "-c", py)
+		cmd.Stdin = strings.NewReader(y)
+		out, err := cmd.CombinedOutput()
+		switch {
+		case err != nil && strings.Contains(string(out), "No module named"):
+			t.Log("PyYAML is not installed: YAML 1.1 reading not checked")
+		case err != nil:
+			t.Errorf("PyYAML: %v %s", err, out)
+		case strings.TrimSpace(string(out)) != "[('on', 'str', 'str'), ('team', 'str', 'str'), ('x', 'str', 'str')]":
+			t.Errorf("PyYAML reads the labels as %s; want strings", out)
+		}
+	}
+
+	// A newer server's member is printed too, where the API put it.
+	newer := strings.Replace(string(one), `"ip"`, `"from_the_future":{"b":1,"a":2},"ip"`, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, newer)
+	}))
+	t.Cleanup(srv.Close)
+	env := map[string]string{"REGISTRY_SERVER": srv.URL, "REGISTRY_TOKEN": "x.y.z", "HOME": t.TempDir()}
+	if r := cli(t, env, "nodes", "get", "1", "-o", "json"); r.code != 0 || compact(t, []byte(r.stdout)) != compact(t, []byte(newer)) {
+		t.Errorf("a newer server's document: %+v", r)
+	}
+}
+
+// nodes list --watch -o json, yaml and name show events, a deletion
+// included: json one {"type","object"} per line, yaml a --- document
+// each, name node/PK and "deleted".
+func TestNodesCLIWatchEvents(t *testing.T) {
+	t.Parallel()
+	f := setupCLI(t)
+	aFleet(t, f)
+	procs := map[string]*process{}
+	for _, o := range []string{"json", "yaml", "name"} {
+		procs[o] = startProcess(t, f.env(t), "nodes", "list", "--watch", "--fabric", "ib-a", "-o", o)
+	}
+	waitFor(t, "the lists", func() bool {
+		return strings.Count(procs["json"].stdout.String(), "\n") == 4 && strings.Count(procs["name"].stdout.String(), "\n") == 4 &&
+			strings.Count(procs["yaml"].stdout.String(), "---\n") == 4
+	})
+	if err := f.api.ForceDeleteNode(context.Background(), 4); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the deletion", func() bool {
+		return strings.Contains(procs["name"].stdout.String(), "node/4 deleted\n") &&
+			strings.Contains(procs["json"].stdout.String(), `{"type":"deleted","object":{"pk":4,`) &&
+			strings.Count(procs["yaml"].stdout.String(), "---\n") == 5
+	})
+	for o, p := range procs {
+		if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		if code := exitStatus(t, p); code != 0 {
+			t.Errorf("-o %s: exit %d %s", o, code, p.stderr)
+		}
+	}
+	if got, want := procs["name"].stdout.String(), "node/1\nnode/2\nnode/3\nnode/4\nnode/4 deleted\n"; got != want {
+		t.Errorf("-o name: %q, want %q", got, want)
+	}
+	lines := strings.Split(strings.TrimSpace(procs["json"].stdout.String()), "\n")
+	var types []string
+	for _, l := range lines {
+		var ev struct {
+			Type   string
+			Object client.Node
+		}
+		if err := json.Unmarshal([]byte(l), &ev); err != nil {
+			t.Fatalf("-o json line %q: %v", l, err)
+		}
+		types = append(types, fmt.Sprintf("%s %d", ev.Type, ev.Object.PK))
+	}
+	if d := cmp.Diff([]string{"added 1", "added 2", "added 3", "added 4", "deleted 4"}, types); d != "" {
+		t.Errorf("-o json events (-want +got):\n%s", d)
+	}
+	dec := yaml.NewDecoder(strings.NewReader(procs["yaml"].stdout.String()))
+	types = nil
+	for {
+		var ev struct {
+			Type   string         `yaml:"type"`
+			Object map[string]any `yaml:"object"`
+		}
+		if err := dec.Decode(&ev); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		types = append(types, fmt.Sprintf("%s %v", ev.Type, ev.Object["pk"]))
+	}
+	if d := cmp.Diff([]string{"added 1", "added 2", "added 3", "added 4", "deleted 4"}, types); d != "" {
+		t.Errorf("-o yaml events (-want +got):\n%s", d)
 	}
 }
