@@ -222,14 +222,16 @@ Example:
 		flags: func() *flag.FlagSet { fs, _ := deleteFlags(); return fs }, positional: true},
 	{name: "audit", synopsis: "audit list", reads: cmdCLI, group: true,
 		about: `The audit log: every write, who made it, and the row before and after.
-  audit list   entries, filtered, oldest first
+  audit list   the newest entries, filtered
 
 Example:
   registryd audit list --target-type node --target-pk 42`},
 	{name: "audit list", synopsis: "audit list [--target-type T] [--target-pk PK] [--action A] [--principal P] [--role R] [--since 1h] [--limit N]", reads: cmdCLI,
 		summary: "list audit log entries, filtered (admins)",
-		about: `Lists audit log entries the filters select, oldest first, paging by id:
-at most --limit (100; 0 for all). -o json and yaml print the entries as
+		about: `Lists the newest --limit (100; 0 for all) audit log entries the filters
+select, oldest first, paging by id to the end of the log; when there
+were more, stderr says so. --since takes an RFC 3339 time or a span back
+from now (1h, 7d). -o json and yaml print the entries as
 the API sends them, with each row's before and after. Admins only.
 
 Examples:

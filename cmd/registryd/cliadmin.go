@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -28,9 +29,9 @@ func auditFlags() (*flag.FlagSet, *auditOptions) {
 	fs.StringVar(&o.action, "action", "", "only this `ACTION`, such as node.cordon, node.claim, token.revoke")
 	fs.StringVar(&o.principal, "principal", "", "only writes by this `PRINCIPAL` (a token's sub)")
 	fs.StringVar(&o.role, "role", "", "only writes with this `ROLE`: admin, scheduler, agent, reader, system")
-	fs.StringVar(&o.since, "since", "", "only entries from this `TIME` on: RFC 3339, or a duration back from now (1h)")
+	fs.StringVar(&o.since, "since", "", "only entries from this `TIME` on: RFC 3339, or a duration back from now (1h, 90m, 7d)")
 	fs.Int64Var(&o.after, "after", 0, "only entries after this `ID` (the last one a previous list printed)")
-	fs.IntVar(&o.limit, "limit", 100, "at most `N` entries, oldest first (0: every one)")
+	fs.IntVar(&o.limit, "limit", 100, "the newest `N` entries, printed oldest first (0: every one)")
 	tableFlags(fs, &o.viewOptions)
 	return fs, o
 }
@@ -49,13 +50,9 @@ func (o *auditOptions) filter(now time.Time) (client.AuditFilter, error) {
 	}
 	f.Role = enumFlag[client.AuditRole]("--role", o.role, "admin, scheduler, agent, reader or system", &errs)
 	if o.since != "" {
-		t, err := time.Parse(time.RFC3339, o.since)
+		t, err := parseSince(o.since, now)
 		if err != nil {
-			d, derr := time.ParseDuration(o.since)
-			if derr != nil || d < 0 {
-				errs = append(errs, fmt.Errorf("--since %q: want an RFC 3339 time or a duration such as 1h", o.since))
-			}
-			t = now.Add(-d)
+			errs = append(errs, err)
 		}
 		f.Since = &t
 	}
@@ -67,6 +64,45 @@ func (o *auditOptions) filter(now time.Time) (client.AuditFilter, error) {
 	}
 	errs = append(errs, checkOutput(o.output, outTable, outJSON, outYAML))
 	return f, errors.Join(errs...)
+}
+
+// parseSince reads --since: an RFC 3339 time, or a duration back from
+// now, in Go's units (90m, 1h30m) or in days (7d).
+func parseSince(s string, now time.Time) (time.Time, error) {
+	if t, err := time.Parse(time.RFC3339, s); err == nil {
+		return t, nil
+	}
+	d, err := time.ParseDuration(s)
+	if days, ok := strings.CutSuffix(s, "d"); ok {
+		n, nerr := strconv.Atoi(days)
+		d, err = time.Duration(n)*24*time.Hour, nerr
+		if n > 100*365 {
+			err = errors.New("too far back")
+		}
+	}
+	if err != nil || d < 0 {
+		return time.Time{}, fmt.Errorf("--since %q: want an RFC 3339 time or a duration such as 1h or 7d", s)
+	}
+	return now.Add(-d), nil
+}
+
+// pageThrough lists by pages of at most size() items, each after the key
+// of the previous page's last item (the first after start), handing each
+// page to keep, until a page comes back short or keep returns false.
+func pageThrough[T any](start *int64, size func() int, fetch func(after *int64, n int) ([]T, error), key func(T) int64, keep func([]T) bool) error {
+	after := start
+	for {
+		n := size()
+		page, err := fetch(after, n)
+		if err != nil {
+			return err
+		}
+		if !keep(page) || len(page) < n {
+			return nil
+		}
+		k := key(page[len(page)-1])
+		after = &k
+	}
 }
 
 // enumFlag is the value of an enumeration's flag: nil when unset, and an
@@ -89,7 +125,8 @@ func enumFlag[T interface {
 const auditPage = 500
 
 // auditList is `registryd audit list`: it pages through the log by id
-// until --limit entries or the end.
+// to its end and prints the newest --limit entries (oldest first),
+// saying on stderr when there were more.
 func auditList(ctx context.Context, e *cliEnv, c command, args []string) error {
 	fs, o := auditFlags()
 	var f client.AuditFilter
@@ -101,21 +138,26 @@ func auditList(ctx context.Context, e *cliEnv, c command, args []string) error {
 		return err
 	}
 	var entries []client.AuditEntry
-	for {
-		want := auditPage
-		if o.limit > 0 {
-			want = min(want, o.limit-len(entries))
-		}
-		f.Limit = &want
-		page, err := cl.ListAudit(ctx, f)
-		if err != nil {
-			return err
-		}
-		entries = append(entries, page...)
-		if len(page) < want || o.limit > 0 && len(entries) >= o.limit {
-			break
-		}
-		f.After = &page[len(page)-1].ID
+	total := 0
+	err = pageThrough(f.After, func() int { return auditPage },
+		func(after *int64, n int) ([]client.AuditEntry, error) {
+			f.After, f.Limit = after, &n
+			return cl.ListAudit(ctx, f)
+		},
+		func(a client.AuditEntry) int64 { return a.ID },
+		func(page []client.AuditEntry) bool {
+			total += len(page)
+			entries = append(entries, page...)
+			if o.limit > 0 && len(entries) > o.limit {
+				entries = slices.Delete(entries, 0, len(entries)-o.limit)
+			}
+			return true
+		})
+	if err != nil {
+		return err
+	}
+	if total > len(entries) {
+		fmt.Fprintf(e.stderr, "showing the newest %d of %d entries; --limit 0 shows every one, --after ID those after one, --since a span\n", len(entries), total)
 	}
 	if o.output != outTable {
 		if entries == nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"path/filepath"
 )
 
 // configFile is the contexts file's path and what it holds.
@@ -124,6 +125,15 @@ func configSetContext(_ context.Context, e *cliEnv, c command, args []string) er
 	if set.Server != "" {
 		if _, err := parseServerURL(set.Server); err != nil {
 			return usageError(e.stderr, c, fmt.Errorf("--server: %v", err))
+		}
+	}
+	// Files are kept as absolute paths: the CLI runs from anywhere.
+	for _, file := range []*string{&set.TokenFile, &set.CAFile} {
+		if *file == "" {
+			continue
+		}
+		if *file, err = filepath.Abs(*file); err != nil {
+			return err
 		}
 	}
 	path, cfg, err := e.configFile()

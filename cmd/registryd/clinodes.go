@@ -229,22 +229,23 @@ const listPageSize = 500
 // (0: every one), by pk.
 func listAll(ctx context.Context, c *client.Client, f client.NodeFilter, limit int) ([]client.Node, error) {
 	var out []client.Node
-	for {
-		want := listPageSize
+	size := func() int {
 		if limit > 0 {
-			want = min(want, limit-len(out))
+			return min(listPageSize, limit-len(out))
 		}
-		f.Limit = &want
-		page, err := c.ListNodes(ctx, f)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, page...)
-		if len(page) < want || (limit > 0 && len(out) >= limit) {
-			return out, nil
-		}
-		f.After = &page[len(page)-1].PK
+		return listPageSize
 	}
+	err := pageThrough(f.After, size,
+		func(after *int64, n int) ([]client.Node, error) {
+			f.After, f.Limit = after, &n
+			return c.ListNodes(ctx, f)
+		},
+		func(n client.Node) int64 { return n.PK },
+		func(page []client.Node) bool {
+			out = append(out, page...)
+			return limit == 0 || len(out) < limit
+		})
+	return out, err
 }
 
 // listOptions are nodes list's flags.

@@ -426,3 +426,79 @@ func TestNodesCLIWatchEvents(t *testing.T) {
 		t.Errorf("-o yaml events (-want +got):\n%s", d)
 	}
 }
+
+// audit list shows the newest --limit entries, oldest first, and says on
+// stderr that there were more; --since takes days.
+func TestNodesCLIAuditNewest(t *testing.T) {
+	t.Parallel()
+	f := setupCLI(t)
+	aFleet(t, f)
+	all, err := f.api.ListAudit(context.Background(), client.AuditFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) < 5 {
+		t.Fatalf("the fleet's audit log has %d entries; want at least 5", len(all))
+	}
+	r := cli(t, f.env(t), "audit", "list", "--limit", "3", "-o", "json", "--since", "1d")
+	var got []client.AuditEntry
+	if err := json.Unmarshal([]byte(r.stdout), &got); r.code != 0 || err != nil {
+		t.Fatalf("audit list --limit 3: %v %+v", err, r)
+	}
+	var ids, want []int64
+	for _, a := range got {
+		ids = append(ids, a.ID)
+	}
+	for _, a := range all[len(all)-3:] {
+		want = append(want, a.ID)
+	}
+	if d := cmp.Diff(want, ids); d != "" {
+		t.Errorf("audit list --limit 3: not the newest 3 (-want +got):\n%s", d)
+	}
+	if hint := fmt.Sprintf("showing the newest 3 of %d entries", len(all)); !strings.Contains(r.stderr, hint) {
+		t.Errorf("audit list --limit 3: stderr %q lacks %q", r.stderr, hint)
+	}
+	if r := cli(t, f.env(t), "audit", "list", "--limit", "0", "-o", "name"); r.code != 2 {
+		t.Errorf("audit list -o name: %+v; want a usage error", r)
+	}
+	if r := cli(t, f.env(t), "audit", "list", "--limit", "0"); r.code != 0 || strings.Contains(r.stderr, "showing") {
+		t.Errorf("audit list --limit 0: %+v", r)
+	}
+	now := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
+	for in, want := range map[string]time.Time{"7d": now.Add(-7 * 24 * time.Hour), "90m": now.Add(-90 * time.Minute),
+		"2026-12-01T00:00:00Z": time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)} {
+		if got, err := parseSince(in, now); err != nil || !got.Equal(want) {
+			t.Errorf("parseSince(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"x", "-1h", "d", "1.5d", "-2d"} {
+		if _, err := parseSince(in, now); err == nil {
+			t.Errorf("parseSince(%q) accepted", in)
+		}
+	}
+}
+
+// config set-context keeps --token-file and --ca-file as absolute paths,
+// so that the context works from any folder.
+func TestNodesCLIContextAbsolutePaths(t *testing.T) {
+	t.Parallel()
+	cfg := filepath.Join(t.TempDir(), "config.yaml")
+	env := map[string]string{"REGISTRY_CONFIG": cfg}
+	if r := cli(t, env, "config", "set-context", "x", "--server", "https://registry.example.com",
+		"--token-file", "some.token", "--ca-file", filepath.Join("testdata", "ca.pem")); r.code != 0 {
+		t.Fatalf("set-context: %+v", r)
+	}
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"token_file: " + filepath.Join(wd, "some.token"), "ca_file: " + filepath.Join(wd, "testdata", "ca.pem")} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("the contexts file lacks %q:\n%s", want, b)
+		}
+	}
+}
