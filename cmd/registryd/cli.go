@@ -137,7 +137,7 @@ Examples:
 more are a list. A pk that names no node is reported on stderr after
 the others are shown, and the exit status is 4.
 
-Example:
+Examples:
   registryd nodes get 42 43 -o wide
   registryd nodes get 42 -o json | jq .state`,
 		flags: func() *flag.FlagSet { fs, _ := getFlags(); return fs }, positional: true},
@@ -149,7 +149,7 @@ them. A node a job holds drains: the job keeps it until it releases it.
 keep theirs. Prints each node and its state; a pk that names no node is
 reported on stderr, and the exit status is 4. Admins only.
 
-Example:
+Examples:
   registryd nodes cordon 42 43 --reason "fan failure"
   registryd nodes cordon --selector rack=r12 --reason "kernel upgrade"`,
 		flags: func() *flag.FlagSet { fs, _ := cordonFlags("nodes cordon"); return fs }, positional: true},
@@ -159,7 +159,7 @@ Example:
 filters select. A node that was not cordoned is said so, and is no
 failure; a pk that names no node is (exit 4). Admins only.
 
-Example:
+Examples:
   registryd nodes uncordon 42 43
   registryd nodes uncordon --selector rack=r12`,
 		flags: func() *flag.FlagSet { fs, _ := cordonFlags("nodes uncordon"); return fs }, positional: true},
@@ -281,12 +281,15 @@ REGISTRY_TOKEN_FILE override the current context's.
 
 Example:
   registryd config set-context prod --server https://registry.example.com --token-file ~/.registry-token`},
-	{name: "config get-contexts", synopsis: "config get-contexts", reads: cmdCLI,
+	{name: "config get-contexts", synopsis: "config get-contexts [-o table|name]", reads: cmdCLI,
 		summary: "list the CLI's contexts (* marks the current one)",
 		about: `Lists the contexts of the contexts file; * marks the current one.
+-o name prints their names alone.
 
-Example:
-  registryd config get-contexts`, positional: true},
+Examples:
+  registryd config get-contexts
+  registryd config get-contexts -o name`,
+		flags: func() *flag.FlagSet { fs, _ := getContextsFlags(); return fs }, positional: true},
 	{name: "config current-context", synopsis: "config current-context", reads: cmdCLI,
 		summary: "print the current context's name (exit 4 when none)",
 		about: `Prints the current context's name; exits 4 when there is none.

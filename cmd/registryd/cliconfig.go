@@ -34,13 +34,23 @@ func oneName(e *cliEnv, c command, fs *flag.FlagSet, args []string, want int) ([
 
 // configGetContexts is `registryd config get-contexts`.
 func configGetContexts(_ context.Context, e *cliEnv, c command, args []string) error {
-	fs := newFlagSet(c.name)
+	fs, out := getContextsFlags()
 	if _, err := oneName(e, c, fs, args, 0); err != nil {
 		return err
+	}
+	if err := checkOutput(*out, outTable, outName); err != nil {
+		return usageError(e.stderr, c, err)
 	}
 	_, cfg, err := e.configFile()
 	if err != nil {
 		return err
+	}
+	if *out == outName {
+		// The names alone, for scripts and shell completion.
+		for _, x := range cfg.Contexts {
+			fmt.Fprintln(e.stdout, x.Name)
+		}
+		return nil
 	}
 	t := &table{header: []string{"CURRENT", "NAME", "SERVER", "TOKEN"}}
 	for _, x := range cfg.Contexts {
@@ -58,6 +68,14 @@ func configGetContexts(_ context.Context, e *cliEnv, c command, args []string) e
 	}
 	t.write(e.stdout, false)
 	return nil
+}
+
+// getContextsFlags are config get-contexts' flags: -o table or name.
+func getContextsFlags() (*flag.FlagSet, *string) {
+	fs := newFlagSet("config get-contexts")
+	out := new(string)
+	outputFlag(fs, out, outTable, outName)
+	return fs, out
 }
 
 // configCurrentContext is `registryd config current-context`.

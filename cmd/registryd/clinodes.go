@@ -43,8 +43,12 @@ var sortKeys = map[string]func(a, b client.Node) int{
 	"gpu-mem": func(a, b client.Node) int { return compareInts(a.GPUMem, b.GPUMem) },
 }
 
+// sortKeyWords are sortKeys' keys in the order help, errors and
+// completion list them.
+var sortKeyWords = []string{"pk", "host", "ip", "name", "state", "seen", "age", "job", "fabric", "gpu-mem"}
+
 // sortKeyNames lists sortKeys for help and errors.
-const sortKeyNames = "pk, host (or ip, name), state, seen, age, job, fabric, gpu-mem"
+var sortKeyNames = strings.Join(sortKeyWords, ", ")
 
 func compareHost(a, b client.Node) int {
 	x, _ := netip.ParseAddr(a.IP)
@@ -113,18 +117,22 @@ func nodeTable(e *cliEnv, wide bool) *table {
 	return t
 }
 
+// watchWidths are the least widths of a watch's columns.
+var watchWidths = map[string]int{"PK": 6, "HOST": 15, "MEM": 6, "STATE": len("draining"), "JOB": 10,
+	"LEASE": len("expired"), "SEEN": len("59m ago"), "AGE": len("59m ago")}
+
 // nodeRow is n's row of a table; state overrides its state ("deleted").
 func nodeRow(n client.Node, wide bool, now time.Time, state string) []string {
 	if state == "" {
 		state = string(n.State)
 	}
 	if !wide {
-		return []string{strconv.FormatInt(n.PK, 10), n.IP, strconv.Itoa(int(n.Index)), bytesText(n.GPUMem),
-			state, intDash(n.CurrentJob), dash(n.Fabric), ago(n.LastSeen, now)}
+		return []string{strconv.FormatInt(n.PK, 10), clip(n.IP), strconv.Itoa(int(n.Index)), bytesText(n.GPUMem),
+			state, intDash(n.CurrentJob), clip(dash(n.Fabric)), ago(n.LastSeen, now)}
 	}
-	return []string{strconv.FormatInt(n.PK, 10), n.IP, strconv.Itoa(int(n.Index)), bytesText(n.GPUMem),
+	return []string{strconv.FormatInt(n.PK, 10), clip(n.IP), strconv.Itoa(int(n.Index)), bytesText(n.GPUMem),
 		clip(dash(n.GPUModel)), intDash(n.HardwareGeneration), state, intDash(n.CurrentJob),
-		until(n.LeaseExpiresAt, now), dash(n.Fabric), dash(n.Owner), string(n.Source), n.DriverVersion,
+		until(n.LeaseExpiresAt, now), clip(dash(n.Fabric)), clip(dash(n.Owner)), string(n.Source), clip(n.DriverVersion),
 		ago(n.LastSeen, now), ago(&n.CreatedAt, now), clip(labelsText(n.Labels)), clip(dash(n.CordonReason))}
 }
 
@@ -316,6 +324,12 @@ func watchNodes(ctx context.Context, e *cliEnv, c *client.Client, f client.NodeF
 	}
 	wide := o.output == outWide
 	t := nodeTable(e, wide)
+	// Rows printed later are cut to the first table's widths: room for
+	// the values that change (a job id, a state, a new pk).
+	t.widths = make([]int, len(t.header))
+	for i, h := range t.header {
+		t.widths[i] = watchWidths[h]
+	}
 	shown := map[int64]bool{}
 	first := true
 	for {
@@ -335,6 +349,7 @@ func watchNodes(ctx context.Context, e *cliEnv, c *client.Client, f client.NodeF
 				t.rows = append(t.rows, nodeRow(n, wide, now, ""))
 			}
 			t.write(e.stdout, o.noHeaders || !first)
+			t.keep = true
 		default:
 			for _, n := range l.Nodes {
 				if err := printEvent(e, o.output, watchAdded, n); err != nil {

@@ -34,9 +34,12 @@ type table struct {
 	rows   [][]string
 	// paint, if set, colours column col's cells (after padding).
 	paint func(col int, cell string) string
-	// widths are the least widths of the columns: a watch keeps its
-	// columns lined up with the table it printed first.
+	// widths are the least widths of the columns.
 	widths []int
+	// keep holds widths as they are: a later cell wider than its column
+	// (but the last) is cut to it, so a watch's rows stay lined up with
+	// the header it printed first.
+	keep bool
 }
 
 // maxCell is the most runes of a free-text cell (labels, reasons): longer
@@ -44,14 +47,20 @@ type table struct {
 const maxCell = 40
 
 // clip shortens s to maxCell runes.
-func clip(s string) string {
-	if utf8.RuneCountInString(s) <= maxCell {
+func clip(s string) string { return clipTo(s, maxCell) }
+
+// clipTo shortens s to n runes, the last of them "…".
+func clipTo(s string, n int) string {
+	if utf8.RuneCountInString(s) <= n || n < 1 {
 		return s
 	}
-	return string([]rune(s)[:maxCell-1]) + "…"
+	return string([]rune(s)[:n-1]) + "…"
 }
 
 func (t *table) measure(headers bool) {
+	if t.keep && len(t.widths) > 0 {
+		return
+	}
 	if len(t.widths) < len(t.header) {
 		t.widths = append(t.widths, make([]int, len(t.header)-len(t.widths))...)
 	}
@@ -84,6 +93,9 @@ func (t *table) line(w io.Writer, cells []string, paint bool) {
 	var b strings.Builder
 	for i, c := range cells {
 		last := i == len(cells)-1
+		if t.keep && !last {
+			c = clipTo(c, t.widths[i])
+		}
 		pad := ""
 		if !last {
 			pad = strings.Repeat(" ", t.widths[i]-utf8.RuneCountInString(c)+2)

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -56,13 +57,82 @@ func dashes(name string) string {
 	return "--"
 }
 
-// flagValues are the values completed after a flag, where they are few.
-var flagValues = []struct{ flags, values string }{
-	{"-o --output", strings.Join(outputFormats, " ")},
-	{"--state", "free busy cordoned draining lost gone"},
-	{"--sort-by", "pk host state seen age job fabric gpu-mem"},
-	{"--role", "admin scheduler agent reader system"},
-	{"--target-type", "node hardware token"},
+// roleValues are the roles --role takes, by command: a token is minted
+// for any role but system, which audit entries can name.
+var roleValues = map[string]string{
+	"token":      "admin scheduler agent reader",
+	"audit list": "admin scheduler agent reader system",
+}
+
+// stateNames are the node states --state takes.
+func stateNames() []string {
+	out := make([]string, len(nodeStates))
+	for i, st := range nodeStates {
+		out[i] = string(st)
+	}
+	return out
+}
+
+// flagValues are the values completed after command cmd's flag f, where
+// they are few; "" where they are not.
+func flagValues(cmd string, f *flag.Flag) string {
+	switch f.Name {
+	case "o", "output":
+		// outputFlag's usage of --output lists the formats the command
+		// takes (-o is short for it).
+		c, _ := findCommand(cmd)
+		if out := c.flags().Lookup("output"); out != nil {
+			_, formats, _ := strings.Cut(out.Usage, "`FORMAT`: ")
+			return strings.ReplaceAll(formats, ", ", " ")
+		}
+		return ""
+	case "state":
+		return strings.Join(stateNames(), " ")
+	case "sort-by":
+		return strings.Join(sortKeyWords, " ")
+	case "role":
+		return roleValues[cmd]
+	case "target-type":
+		return "node hardware token"
+	}
+	return ""
+}
+
+// valueCase is one flag of one command whose values are completed: the
+// shell case pattern that matches "WORD1 WORD2|PREVIOUS" for it.
+type valueCase struct {
+	pattern, values string
+	oneWord         bool // a one-word command's: its pattern ends in *
+}
+
+// valueCases are the cases of every command's flags with values, the
+// two-word commands' first (token revoke before token *).
+func (t commandTree) valueCases() []valueCase {
+	var out []valueCase
+	for _, c := range commands {
+		for _, f := range t.flags[c.name] {
+			v := flagValues(c.name, f)
+			if v == "" {
+				continue
+			}
+			vc := valueCase{pattern: strconv.Quote(c.name + "|" + dashes(f.Name) + f.Name), values: v}
+			if !strings.Contains(c.name, " ") {
+				vc.pattern = strconv.Quote(c.name+" ") + "*" + strconv.Quote("|"+dashes(f.Name)+f.Name)
+				vc.oneWord = true
+			}
+			out = append(out, vc)
+		}
+	}
+	slices.SortStableFunc(out, func(a, b valueCase) int {
+		switch {
+		case a.oneWord == b.oneWord:
+			return 0
+		case a.oneWord:
+			return 1
+		}
+		return -1
+	})
+	return out
 }
 
 func completionFlags() *flag.FlagSet { return newFlagSet("completion") }
@@ -95,11 +165,13 @@ func bashCompletion(t commandTree) string {
 _registryd() {
     local cur="${COMP_WORDS[COMP_CWORD]}" prev="${COMP_WORDS[COMP_CWORD-1]}"
     local w=""
-    case "$prev" in
+    case "${COMP_WORDS[1]} ${COMP_WORDS[2]}|$prev" in
 `)
-	for _, v := range flagValues {
-		fmt.Fprintf(&b, "        %s) COMPREPLY=($(compgen -W %q -- \"$cur\")); return ;;\n", strings.ReplaceAll(v.flags, " ", "|"), v.values)
+	for _, v := range t.valueCases() {
+		fmt.Fprintf(&b, "        %s) COMPREPLY=($(compgen -W %q -- \"$cur\")); return ;;\n", v.pattern, v.values)
 	}
+	b.WriteString(`        "config use-context|"*) [ "$COMP_CWORD" -eq 3 ] && COMPREPLY=($(compgen -W "$(registryd config get-contexts -o name 2>/dev/null)" -- "$cur")); return ;;
+`)
 	fmt.Fprintf(&b, `    esac
     if [ "$COMP_CWORD" -eq 1 ]; then
         COMPREPLY=($(compgen -W %q -- "$cur")); return
@@ -136,11 +208,13 @@ func zshCompletion(t commandTree) string {
 # it as _registryd in a folder of $fpath.
 _registryd() {
     local -a w
-    case "${words[CURRENT-1]}" in
+    case "${words[2]} ${words[3]}|${words[CURRENT-1]}" in
 `)
-	for _, v := range flagValues {
-		fmt.Fprintf(&b, "        %s) compadd -- %s; return ;;\n", strings.ReplaceAll(v.flags, " ", "|"), v.values)
+	for _, v := range t.valueCases() {
+		fmt.Fprintf(&b, "        %s) compadd -- %s; return ;;\n", v.pattern, v.values)
 	}
+	b.WriteString(`        "config use-context|"*) (( CURRENT == 4 )) && compadd -- ${(f)"$(registryd config get-contexts -o name 2>/dev/null)"}; return ;;
+`)
 	fmt.Fprintf(&b, `    esac
     if (( CURRENT == 2 )); then
         compadd -- %s; return
@@ -200,6 +274,7 @@ func fishCompletion(t commandTree) string {
 			fmt.Fprintf(&b, "complete -c registryd -n %s -a %s -d %s\n", fishQuote(cond), s, fishQuote(firstLine(c)))
 		}
 	}
+	b.WriteString("complete -c registryd -n '__fish_seen_subcommand_from config; and __fish_seen_subcommand_from use-context' -a '(registryd config get-contexts -o name 2>/dev/null)'\n")
 	for _, c := range commands {
 		words := strings.Fields(c.name)
 		cond := "__fish_seen_subcommand_from " + words[0]
@@ -213,10 +288,8 @@ func fishCompletion(t commandTree) string {
 				opt = "-s"
 			}
 			line := fmt.Sprintf("complete -c registryd -n %s %s %s -d %s", fishQuote(cond), opt, f.Name, fishQuote(strings.ReplaceAll(desc, "`", "")))
-			for _, v := range flagValues {
-				if slices.Contains(strings.Fields(v.flags), dashes(f.Name)+f.Name) {
-					line += " -x -a " + fishQuote(v.values)
-				}
+			if v := flagValues(c.name, f); v != "" {
+				line += " -x -a " + fishQuote(v)
 			}
 			b.WriteString(line + "\n")
 		}

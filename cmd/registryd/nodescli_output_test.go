@@ -502,3 +502,86 @@ func TestNodesCLIContextAbsolutePaths(t *testing.T) {
 		}
 	}
 }
+
+// Completion offers each command's own values: token --role no system,
+// audit list -o only its formats, the sort keys sortKeys has, and the
+// contexts' names after config use-context.
+func TestNodesCLICompletionValues(t *testing.T) {
+	t.Parallel()
+	for _, k := range sortKeyWords {
+		if _, ok := sortKeys[k]; !ok {
+			t.Errorf("sort key %q is offered but sorts nothing", k)
+		}
+	}
+	if len(sortKeyWords) != len(sortKeys) {
+		t.Errorf("sortKeyWords %q and sortKeys differ", sortKeyWords)
+	}
+	if _, err := exec.LookPath("bash"); err != nil {
+		t.Skip("bash is not installed")
+	}
+	cfg := filepath.Join(t.TempDir(), "config.yaml")
+	for _, name := range []string{"prod", "staging"} {
+		if r := cli(t, map[string]string{"REGISTRY_CONFIG": cfg}, "config", "set-context", name, "--server", "https://"+name+".example.com"); r.code != 0 {
+			t.Fatal(r)
+		}
+	}
+	script, _, err := runCmd(t, nil, "completion", "bash")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// registryd on PATH is this test binary running main.
+	bin := t.TempDir()
+	wrapper := "#!/bin/sh\n" + runMainEnv + "=1 REGISTRY_CONFIG=" + cfg + " exec " + os.Args[0] + " \"$@\"\n"
+	if err := os.WriteFile(filepath.Join(bin, "registryd"), []byte(wrapper), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", "-c", script+`
+COMP_WORDS=(registryd token --role ""); COMP_CWORD=3; _registryd; echo "${COMPREPLY[@]}"
+COMP_WORDS=(registryd audit list --role ""); COMP_CWORD=4; _registryd; echo "${COMPREPLY[@]}"
+COMP_WORDS=(registryd audit list -o ""); COMP_CWORD=4; _registryd; echo "${COMPREPLY[@]}"
+COMP_WORDS=(registryd nodes list --sort-by g); COMP_CWORD=4; _registryd; echo "${COMPREPLY[@]}"
+COMP_WORDS=(registryd config use-context s); COMP_CWORD=3; _registryd; echo "${COMPREPLY[@]}"`)
+	cmd.Env = []string{"PATH=" + bin + ":" + os.Getenv("PATH")}
+	out, err := cmd.CombinedOutput()
+	want := "admin scheduler agent reader\nadmin scheduler agent reader system\ntable json yaml\ngpu-mem\nstaging\n"
+	if err != nil || string(out) != want {
+		t.Errorf("bash completion: %v\n%s\nwant\n%s", err, out, want)
+	}
+}
+
+// A table fits a terminal whatever the nodes hold: long free text is cut
+// (fabric, host, driver, labels), and a watch's later rows keep the
+// widths of the table it printed first.
+func TestNodesCLITableWidths(t *testing.T) {
+	t.Parallel()
+	f := setupCLI(t)
+	long := strings.Repeat("f", 150)
+	n := client.NodeCreate{IP: "10.0.0.8", CPUMem: 1 << 30, DriverVersion: strings.Repeat("5", 60), Fabric: &long,
+		Labels: &client.NodeLabels{"team": strings.Repeat("r", 60)}}
+	if _, _, err := f.api.CreateNode(context.Background(), n); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"nodes", "list"}, {"nodes", "list", "-o", "wide"}} {
+		out := f.ok(t, args...)
+		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+			if w := len([]rune(line)); w > 100 && len(args) == 2 || w > 220 {
+				t.Errorf("%q: a line of %d columns:\n%s", args, w, out)
+			}
+		}
+		if !strings.Contains(out, strings.Repeat("f", 39)+"…") {
+			t.Errorf("%q: the fabric is not cut:\n%s", args, out)
+		}
+	}
+
+	var b strings.Builder
+	tb := &table{header: []string{"A", "B", "C"}, rows: [][]string{{"1", "free", "x"}}}
+	tb.write(&b, false)
+	tb.keep = true
+	tb.rows = [][]string{{"22", "a-long-one", "the last column is not cut"}}
+	tb.write(&b, true)
+	if want := "A  B     C\n1  free  x\n…  a-l…  the last column is not cut\n"; b.String() != want {
+		t.Errorf("a kept table:\n%q\nwant\n%q", b.String(), want)
+	}
+}
