@@ -29,12 +29,18 @@ func auditFlags() (*flag.FlagSet, *auditOptions) {
 	fs.StringVar(&o.action, "action", "", "only this `ACTION`, such as node.cordon, node.claim, token.revoke")
 	fs.StringVar(&o.principal, "principal", "", "only writes by this `PRINCIPAL` (a token's sub)")
 	fs.StringVar(&o.role, "role", "", "only writes with this `ROLE`: admin, scheduler, agent, reader, system")
-	fs.StringVar(&o.since, "since", "", "only entries from this `TIME` on: RFC 3339, or a duration back from now (1h, 90m, 7d)")
+	fs.StringVar(&o.since, "since", "", "only entries from this `TIME` on: RFC 3339, a duration back from now (1h, 90m, 7d), or all; "+
+		"without it or --after, the last "+defaultAuditSince+" (the API lists oldest first: the whole log is read to find the newest)")
 	fs.Int64Var(&o.after, "after", 0, "only entries after this `ID` (the last one a previous list printed)")
 	fs.IntVar(&o.limit, "limit", 100, "the newest `N` entries, printed oldest first (0: every one)")
 	tableFlags(fs, &o.viewOptions)
 	return fs, o
 }
+
+// defaultAuditSince bounds what a plain audit list reads: the API pages
+// oldest first, so the newest entries of a year's log would cost every
+// page of it.
+const defaultAuditSince = "24h"
 
 // filter is the API's audit filter of the flags; now places --since.
 func (o *auditOptions) filter(now time.Time) (client.AuditFilter, error) {
@@ -49,8 +55,12 @@ func (o *auditOptions) filter(now time.Time) (client.AuditFilter, error) {
 		f.Principal = &o.principal
 	}
 	f.Role = enumFlag[client.AuditRole]("--role", o.role, "admin, scheduler, agent, reader or system", &errs)
-	if o.since != "" {
-		t, err := parseSince(o.since, now)
+	since := o.since
+	if since == "" && o.after == 0 {
+		since = defaultAuditSince
+	}
+	if since != "" && since != "all" {
+		t, err := parseSince(since, now)
 		if err != nil {
 			errs = append(errs, err)
 		}

@@ -174,7 +174,7 @@ func (e *cliEnv) target() (cliContext, error) {
 			}
 		}
 	}
-	if envServer != "" && envServer != ctx.Server {
+	if envServer != "" && !sameServer(envServer, ctx.Server) {
 		if ctx.Server != "" && (ctx.Token != "" || ctx.TokenFile != "") && tok == "" && file == "" {
 			return ctx, fmt.Errorf("REGISTRY_SERVER %s is not context %q's server %s: that context's token is not sent to another server; set REGISTRY_TOKEN or REGISTRY_TOKEN_FILE for it too",
 				redactURL(envServer), ctx.Name, redactURL(ctx.Server))
@@ -282,7 +282,12 @@ func (e *cliEnv) client(ctx context.Context) (*client.Client, error) {
 		e.docs = &nodeDocs{}
 	}
 	rt := &timeoutTransport{next: &recordTransport{next: tr, docs: e.docs}, timeout: timeout}
-	opts = append(opts, client.WithHTTPClient(&http.Client{Transport: rt}))
+	// The API never redirects; following one could carry the token to
+	// another scheme or host than the one checked above.
+	noRedirect := func(*http.Request, []*http.Request) error {
+		return errors.New("the server answered with a redirect, which registryd never sends; not followed (is REGISTRY_SERVER the registry's own URL?)")
+	}
+	opts = append(opts, client.WithHTTPClient(&http.Client{Transport: rt, CheckRedirect: noRedirect}))
 	return client.New(t.Server, opts...)
 }
 
@@ -327,4 +332,27 @@ func (b *cancelBody) Close() error {
 	err := b.ReadCloser.Close()
 	b.cancel()
 	return err
+}
+
+// sameServer reports whether two base URLs name one server: scheme and
+// host compared without case, a default port the same as none, a path
+// without its trailing slash.
+func sameServer(a, b string) bool {
+	norm := func(s string) string {
+		u, err := url.Parse(s)
+		if err != nil {
+			return s
+		}
+		host := strings.ToLower(u.Hostname())
+		port := u.Port()
+		scheme := strings.ToLower(u.Scheme)
+		if port == map[string]string{"http": "80", "https": "443"}[scheme] {
+			port = ""
+		}
+		if port != "" {
+			host = net.JoinHostPort(host, port)
+		}
+		return scheme + "://" + host + strings.TrimRight(u.EscapedPath(), "/")
+	}
+	return norm(a) == norm(b)
 }

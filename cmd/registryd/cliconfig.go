@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"path/filepath"
+	"regexp"
 )
 
 // configFile is the contexts file's path and what it holds.
@@ -28,9 +29,15 @@ func oneName(e *cliEnv, c command, fs *flag.FlagSet, args []string, want int) ([
 		return nil, usageError(e.stderr, c, errors.New("name the context"))
 	case len(rest) > want:
 		return nil, usageError(e.stderr, c, fmt.Errorf("unexpected argument %q", rest[want]))
+	case want == 1 && !contextName.MatchString(rest[0]):
+		return nil, usageError(e.stderr, c, fmt.Errorf("context name %q: use letters, digits, '.', '_' and '-' (at most 63)", rest[0]))
 	}
 	return rest, nil
 }
+
+// contextName is what a context may be called: shell completion offers
+// the names, so none holds anything a shell would read as code.
+var contextName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
 
 // configGetContexts is `registryd config get-contexts`.
 func configGetContexts(_ context.Context, e *cliEnv, c command, args []string) error {

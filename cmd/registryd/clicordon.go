@@ -214,10 +214,10 @@ func (o *cordonOptions) cordon(ctx context.Context, e *cliEnv, c command, cl *cl
 	if !o.reasonSet {
 		reason = defaultReason(c.name)
 	}
-	for batch := range slices.Chunk(send, maxPKsPerRequest) {
+	for i, batch := range chunks(send) {
 		r, err := cl.CordonNodes(ctx, client.NodeCordon{Nodes: &batch, Reason: reason}, client.IdempotencyKey(client.NewIdempotencyKey()))
 		if err != nil {
-			return res, err
+			return res, partly(err, i, "cordoned", len(res.cordoned), send[i*maxPKsPerRequest:])
 		}
 		res.cordoned = append(res.cordoned, r.Cordoned...)
 		for _, nd := range r.NotCordoned {
@@ -304,10 +304,10 @@ func nodesUncordon(ctx context.Context, e *cliEnv, c command, args []string) err
 		}
 	}
 	var missing []int64
-	for batch := range slices.Chunk(pks, maxPKsPerRequest) {
+	for i, batch := range chunks(pks) {
 		res, err := cl.UncordonNodes(ctx, client.NodeUncordon{Nodes: batch}, client.IdempotencyKey(client.NewIdempotencyKey()))
 		if err != nil {
-			return err
+			return partly(err, i, "sent to be uncordoned", i*maxPKsPerRequest, pks[i*maxPKsPerRequest:])
 		}
 		for _, n := range res.Uncordoned {
 			fmt.Fprintf(e.stdout, "node/%d uncordoned (%s)\n", n.PK, n.State)
@@ -559,4 +559,20 @@ func heldText(held map[int64][]int64, total int) string {
 		parts = append(parts, fmt.Sprintf("job %d holds %s %s", j, word, pksText(pks)))
 	}
 	return fmt.Sprintf("%d of %d nodes still held: %s", n, total, strings.Join(parts, "; "))
+}
+
+// chunks is pks in batches of the most a request takes, in order.
+func chunks(pks []int64) [][]int64 {
+	return slices.Collect(slices.Chunk(pks, maxPKsPerRequest))
+}
+
+// partly is err from batch i, after done nodes were acted on: past the
+// first batch the admin is told what was done and what was not sent
+// (the same command again does the rest).
+func partly(err error, i int, did string, done int, unsent []int64) error {
+	if i == 0 {
+		return err
+	}
+	return fmt.Errorf("%w\n%d nodes were %s before this failure; %d not sent (node/%d to node/%d): the same command again does the rest",
+		err, done, did, len(unsent), unsent[0], unsent[len(unsent)-1])
 }

@@ -42,6 +42,10 @@ type table struct {
 	keep bool
 }
 
+// identity are the columns that tell nodes apart: a watch never cuts
+// them (a row may then stand out of line), or two hosts would read alike.
+var identity = map[string]bool{"PK": true, "HOST": true, "JOB": true}
+
 // maxCell is the most runes of a free-text cell (labels, reasons): longer
 // ones end in "…" so that a row fits a terminal.
 const maxCell = 40
@@ -93,12 +97,12 @@ func (t *table) line(w io.Writer, cells []string, paint bool) {
 	var b strings.Builder
 	for i, c := range cells {
 		last := i == len(cells)-1
-		if t.keep && !last {
+		if t.keep && !last && !identity[t.header[i]] {
 			c = clipTo(c, t.widths[i])
 		}
 		pad := ""
 		if !last {
-			pad = strings.Repeat(" ", t.widths[i]-utf8.RuneCountInString(c)+2)
+			pad = strings.Repeat(" ", max(t.widths[i]-utf8.RuneCountInString(c), 0)+2)
 		}
 		if paint && t.paint != nil {
 			c = t.paint(i, c)

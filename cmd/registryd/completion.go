@@ -170,7 +170,10 @@ _registryd() {
 	for _, v := range t.valueCases() {
 		fmt.Fprintf(&b, "        %s) COMPREPLY=($(compgen -W %q -- \"$cur\")); return ;;\n", v.pattern, v.values)
 	}
-	b.WriteString(`        "config use-context|"*) [ "$COMP_CWORD" -eq 3 ] && COMPREPLY=($(compgen -W "$(registryd config get-contexts -o name 2>/dev/null)" -- "$cur")); return ;;
+	b.WriteString(`        "config use-context|"*) [ "$COMP_CWORD" -eq 3 ] || return
+            # Names read as lines, never expanded by the shell (compgen -W would).
+            local n; COMPREPLY=(); while IFS= read -r n; do [[ $n == "$cur"* ]] && COMPREPLY+=("$n"); done < <(registryd config get-contexts -o name 2>/dev/null)
+            return ;;
 `)
 	fmt.Fprintf(&b, `    esac
     if [ "$COMP_CWORD" -eq 1 ]; then

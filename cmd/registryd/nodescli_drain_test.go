@@ -64,13 +64,15 @@ func TestNodesCLIDrainUncordonedByOthers(t *testing.T) {
 }
 
 // flakyProxy stands between the CLI and the registry, and can stop
-// answering (connections refused) and start again, at the same address.
+// answering and start again, at the same address. It keeps its one
+// listener throughout (a port given up could be taken by another test in
+// between): while down it closes every connection, open or new, at once.
 type flakyProxy struct {
-	addr  string
-	proxy *httputil.ReverseProxy
-	tr    *http.Transport
-	mu    sync.Mutex
+	ln    net.Listener
 	srv   *http.Server
+	mu    sync.Mutex
+	isUp  bool
+	conns map[net.Conn]bool
 }
 
 func startFlakyProxy(t *testing.T, target string) *flakyProxy {
@@ -79,36 +81,49 @@ func startFlakyProxy(t *testing.T, target string) *flakyProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	p := &flakyProxy{addr: "127.0.0.1:0", proxy: httputil.NewSingleHostReverseProxy(u), tr: tr}
-	p.proxy.Transport = tr
-	p.up(t)
-	t.Cleanup(func() { p.down(); tr.CloseIdleConnections() })
-	return p
-}
-
-func (p *flakyProxy) url() string { return "http://" + p.addr }
-
-// up listens again, at the address it listened at before.
-func (p *flakyProxy) up(t *testing.T) {
-	t.Helper()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	ln, err := net.Listen("tcp", p.addr)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.addr = ln.Addr().String()
-	p.srv = &http.Server{Handler: p.proxy, ReadHeaderTimeout: 10 * time.Second}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	proxy := httputil.NewSingleHostReverseProxy(u)
+	proxy.Transport = tr
+	p := &flakyProxy{ln: ln, isUp: true, conns: map[net.Conn]bool{}}
+	p.srv = &http.Server{Handler: proxy, ReadHeaderTimeout: 10 * time.Second,
+		ConnState: func(c net.Conn, st http.ConnState) {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			switch {
+			case st == http.StateNew && !p.isUp:
+				c.Close()
+			case st == http.StateNew:
+				p.conns[c] = true
+			case st == http.StateClosed || st == http.StateHijacked:
+				delete(p.conns, c)
+			}
+		}}
 	go p.srv.Serve(ln)
+	t.Cleanup(func() { p.srv.Close(); tr.CloseIdleConnections() })
+	return p
 }
 
-// down closes the listener and every connection: the next ones are
-// refused.
+func (p *flakyProxy) url() string { return "http://" + p.ln.Addr().String() }
+
+// up answers again.
+func (p *flakyProxy) up(*testing.T) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.isUp = true
+}
+
+// down closes every connection and each new one: requests fail at once.
 func (p *flakyProxy) down() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.srv.Close()
+	p.isUp = false
+	for c := range p.conns {
+		c.Close()
+	}
 }
 
 // A drain outlives a registry that stops answering for a while: it says
@@ -323,5 +338,19 @@ func TestNodesCLIUsageNotSent(t *testing.T) {
 	}
 	if d := cmp.Diff(before, after); d != "" {
 		t.Errorf("usage errors changed nodes (-before +after):\n%s", d)
+	}
+}
+
+// A batch that fails after others went through says what was done and
+// what was not sent, and keeps the server's error for the exit status.
+func TestNodesCLIPartlyDone(t *testing.T) {
+	refused := &client.Error{Status: http.StatusServiceUnavailable, Title: "Service Unavailable"}
+	if err := partly(refused, 0, "cordoned", 0, []int64{1, 2}); err != refused {
+		t.Errorf("the first batch's failure: %v, want the server's error alone", err)
+	}
+	err := partly(refused, 2, "cordoned", 2000, []int64{2001, 2002, 2500})
+	var ce *client.Error
+	if !errors.As(err, &ce) || !strings.Contains(err.Error(), "2000 nodes were cordoned before this failure; 3 not sent (node/2001 to node/2500)") {
+		t.Errorf("a later batch's failure: %v", err)
 	}
 }

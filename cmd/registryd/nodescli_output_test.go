@@ -17,6 +17,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -464,6 +465,28 @@ func TestNodesCLIAuditNewest(t *testing.T) {
 	if r := cli(t, f.env(t), "audit", "list", "--limit", "0"); r.code != 0 || strings.Contains(r.stderr, "showing") {
 		t.Errorf("audit list --limit 0: %+v", r)
 	}
+	// Without --since or --after, the last day; --since all, the whole log.
+	f.exec(t, fmt.Sprintf(`ALTER TABLE audit_log DISABLE TRIGGER USER; -- append-only: made older here, by hand
+		UPDATE audit_log SET at = now() - interval '25 hours' WHERE id <= %d;
+		ALTER TABLE audit_log ENABLE TRIGGER USER`, all[1].ID))
+	count := func(args ...string) int {
+		t.Helper()
+		r := cli(t, f.env(t), append([]string{"audit", "list", "--limit", "0", "-o", "json"}, args...)...)
+		var got []client.AuditEntry
+		if err := json.Unmarshal([]byte(r.stdout), &got); r.code != 0 || err != nil {
+			t.Fatalf("audit list %q: %v %+v", args, err, r)
+		}
+		return len(got)
+	}
+	if n := count(); n != len(all)-2 {
+		t.Errorf("audit list: %d entries, want the %d of the last day", n, len(all)-2)
+	}
+	if n := count("--since", "all"); n != len(all) {
+		t.Errorf("audit list --since all: %d entries, want %d", n, len(all))
+	}
+	if n := count("--after", fmt.Sprint(all[0].ID)); n != len(all)-1 {
+		t.Errorf("audit list --after: %d entries, want %d", n, len(all)-1)
+	}
 	now := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
 	for in, want := range map[string]time.Time{"7d": now.Add(-7 * 24 * time.Hour), "90m": now.Add(-90 * time.Minute),
 		"2026-12-01T00:00:00Z": time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)} {
@@ -525,6 +548,20 @@ func TestNodesCLICompletionValues(t *testing.T) {
 			t.Fatal(r)
 		}
 	}
+	if r := cli(t, map[string]string{"REGISTRY_CONFIG": cfg}, "config", "set-context", "$(id)", "--server", "https://x.example.com"); r.code != 2 {
+		t.Errorf("a context name a shell would run: %+v", r)
+	}
+	// A name written into the file by hand is offered, never run.
+	mark := filepath.Join(t.TempDir(), "ran")
+	evil := "s$(touch${IFS}" + mark + ")"
+	text, err := os.ReadFile(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text = append(text, fmt.Sprintf("    - name: %q\n      server: https://x.example.com\n", evil)...)
+	if err := os.WriteFile(cfg, text, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	script, _, err := runCmd(t, nil, "completion", "bash")
 	if err != nil {
 		t.Fatal(err)
@@ -545,9 +582,12 @@ COMP_WORDS=(registryd nodes list --sort-by g); COMP_CWORD=4; _registryd; echo "$
 COMP_WORDS=(registryd config use-context s); COMP_CWORD=3; _registryd; echo "${COMPREPLY[@]}"`)
 	cmd.Env = []string{"PATH=" + bin + ":" + os.Getenv("PATH")}
 	out, err := cmd.CombinedOutput()
-	want := "admin scheduler agent reader\nadmin scheduler agent reader system\ntable json yaml\ngpu-mem\nstaging\n"
+	want := "admin scheduler agent reader\nadmin scheduler agent reader system\ntable json yaml\ngpu-mem\nstaging " + evil + "\n"
 	if err != nil || string(out) != want {
 		t.Errorf("bash completion: %v\n%s\nwant\n%s", err, out, want)
+	}
+	if _, err := os.Stat(mark); err == nil {
+		t.Error("bash completion ran the code in a context's name")
 	}
 }
 
@@ -583,5 +623,61 @@ func TestNodesCLITableWidths(t *testing.T) {
 	tb.write(&b, true)
 	if want := "A  B     C\n1  free  x\n…  a-l…  the last column is not cut\n"; b.String() != want {
 		t.Errorf("a kept table:\n%q\nwant\n%q", b.String(), want)
+	}
+	// Columns that tell nodes apart are never cut: two IPv6 hosts that
+	// share a long prefix stay two.
+	b.Reset()
+	tb = &table{header: []string{"PK", "HOST", "STATE"}, rows: [][]string{{"1", "10.0.0.8", "free"}}}
+	tb.write(&b, false)
+	tb.keep = true
+	tb.rows = [][]string{{"1234567", "fd00:1234:5678:9abc:def0:1234:5678:aaaa", "busy-and-more"}}
+	tb.write(&b, true)
+	if want := "PK  HOST      STATE\n1   10.0.0.8  free\n1234567  fd00:1234:5678:9abc:def0:1234:5678:aaaa  busy-and-more\n"; b.String() != want {
+		t.Errorf("a kept table cuts what tells nodes apart:\n%q\nwant\n%q", b.String(), want)
+	}
+}
+
+// A redirect is not followed: the API never sends one, and following it
+// could carry the token to a scheme or host the CLI did not check.
+func TestNodesCLIRefusesRedirects(t *testing.T) {
+	t.Parallel()
+	var reached atomic.Int32
+	elsewhere := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		reached.Add(1)
+		http.Error(w, "not a registry", http.StatusTeapot)
+	}))
+	t.Cleanup(elsewhere.Close)
+	redirector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, elsewhere.URL+r.URL.Path, http.StatusTemporaryRedirect)
+	}))
+	t.Cleanup(redirector.Close)
+	env := map[string]string{"REGISTRY_CONFIG": filepath.Join(t.TempDir(), "none.yaml"), "REGISTRY_SERVER": redirector.URL, "REGISTRY_TOKEN": "x.y.z"}
+	if r := cli(t, env, "nodes", "list"); r.code != 1 || !strings.Contains(r.stderr, "redirect") {
+		t.Errorf("a redirecting server: %+v", r)
+	}
+	if n := reached.Load(); n != 0 {
+		t.Errorf("the redirect was followed %d times", n)
+	}
+}
+
+// REGISTRY_SERVER names the context's own server however it is spelt;
+// another host, port, scheme or path is another server.
+func TestSameServer(t *testing.T) {
+	for _, tc := range []struct {
+		a, b string
+		same bool
+	}{
+		{"https://prod.example.com", "https://prod.example.com/", true},
+		{"https://PROD.example.com:443", "https://prod.example.com", true},
+		{"http://[::1]:80/", "http://[::1]", true},
+		{"https://prod.example.com/registry/", "https://prod.example.com/registry", true},
+		{"https://prod.example.com", "http://prod.example.com", false},
+		{"https://prod.example.com", "https://prod.example.com:8443", false},
+		{"https://prod.example.com", "https://staging.example.com", false},
+		{"https://prod.example.com/a", "https://prod.example.com/b", false},
+	} {
+		if got := sameServer(tc.a, tc.b); got != tc.same {
+			t.Errorf("sameServer(%q, %q) = %t, want %t", tc.a, tc.b, got, tc.same)
+		}
 	}
 }
