@@ -64,15 +64,13 @@ func TestNodesCLIDrainUncordonedByOthers(t *testing.T) {
 }
 
 // flakyProxy stands between the CLI and the registry, and can stop
-// answering and start again, at the same address. It keeps its one
-// listener throughout (a port given up could be taken by another test in
-// between): while down it closes every connection, open or new, at once.
+// answering (connections refused) and start again, at the same address.
 type flakyProxy struct {
-	ln    net.Listener
-	srv   *http.Server
+	addr  string
+	proxy *httputil.ReverseProxy
+	tr    *http.Transport
 	mu    sync.Mutex
-	isUp  bool
-	conns map[net.Conn]bool
+	srv   *http.Server
 }
 
 func startFlakyProxy(t *testing.T, target string) *flakyProxy {
@@ -81,49 +79,36 @@ func startFlakyProxy(t *testing.T, target string) *flakyProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
-	proxy := httputil.NewSingleHostReverseProxy(u)
-	proxy.Transport = tr
-	p := &flakyProxy{ln: ln, isUp: true, conns: map[net.Conn]bool{}}
-	p.srv = &http.Server{Handler: proxy, ReadHeaderTimeout: 10 * time.Second,
-		ConnState: func(c net.Conn, st http.ConnState) {
-			p.mu.Lock()
-			defer p.mu.Unlock()
-			switch {
-			case st == http.StateNew && !p.isUp:
-				c.Close()
-			case st == http.StateNew:
-				p.conns[c] = true
-			case st == http.StateClosed || st == http.StateHijacked:
-				delete(p.conns, c)
-			}
-		}}
-	go p.srv.Serve(ln)
-	t.Cleanup(func() { p.srv.Close(); tr.CloseIdleConnections() })
+	p := &flakyProxy{addr: "127.0.0.1:0", proxy: httputil.NewSingleHostReverseProxy(u), tr: tr}
+	p.proxy.Transport = tr
+	p.up(t)
+	t.Cleanup(func() { p.down(); tr.CloseIdleConnections() })
 	return p
 }
 
-func (p *flakyProxy) url() string { return "http://" + p.ln.Addr().String() }
+func (p *flakyProxy) url() string { return "http://" + p.addr }
 
-// up answers again.
-func (p *flakyProxy) up(*testing.T) {
+// up listens again, at the address it listened at before.
+func (p *flakyProxy) up(t *testing.T) {
+	t.Helper()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.isUp = true
+	ln, err := net.Listen("tcp", p.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.addr = ln.Addr().String()
+	p.srv = &http.Server{Handler: p.proxy, ReadHeaderTimeout: 10 * time.Second}
+	go p.srv.Serve(ln)
 }
 
-// down closes every connection and each new one: requests fail at once.
+// down closes the listener and every connection: the next ones are
+// refused.
 func (p *flakyProxy) down() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.isUp = false
-	for c := range p.conns {
-		c.Close()
-	}
+	p.srv.Close()
 }
 
 // A drain outlives a registry that stops answering for a while: it says
