@@ -302,16 +302,20 @@ func (d *timeoutTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	if d.timeout <= 0 {
 		return d.next.RoundTrip(r)
 	}
+	// The caller's own context decides whose timeout it was: while it is
+	// live, a timeout is ours (the transport's header timeout and this
+	// deadline are the same length, and either may fire first).
+	parent := r.Context()
 	cancel := context.CancelFunc(func() {})
 	if !strings.HasSuffix(r.URL.Path, "/watch") {
 		var ctx context.Context
-		ctx, cancel = context.WithTimeout(r.Context(), d.timeout)
+		ctx, cancel = context.WithTimeout(parent, d.timeout)
 		r = r.WithContext(ctx)
 	}
 	resp, err := d.next.RoundTrip(r)
 	if err != nil {
 		cancel()
-		if r.Context().Err() == nil || errors.Is(r.Context().Err(), context.DeadlineExceeded) {
+		if parent.Err() == nil {
 			if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() || errors.Is(err, context.DeadlineExceeded) {
 				return nil, fmt.Errorf("no answer from %s within %s (REGISTRY_REQUEST_TIMEOUT): %w", r.URL.Host, d.timeout, err)
 			}

@@ -124,6 +124,38 @@ func TestNodesCLIRequestTimeout(t *testing.T) {
 	}
 }
 
+// headerTimeout is the error http.Transport gives when its
+// ResponseHeaderTimeout passes.
+type headerTimeout struct{}
+
+func (headerTimeout) Error() string   { return "timeout awaiting response headers" }
+func (headerTimeout) Timeout() bool   { return true }
+func (headerTimeout) Temporary() bool { return true }
+
+// The transport's header timeout and the request deadline have the same
+// length; when the header timeout fires first (the request's context still
+// live) the error still names REGISTRY_REQUEST_TIMEOUT. A caller's own
+// cancellation is not called a timeout.
+func TestTimeoutTransportNamesEitherTimeout(t *testing.T) {
+	t.Parallel()
+	d := &timeoutTransport{timeout: time.Hour, next: roundTripFunc(func(*http.Request) (*http.Response, error) {
+		return nil, headerTimeout{}
+	})}
+	req := httptest.NewRequest(http.MethodPost, "http://registry.test/v1/hardware/list", nil)
+	if _, err := d.RoundTrip(req); err == nil || !strings.Contains(err.Error(), "within 1h0m0s (REGISTRY_REQUEST_TIMEOUT)") {
+		t.Errorf("header timeout before the deadline: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := d.RoundTrip(req.WithContext(ctx)); err == nil || strings.Contains(err.Error(), "REGISTRY_REQUEST_TIMEOUT") {
+		t.Errorf("the caller's own cancellation: %v", err)
+	}
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
 // A dangling current_context does not stand in the way of a registry the
 // environment names fully; without that it is a context not found (4).
 func TestNodesCLIDanglingContext(t *testing.T) {
