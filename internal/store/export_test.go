@@ -26,6 +26,12 @@ func WithImportChunk(ctx context.Context, n int) context.Context {
 	return context.WithValue(ctx, importChunkKey{}, n)
 }
 
+// WithFoldChunk makes the folds of host_free_delta run under ctx move n
+// deltas a transaction.
+func WithFoldChunk(ctx context.Context, n int64) context.Context {
+	return context.WithValue(ctx, foldChunkKey{}, n)
+}
+
 // HostCandidatesQuery exposes the statement a gang claim's try runs, for
 // plans.
 var HostCandidatesQuery = hostCandidatesQuery

@@ -11,61 +11,102 @@ import (
 // lifecycle sweeper calls it on every pass; it is safe at any time, also
 // concurrently (a delta is deleted, and so added, once). A count that falls
 // below zero means a write bypassed the triggers: an error.
+//
+// It folds foldChunk deltas a transaction, so that a backlog (an import's
+// or a mass cordon's: one delta a host) never becomes one long transaction
+// that outlives the sweeper's lease and is rolled back, leaving every gang
+// claim to sum the backlog on its own.
 func (s *Store) FoldHostFree(ctx context.Context) error {
 	var moved int64
-	err := s.WithTx(ctx, func(tx *Store) error {
-		var lowest *int64
-		err := tx.db.QueryRow(ctx, `
-			WITH moved AS (
-				DELETE FROM host_free_delta RETURNING ip, hardware_generation, gpu_mem, cpu_mem, source, fabric, delta
-			), sums AS (
-				SELECT ip, hardware_generation, gpu_mem, cpu_mem, source, fabric, sum(delta)::integer AS delta
-				FROM moved GROUP BY 1, 2, 3, 4, 5, 6 HAVING sum(delta) <> 0
-			), folded AS (
-				INSERT INTO host_free AS h (ip, hardware_generation, gpu_mem, cpu_mem, source, fabric, free)
-				SELECT * FROM sums ORDER BY 1, 2, 3, 4, 5, 6
-				ON CONFLICT (ip, hardware_generation, gpu_mem, cpu_mem, source, fabric) DO UPDATE SET free = h.free + excluded.free
-				RETURNING ip, hardware_generation, gpu_mem, cpu_mem, source, fabric, free
-			), buckets AS (
-				-- Each class that moved leaves its old count's bucket of
-				-- fabric_free (migration 00021) and joins its new one.
-				SELECT f.fabric, f.hardware_generation, f.gpu_mem, f.cpu_mem, f.source, b.free, sum(b.hosts)::integer AS hosts
-				FROM folded f JOIN sums s USING (ip, hardware_generation, gpu_mem, cpu_mem, source, fabric),
-					LATERAL (VALUES (f.free - s.delta, -1), (f.free, 1)) AS b(free, hosts)
-				WHERE f.fabric <> '' AND b.free > 0
-				GROUP BY 1, 2, 3, 4, 5, 6 HAVING sum(b.hosts) <> 0
-			), summed AS (
-				INSERT INTO fabric_free AS x (fabric, hardware_generation, gpu_mem, cpu_mem, source, free, hosts)
-				SELECT * FROM buckets ORDER BY 1, 2, 3, 4, 5, 6
-				ON CONFLICT (fabric, hardware_generation, gpu_mem, cpu_mem, source, free) DO UPDATE SET hosts = x.hosts + excluded.hosts
-				RETURNING hosts
-			)
-			SELECT least((SELECT min(free) FROM folded), (SELECT min(hosts) FROM summed)), (SELECT count(*) FROM moved)`).Scan(&lowest, &moved)
+	for {
+		var n int64
+		err := s.WithTx(ctx, func(tx *Store) error {
+			var err error
+			n, err = tx.foldDeltas(ctx, foldChunkOf(ctx))
+			return err
+		})
 		if err != nil {
-			return err
+			return fmt.Errorf("store: fold host_free: %w", translate(err))
 		}
-		if lowest == nil || *lowest > 0 {
-			return nil
+		moved += n
+		if n < foldChunkOf(ctx) {
+			break
 		}
-		if *lowest < 0 {
-			return errors.New("a free count fell below zero: a write to nodes bypassed host_free's triggers")
-		}
-		if _, err := tx.db.Exec(ctx, `DELETE FROM host_free WHERE free <= 0`); err != nil {
-			return err
-		}
-		_, err = tx.db.Exec(ctx, `DELETE FROM fabric_free WHERE hosts <= 0`)
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("store: fold host_free: %w", translate(err))
 	}
+	return s.vacuumDeltas(ctx, moved)
+}
+
+// foldAllDeltas folds every delta visible to the transaction of s, its own
+// included, and returns how many it moved: an import folds what it wrote
+// before it commits, so that no claim ever sums its deltas.
+func (s *Store) foldAllDeltas(ctx context.Context) (int64, error) {
+	var moved int64
+	for {
+		n, err := s.foldDeltas(ctx, foldChunkOf(ctx))
+		moved += n
+		if err != nil || n < foldChunkOf(ctx) {
+			return moved, err
+		}
+	}
+}
+
+// foldDeltas moves at most limit deltas into host_free and fabric_free in
+// the transaction of s, and returns how many it moved.
+func (s *Store) foldDeltas(ctx context.Context, limit int64) (int64, error) {
+	var lowest *int64
+	var moved int64
+	err := s.db.QueryRow(ctx, `
+		WITH moved AS (
+			DELETE FROM host_free_delta WHERE ctid = ANY (ARRAY(SELECT ctid FROM host_free_delta LIMIT $1))
+			RETURNING ip, hardware_generation, gpu_mem, cpu_mem, source, fabric, delta
+		), sums AS (
+			SELECT ip, hardware_generation, gpu_mem, cpu_mem, source, fabric, sum(delta)::integer AS delta
+			FROM moved GROUP BY 1, 2, 3, 4, 5, 6 HAVING sum(delta) <> 0
+		), folded AS (
+			INSERT INTO host_free AS h (ip, hardware_generation, gpu_mem, cpu_mem, source, fabric, free)
+			SELECT * FROM sums ORDER BY 1, 2, 3, 4, 5, 6
+			ON CONFLICT (ip, hardware_generation, gpu_mem, cpu_mem, source, fabric) DO UPDATE SET free = h.free + excluded.free
+			RETURNING ip, hardware_generation, gpu_mem, cpu_mem, source, fabric, free
+		), buckets AS (
+			-- Each class that moved leaves its old count's bucket of
+			-- fabric_free (migration 00021) and joins its new one.
+			SELECT f.fabric, f.hardware_generation, f.gpu_mem, f.cpu_mem, f.source, b.free, sum(b.hosts)::integer AS hosts
+			FROM folded f JOIN sums s USING (ip, hardware_generation, gpu_mem, cpu_mem, source, fabric),
+				LATERAL (VALUES (f.free - s.delta, -1), (f.free, 1)) AS b(free, hosts)
+			WHERE f.fabric <> '' AND b.free > 0
+			GROUP BY 1, 2, 3, 4, 5, 6 HAVING sum(b.hosts) <> 0
+		), summed AS (
+			INSERT INTO fabric_free AS x (fabric, hardware_generation, gpu_mem, cpu_mem, source, free, hosts)
+			SELECT * FROM buckets ORDER BY 1, 2, 3, 4, 5, 6
+			ON CONFLICT (fabric, hardware_generation, gpu_mem, cpu_mem, source, free) DO UPDATE SET hosts = x.hosts + excluded.hosts
+			RETURNING hosts
+		)
+		SELECT least((SELECT min(free) FROM folded), (SELECT min(hosts) FROM summed)), (SELECT count(*) FROM moved)`, limit).Scan(&lowest, &moved)
+	if err != nil {
+		return 0, err
+	}
+	if lowest == nil || *lowest > 0 {
+		return moved, nil
+	}
+	if *lowest < 0 {
+		return 0, errors.New("a free count fell below zero: a write to nodes bypassed host_free's triggers")
+	}
+	if _, err := s.db.Exec(ctx, `DELETE FROM host_free WHERE free <= 0`); err != nil {
+		return 0, err
+	}
+	_, err = s.db.Exec(ctx, `DELETE FROM fabric_free WHERE hosts <= 0`)
+	return moved, err
+}
+
+// vacuumDeltas has host_free_delta vacuumed once folds have moved enough
+// deltas out of it (moved now): what they leave behind is vacuumed here,
+// not left to autovacuum, since gang claims read the whole of
+// host_free_delta's file (docs/design.md). A role that does not own the
+// table gets a warning from the server, and nothing is done.
+func (s *Store) vacuumDeltas(ctx context.Context, moved int64) error {
 	if s.inTx || s.unvacuumed == nil {
 		return nil // VACUUM cannot run in a transaction block
 	}
-	// What the folds leave behind is vacuumed here, not left to
-	// autovacuum: gang claims read the whole of host_free_delta's file
-	// (docs/design.md). A role that does not own the table gets a warning
-	// from the server, and nothing is done.
 	unvacuumed := s.unvacuumed.Add(moved)
 	var vacuum string
 	switch {
@@ -85,6 +126,20 @@ func (s *Store) FoldHostFree(ctx context.Context) error {
 		return fmt.Errorf("store: vacuum host_free_delta: %w", translate(err))
 	}
 	return nil
+}
+
+// foldChunk is how many deltas one transaction of a fold moves at most.
+const foldChunk = 20_000
+
+type foldChunkKey struct{}
+
+// foldChunkOf is the fold chunk of the folds run under ctx: foldChunk, or
+// a test's own (export_test.go).
+func foldChunkOf(ctx context.Context) int64 {
+	if n, ok := ctx.Value(foldChunkKey{}).(int64); ok && n > 0 {
+		return n
+	}
+	return foldChunk
 }
 
 // deltaVacuumRows is how many deltas one fold must move before it has

@@ -67,6 +67,7 @@ func (s *Store) ApplyImport(ctx context.Context, actor registry.Actor, source st
 	// A pass over a large inventory may take its statements long; it is
 	// bounded as a whole by the caller (REGISTRY_SYNC_TIMEOUT).
 	ctx = withoutStatementTimeout(ctx)
+	var folded int64
 	err := s.WithTx(ctx, func(tx *Store) error {
 		res = registry.ImportResult{}
 		if _, err := tx.db.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, importLocks[source]); err != nil {
@@ -125,6 +126,21 @@ func (s *Store) ApplyImport(ctx context.Context, actor registry.Actor, source st
 				return err
 			}
 		}
+		// What the pass wrote is made ready for the claims before anyone
+		// sees it: its free counts folded (else every gang claim sums the
+		// pass's one delta a host until the sweeper has folded them), and,
+		// after a pass that wrote a chunk's worth of nodes or more, the
+		// nodes table's statistics taken again
+		// (else the planner plans for the fleet before it; autovacuum
+		// would, a minute or more later).
+		if folded, err = tx.foldAllDeltas(ctx); err != nil {
+			return err
+		}
+		if res.Added+res.Updated+res.Removed >= chunk {
+			if _, err := tx.db.Exec(ctx, `ANALYZE nodes`); err != nil {
+				return err
+			}
+		}
 		return nil
 	})
 	if err != nil {
@@ -132,6 +148,21 @@ func (s *Store) ApplyImport(ctx context.Context, actor registry.Actor, source st
 			return res, err
 		}
 		return res, fmt.Errorf("store: import %s: %w", source, translate(err))
+	}
+	// The space of the folded deltas is the sweeper's to reclaim when this
+	// fails (a role that does not own the table): the pass itself is done.
+	_ = s.vacuumDeltas(ctx, folded)
+	if written := res.Added + res.Updated + res.Removed; written >= chunk && !s.inTx {
+		// A pass that wrote a fifth of the fleet or more (a first import)
+		// has the nodes table vacuumed now rather than by autovacuum a
+		// minute or more later, throttled: until then the first read of
+		// each page sets its rows' hint bits, and the reads that write
+		// those pages back take up to a second at a million nodes
+		// (docs/benchmarks-history.md). Best effort, as above.
+		var rows float64
+		if err := s.db.QueryRow(ctx, `SELECT reltuples FROM pg_class WHERE oid = 'nodes'::regclass`).Scan(&rows); err == nil && float64(written)*5 >= rows {
+			_, _ = s.db.Exec(ctx, `VACUUM nodes`)
+		}
 	}
 	return res, nil
 }

@@ -289,3 +289,100 @@ func TestApplyImportInsertRace(t *testing.T) {
 		t.Errorf("next pass: %+v %v", res, err)
 	}
 }
+
+// A pass folds the free-count deltas it wrote before it commits, so no
+// claim ever sums an import's deltas (one a host: 125,000 after a first
+// pass of a million nodes, which made gang claims take seconds until the
+// sweeper had folded them), and a pass that wrote a chunk's worth of
+// nodes has the nodes table analyzed (the planner's figures are the
+// fleet's from the moment it commits) and, when that is a fifth of the
+// fleet or more, vacuumed once it has committed. A fold moves its deltas in chunks
+// of its own, each counted once, whatever the chunk.
+func TestImportLeavesNoDeltas(t *testing.T) {
+	t.Parallel()
+	for _, fold := range []int64{1, 3, 20_000} {
+		t.Run(fmt.Sprint(fold), func(t *testing.T) {
+			t.Parallel()
+			ctx := store.WithFoldChunk(store.WithImportChunk(context.Background(), 8), fold)
+			st := pgtest.Open(t, pgtest.New(t), store.Options{})
+			deltas := func() (n int64) {
+				t.Helper()
+				if err := st.Pool().QueryRow(ctx, `SELECT count(*) FROM host_free_delta`).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+			var inv []registry.ImportedNode
+			for h := range 7 {
+				inv = append(inv, gpuHost(fmt.Sprintf("h%d", h), fmt.Sprintf("10.9.0.%d", h+1), 8, "H100", 80, true)...)
+			}
+			if _, err := st.ApplyImport(ctx, syncSCP, "scp", inv, nil); err != nil {
+				t.Fatal(err)
+			}
+			if n := deltas(); n != 0 {
+				t.Errorf("%d deltas left by the first pass, want none", n)
+			}
+			if d := hostFreeDrift(t, st); len(d) > 0 {
+				t.Errorf("free counts after the pass: %v", d)
+			}
+			var analyzed, vacuumed bool
+			deadline := time.Now().Add(10 * time.Second)
+			for !(analyzed && vacuumed) && time.Now().Before(deadline) {
+				if err := st.Pool().QueryRow(ctx, `SELECT last_analyze IS NOT NULL, last_vacuum IS NOT NULL FROM pg_stat_user_tables WHERE relname = 'nodes'`).Scan(&analyzed, &vacuumed); err != nil {
+					t.Fatal(err)
+				}
+				if !(analyzed && vacuumed) {
+					time.Sleep(50 * time.Millisecond)
+				}
+			}
+			if !analyzed || !vacuumed {
+				t.Errorf("a pass that added 56 nodes (chunks of 8) to none: nodes analyzed %t, vacuumed %t; want both", analyzed, vacuumed)
+			}
+			// A pass that changes one host of seven (8 nodes, a chunk, less
+			// than a fifth) analyzes and leaves the vacuum to autovacuum.
+			counts := func() (vacuums, analyzes int64) {
+				t.Helper()
+				if err := st.Pool().QueryRow(ctx, `SELECT vacuum_count, analyze_count FROM pg_stat_user_tables WHERE relname = 'nodes'`).Scan(&vacuums, &analyzes); err != nil {
+					t.Fatal(err)
+				}
+				return vacuums, analyzes
+			}
+			v0, a0 := counts()
+			changed := append([]registry.ImportedNode(nil), inv...)
+			for i := range 8 {
+				changed[i].CPUMem *= 2
+			}
+			if res, err := st.ApplyImport(ctx, syncSCP, "scp", changed, nil); err != nil || res.Updated != 8 {
+				t.Fatalf("second pass: %+v, %v", res, err)
+			}
+			if v1, a1 := counts(); v1 != v0 || a1 != a0+1 {
+				t.Errorf("a pass that changed 8 of 56 nodes: vacuums %d → %d (want none), analyzes %d → %d (want one)", v0, v1, a0, a1)
+			}
+
+			// Deltas of other writers (bulk SQL: 20 hosts of 8) are
+			// folded by the sweeper's fold, in chunks, to the last one.
+			if _, err := st.Pool().Exec(ctx, `
+				INSERT INTO nodes (ip, gpu_index, cpu_mem, driver_version, gpu_mem)
+				SELECT ('10.8.0.' || h)::inet, i, 1024, '', 80 * 1024^3 FROM generate_series(1, 20) h, generate_series(0, 7) i`); err != nil {
+				t.Fatal(err)
+			}
+			for h := 1; h <= 20; h++ { // one statement a host: a delta each
+				if _, err := st.Pool().Exec(ctx, `UPDATE nodes SET cordon_reason = 'x' WHERE ip = $1 AND gpu_index < 2`, fmt.Sprintf("10.8.0.%d", h)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if n := deltas(); n < 20 {
+				t.Fatalf("%d deltas before the fold, want at least 20", n)
+			}
+			if err := st.FoldHostFree(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if n := deltas(); n != 0 {
+				t.Errorf("%d deltas left by the fold, want none", n)
+			}
+			if d := hostFreeDrift(t, st); len(d) > 0 {
+				t.Errorf("free counts after the fold: %v", d)
+			}
+		})
+	}
+}
