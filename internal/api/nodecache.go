@@ -38,6 +38,11 @@ type NodeCache interface {
 	// Proven reports, without waiting, whether the cache has applied
 	// every change committed before since.
 	Proven(since time.Time) bool
+	// ListsFromMemory reports whether a list with filter f would be
+	// answered from memory (the cache holds the whole fleet and can
+	// evaluate f) once the cache is current: when not, a list goes to
+	// PostgreSQL, and waiting for the cache would only delay it.
+	ListsFromMemory(f registry.NodeFilter) bool
 }
 
 // Read freshness a request asks for with Cache-Control (RFC 9111 §5.2.1).
@@ -153,9 +158,15 @@ type pageReader struct {
 	pages int
 }
 
-// listReader decides, once per list, where its pages come from.
-func (s *Server) listReader(r *http.Request) *pageReader {
-	return &pageReader{s: s, r: r, cached: s.cacheMayServe(r, time.Now())}
+// listReader decides, once per list of filter f, where its pages come
+// from. A list the cache could not answer from memory anyway reads
+// PostgreSQL at once: it never waits for the cache to prove itself
+// current (up to awaitBound), which after an import or a mass release,
+// while the cache works through the changes, cost every list a second.
+func (s *Server) listReader(r *http.Request, f registry.NodeFilter) *pageReader {
+	arrival := time.Now()
+	cached := s.nodes != nil && s.nodes.ListsFromMemory(f) && s.cacheMayServe(r, arrival)
+	return &pageReader{s: s, r: r, cached: cached}
 }
 
 // page reads the next page. The list's position is its first page's: from

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -287,9 +288,10 @@ func (c *staleCache) GetNode(_ context.Context, pk int64) (registry.Node, error)
 func (c *staleCache) ListNodesAt(context.Context, registry.NodeFilter) ([]registry.Node, registry.Position, error) {
 	return nil, registry.Position{}, errors.New("staleCache: no lists")
 }
-func (c *staleCache) Recycle([]registry.Node)               {}
-func (c *staleCache) Await(context.Context, time.Time) bool { return false }
-func (c *staleCache) Proven(time.Time) bool                 { return true }
+func (c *staleCache) Recycle([]registry.Node)                  {}
+func (c *staleCache) Await(context.Context, time.Time) bool    { return false }
+func (c *staleCache) Proven(time.Time) bool                    { return true }
+func (c *staleCache) ListsFromMemory(registry.NodeFilter) bool { return true }
 
 // A Node-Id check with max-stale takes a yes from the cache as it is, but
 // never a no: a refusal is checked again by a consistent read. A node
@@ -340,5 +342,75 @@ func TestNodeIDMaxStaleRefusalIsChecked(t *testing.T) {
 		if r := b.do("GET", "/v1/nodes/ping", nil, "Node-Id", strconv.FormatInt(tc.pk, 10), "Cache-Control", tc.cacheControl); r.status != tc.want {
 			t.Errorf("%s: %d, want %d", tc.name, r.status, tc.want)
 		}
+	}
+}
+
+// laggingCache is working through a backlog of changes: it never proves
+// itself current (Await waits for its context), and it holds only part
+// of the fleet unless whole says otherwise.
+type laggingCache struct {
+	whole  bool
+	awaits atomic.Int64
+}
+
+func (c *laggingCache) GetNode(context.Context, int64) (registry.Node, error) {
+	return registry.Node{}, errors.New("laggingCache: no reads")
+}
+func (c *laggingCache) ListNodesAt(context.Context, registry.NodeFilter) ([]registry.Node, registry.Position, error) {
+	return nil, registry.Position{}, errors.New("laggingCache: no lists")
+}
+func (c *laggingCache) Recycle([]registry.Node) {}
+func (c *laggingCache) Await(ctx context.Context, _ time.Time) bool {
+	c.awaits.Add(1)
+	<-ctx.Done()
+	return false
+}
+func (c *laggingCache) Proven(time.Time) bool { return false }
+func (c *laggingCache) ListsFromMemory(registry.NodeFilter) bool {
+	return c.whole
+}
+
+// A consistent list that the node cache could not answer from memory
+// anyway (it does not hold the whole fleet) reads PostgreSQL at once,
+// however far behind the cache is: after a million-node import every
+// list waited the full second for a cache that could not serve it. One
+// the cache could answer still waits for it to prove itself current.
+func TestListDoesNotWaitForACacheThatCannotServeIt(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.New(t)
+	st := pgtest.Open(t, dbURL, store.Options{})
+	verifier, err := auth.NewVerifier(auth.Config{Secret: testSecret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, _, err := st.CreateNode(context.Background(), registry.Actor{Principal: registry.Principal{Sub: "admin", Role: registry.RoleAdmin}},
+		registry.NodeSpec{IP: "10.9.0.1", DriverVersion: "550"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hub := startHub(t, st)
+	for _, whole := range []bool{false, true} {
+		cache := &laggingCache{whole: whole}
+		ts := httptest.NewServer(api.New(api.Config{Store: st, OpenAPI: registryd.OpenAPI, Ready: st.Ping,
+			Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})),
+			Auth:   verifier, Heartbeats: heartbeat.New(st, heartbeat.Options{}), Events: hub, Nodes: cache}))
+		b := &bundle{t: t, url: ts.URL, client: apitest.Client(t), store: st, dbURL: dbURL,
+			token: tokenFor(t, "sched", registry.RoleScheduler)}
+		for _, body := range []map[string]any{{"free": true, "limit": 10}, {}} {
+			start := time.Now()
+			var nodes []registry.Node
+			b.must(http.StatusOK, b.do("POST", "/v1/nodes/list", body)).json(t, &nodes)
+			took := time.Since(start)
+			if len(nodes) != 1 || nodes[0].PK != n.PK {
+				t.Errorf("whole %t, list %v: %v, want node %d from PostgreSQL", whole, body, nodes, n.PK)
+			}
+			if !whole && (took > 500*time.Millisecond || cache.awaits.Load() != 0) {
+				t.Errorf("list %v beside a partial cache took %s and waited for it %d times; want PostgreSQL at once", body, took, cache.awaits.Load())
+			}
+		}
+		if whole && cache.awaits.Load() != 2 {
+			t.Errorf("lists beside a cache of the whole fleet waited for it %d times, want each (2)", cache.awaits.Load())
+		}
+		ts.Close()
 	}
 }

@@ -330,7 +330,9 @@ func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	remaining := filter.Limit // 0: all
-	pages := s.listReader(r)
+	batch := filter
+	batch.Limit = s.listBatch // every page asks for a batch (see next)
+	pages := s.listReader(r, batch)
 	next := func() ([]registry.Node, error) {
 		page := filter
 		page.Limit = s.listBatch

@@ -140,6 +140,18 @@ func (c *Cache) ListNodesAt(ctx context.Context, f registry.NodeFilter) ([]regis
 	return nodes, at, err
 }
 
+// ListsFromMemory reports whether a list with filter f is answered from
+// memory once the cache is current: the cache holds the whole fleet and
+// evaluates f exactly as the store's SQL does.
+func (c *Cache) ListsFromMemory(f registry.NodeFilter) bool {
+	if !cachedFilter(f) {
+		return false
+	}
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.complete
+}
+
 // PageLender is a Loader that lends the pages it reads (as the store
 // does): ListPage is ListNodes whose page's memory is reused once
 // RecyclePage takes it back, which reports whether the page was one it
