@@ -60,8 +60,9 @@ Starts registryd serve on the embedded PostgreSQL in a temporary folder
 (or, with -url, targets a running registryd: then REGISTRY_DATABASE_URL
 names its database, and REGISTRY_JWT_SECRET its token secret or, without
 it, REGISTRY_TOKEN an admin token used for everything), seeds an empty
-registry with -nodes nodes (through SQL, or with -seed api through the
-API), runs each workload through HTTP
+registry with -nodes nodes (through SQL, with -seed api through the API,
+with -seed sync by registryd sync --once from a fake SCP API), runs each
+workload through HTTP
 and its SQL through pgbench at the same concurrency, and prints one JSON
 line per workload and a markdown table. Exit 1 when a workload had
 errors.
@@ -76,7 +77,8 @@ errors.
 		clients   = fs.Int("clients", 32, "concurrent clients (gang always uses 16 schedulers)")
 		workloads = fs.String("workloads", strings.Join(bench.AllWorkloads, ","), "workloads to run, comma-separated (with -url, startup is left out of the default: it restarts the server)")
 		jsonOnly  = fs.Bool("json", false, "print only the JSON lines")
-		seedMode  = fs.String("seed", bench.SeedSQL, "how the fleet gets in: sql (one transaction, then the server restarts on it) or api (created through the running server's API, measured as it is afterwards)")
+		seedMode  = fs.String("seed", bench.SeedSQL, "how the fleet gets in: sql (one transaction, then the server restarts on it) api (created through the running server's API, measured as it is afterwards), or sync (imported from a fake SCP API by registryd sync --once while the server runs; no heartbeat workload: no agents)")
+		settle    = fs.Bool("settle", false, "run the workloads twice: right after the seed, and again once autovacuum has vacuumed and analyzed the nodes table")
 		registryd = fs.String("registryd", "", "the registryd binary to start (default: built from this module with go build)")
 		url       = fs.String("url", "", "a running registryd to target instead of starting one")
 		replica   = fs.String("replica-url", "", "with -url: a second replica on the same database, for the replica workload")
@@ -97,7 +99,7 @@ errors.
 	}
 	cfg := bench.Config{
 		Nodes: *nodes, Agents: *agents, Duration: *duration, Clients: *clients,
-		JSONOnly: *jsonOnly, Seed: *seedMode, URL: *url, ReplicaURL: *replica, Pgbench: *pgbench, WorkDir: *workDir,
+		JSONOnly: *jsonOnly, Seed: *seedMode, Settle: *settle, URL: *url, ReplicaURL: *replica, Pgbench: *pgbench, WorkDir: *workDir,
 		RequirePgbench: getenv("CI") != "", ServerEnv: serverEnv, Client: *client,
 		Stdout: stdout, Stderr: stderr,
 	}

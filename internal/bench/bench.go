@@ -30,8 +30,15 @@ type Config struct {
 	Clients   int           // concurrency of every workload but gang (16)
 	Workloads []string      // default AllWorkloads
 	JSONOnly  bool          // only the JSON lines, no table
-	// Seed is how the fleet gets in: SeedSQL (default) or SeedAPI.
+	// Seed is how the fleet gets in: SeedSQL (default), SeedAPI or
+	// SeedSync.
 	Seed string
+	// Settle runs the workloads twice: right after the seed, then again
+	// once PostgreSQL's autovacuum has vacuumed and analyzed the nodes
+	// table since (at most SettleTimeout, default 15 min). Each result
+	// names its phase.
+	Settle        bool
+	SettleTimeout time.Duration
 
 	// Registryd is the registryd binary to start on the embedded
 	// PostgreSQL; ServerEnv (NAME=VALUE) is added to its environment.
@@ -75,7 +82,9 @@ type Config struct {
 
 // Result is one workload's line.
 type Result struct {
-	Workload   string            `json:"workload"`
+	Workload string `json:"workload"`
+	// Phase is "after seed" or "settled" in a run with Settle.
+	Phase      string            `json:"phase,omitempty"`
 	Path       string            `json:"path"`
 	Client     string            `json:"client,omitempty"` // what sent the requests: wrk or go
 	Nodes      int               `json:"nodes"`
@@ -115,6 +124,18 @@ type Result struct {
 	// Fill is the fill workload's gangs and its claims' times as the
 	// fleet filled.
 	Fill *FillStats `json:"fill,omitempty"`
+	// Kept is what a keep workload held at its end, and its releases.
+	Kept *KeptStats `json:"kept,omitempty"`
+}
+
+// KeptStats is a keep workload's claims, all held until its end, and
+// their releases then.
+type KeptStats struct {
+	Jobs         int     `json:"jobs"`
+	Nodes        int     `json:"nodes"`
+	ReleaseRate  float64 `json:"release_rate"`
+	ReleaseP50MS float64 `json:"release_p50_ms"`
+	ReleaseP99MS float64 `json:"release_p99_ms"`
 }
 
 // ClaimStats times the claim requests of a claim workload apart from
@@ -128,10 +149,13 @@ type ClaimStats struct {
 
 // Report is a whole run.
 type Report struct {
-	Machine       Machine   `json:"machine"`
-	Nodes         int       `json:"nodes"`
-	Hosts         int       `json:"hosts"`
-	SeedSeconds   float64   `json:"seed_seconds"`
+	Machine     Machine `json:"machine"`
+	Nodes       int     `json:"nodes"`
+	Hosts       int     `json:"hosts"`
+	SeedSeconds float64 `json:"seed_seconds"`
+	// SettleSeconds is how long autovacuum took to settle the nodes
+	// table after the first phase of a run with Settle.
+	SettleSeconds float64   `json:"settle_seconds,omitempty"`
 	Seed          string    `json:"seed"`
 	Started       time.Time `json:"started"`
 	ServerPeakRSS int64     `json:"server_peak_rss_bytes,omitempty"`
@@ -173,8 +197,18 @@ func (c *Config) defaults() error {
 	case "":
 		c.Seed = SeedSQL
 	case SeedSQL, SeedAPI:
+	case SeedSync:
+		if c.Registryd == "" {
+			return fmt.Errorf("bench: seed %s runs registryd sync --once: it needs the registryd binary (-registryd)", SeedSync)
+		}
+		if c.URL != "" && c.DatabaseURL == "" {
+			return fmt.Errorf("bench: seed %s against a running registryd needs its database's URL", SeedSync)
+		}
 	default:
-		return fmt.Errorf("bench: seed %q: want %s or %s", c.Seed, SeedSQL, SeedAPI)
+		return fmt.Errorf("bench: seed %q: want %s, %s or %s", c.Seed, SeedSQL, SeedAPI, SeedSync)
+	}
+	if c.SettleTimeout <= 0 {
+		c.SettleTimeout = 15 * time.Minute
 	}
 	if c.StartTimeout <= 0 {
 		c.StartTimeout = 2 * time.Minute
@@ -283,14 +317,18 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 	logf("seeding %d nodes through %s", cfg.Nodes, cfg.Seed)
 	var f *fleet
-	if cfg.Seed == SeedAPI {
+	switch cfg.Seed {
+	case SeedAPI:
 		f, err = seedAPI(ctx, url, pool, secret, cfg.Nodes, cfg.Agents)
-	} else {
+	case SeedSync:
+		f, _, err = seedSync(ctx, cfg.Registryd, dbURL, pool, cfg.Nodes, work)
+	default:
 		f, err = seed(ctx, pool, cfg.Nodes, cfg.Agents)
 	}
 	if err != nil {
 		return nil, err
 	}
+	seededAt := time.Now()
 	if err := f.tokens(secret, cfg.Token); err != nil {
 		return nil, err
 	}
@@ -300,6 +338,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rep.Hosts, rep.SeedSeconds = f.hosts, f.seeded.Seconds()
 	logf("seeded %d nodes on %d hosts in %.1fs (%d agents)", f.nodes, f.hosts, rep.SeedSeconds, len(f.agents))
 
+	if pgbench != "" && cfg.Seed == SeedSync {
+		// Copying the tables reads every row of the import, which is
+		// work the measurement right after it must find undone.
+		rep.Notes = append(rep.Notes, "seed sync: the pgbench side is left out (its copies of the tables would read every imported row before the workloads)")
+		pgbench = ""
+	}
 	if pgbench != "" {
 		needCopies := slices.ContainsFunc(cfg.Workloads, func(w string) bool { return w == Claim || w == Gang || w == Fabric || w == Abandon || w == Renew })
 		t0 := time.Now()
@@ -349,12 +393,36 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	firstJob := 2_000_000_000 + time.Now().Unix()%1_000_000*1000
 	t.jobs.Store(firstJob)
 	failed := false
+	steps := make([]step, 0, 2*len(cfg.Workloads))
 	for _, name := range cfg.Workloads {
+		steps = append(steps, step{name: name})
+	}
+	if cfg.Settle {
+		for i := range steps {
+			steps[i].phase = PhaseAfterSeed
+			steps = append(steps, step{phase: PhaseSettled, name: steps[i].name})
+		}
+	}
+	settling := cfg.Settle
+	for _, st := range steps {
+		name := st.name
+		if st.phase == PhaseSettled && settling {
+			settling = false
+			logf("waiting until autovacuum has vacuumed and analyzed the nodes table since the seed (at most %s)", cfg.SettleTimeout)
+			waited, err := waitSettled(ctx, pool, seededAt, cfg.SettleTimeout)
+			if err != nil {
+				return nil, err
+			}
+			rep.SettleSeconds = waited.Seconds()
+			note := fmt.Sprintf("settled: autovacuum vacuumed and analyzed the nodes table %.0f s after the first phase ended (%.0f s after the seed)", waited.Seconds(), time.Since(seededAt).Seconds())
+			rep.Notes = append(rep.Notes, note)
+			logf("%s", note)
+		}
 		w, err := t.workload(name, cfg.Clients)
 		if err != nil {
 			return nil, err
 		}
-		res := Result{Workload: w.name, Path: w.path, Nodes: cfg.Nodes, Clients: w.clients}
+		res := Result{Workload: w.name, Phase: st.phase, Path: w.path, Nodes: cfg.Nodes, Clients: w.clients}
 		if srv != nil {
 			if err := resetPeakRSS(srv.pid()); err != nil {
 				logf("cannot reset the server's peak RSS (%v): it is the peak since start", err)
@@ -440,10 +508,33 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			} else {
 				res.Client = "go"
 				logf("%s: registryd, %d clients, %s", name, w.clients, cfg.Duration)
-				t.claims.reset(time.Now().Add(warmup(cfg.Duration)))
-				l = generate(ctx, w.clients, warmup(cfg.Duration), cfg.Duration, w.op)
+				wu := warmup(cfg.Duration)
+				if name == Keep || name == Keep1 {
+					// Every claim counts: the first ones are those that
+					// meet the fleet as the seed left it.
+					wu = 0
+				}
+				t.claims.reset(time.Now().Add(wu))
+				l = generate(ctx, w.clients, wu, cfg.Duration, w.op)
 				if n, p50, p99 := t.claims.stats(); n > 0 && (name == Claim || name == Gang || name == Fabric) && l.Elapsed > 0 {
 					res.Claim = &ClaimStats{Claims: n, Rate: float64(n) / l.Elapsed.Seconds(), P50MS: ms(p50), P99MS: ms(p99)}
+				}
+				if name == Keep || name == Keep1 {
+					size := gangSize
+					if name == Keep1 {
+						size = 1
+					}
+					var fs FillStats
+					jobs := t.kept.take()
+					releaseAll(ctx, t, jobs, size, &fs, func(kind string, err error) {
+						if l.ErrorKinds[kind] == 0 {
+							l.ErrorSamples[kind] = err.Error()
+						}
+						l.ErrorKinds[kind]++
+						l.Errors++
+					})
+					res.Kept = &KeptStats{Jobs: len(jobs), Nodes: len(jobs) * size,
+						ReleaseRate: fs.ReleaseRate, ReleaseP50MS: fs.ReleaseP50MS, ReleaseP99MS: fs.ReleaseP99MS}
 				}
 			}
 			if ctx.Err() != nil {
@@ -457,7 +548,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			failed = true
 			logf("%s: %d errors: %v", name, l.Errors, l.ErrorKinds)
 		}
-		if name == Claim || name == Gang || name == Fabric || name == Fill { // every node a claim took is released again
+		if name == Claim || name == Gang || name == Fabric || name == Fill || name == Keep || name == Keep1 { // every node a claim took is released again
 			var held int64
 			if err := pool.QueryRow(ctx, `SELECT count(*) FROM nodes WHERE current_job > $1`, firstJob).Scan(&held); err != nil {
 				return nil, fmt.Errorf("bench: %s: %w", name, err)
@@ -541,6 +632,45 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return rep, fmt.Errorf("%w: %s", ErrWorkloadErrors, failedWorkloads(rep))
 	}
 	return rep, nil
+}
+
+// Phases of a run with Settle.
+const (
+	PhaseAfterSeed = "after seed"
+	PhaseSettled   = "settled"
+)
+
+// step is one workload of a run, in its phase.
+type step struct{ phase, name string }
+
+// waitSettled waits (at most timeout) until PostgreSQL has vacuumed and
+// analyzed the nodes table, by autovacuum or by hand, both after since,
+// and returns how long it waited.
+func waitSettled(ctx context.Context, pool *pgxpool.Pool, since time.Time, timeout time.Duration) (time.Duration, error) {
+	start := time.Now()
+	tick := time.NewTicker(2 * time.Second)
+	defer tick.Stop()
+	for {
+		var vacuumed, analyzed bool
+		err := pool.QueryRow(ctx, `
+			SELECT coalesce(greatest(last_vacuum, last_autovacuum) > $1, false),
+			       coalesce(greatest(last_analyze, last_autoanalyze) > $1, false)
+			FROM pg_stat_user_tables WHERE relname = 'nodes'`, since).Scan(&vacuumed, &analyzed)
+		if err != nil {
+			return 0, fmt.Errorf("bench: settle: %w", err)
+		}
+		if vacuumed && analyzed {
+			return time.Since(start), nil
+		}
+		if time.Since(start) > timeout {
+			return 0, fmt.Errorf("bench: settle: the nodes table was not vacuumed (%t) and analyzed (%t) within %s of the seed", vacuumed, analyzed, timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-tick.C:
+		}
+	}
 }
 
 func failedWorkloads(rep *Report) string {

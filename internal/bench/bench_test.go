@@ -201,7 +201,17 @@ func TestHarnessEndToEnd(t *testing.T) {
 				t.Errorf("the table has no fill line:\n%s", table)
 			}
 		}
-		if pgbench != "" && name != ListAll && name != Startup && name != Fill { // those have no pgbench script
+		if name == Keep || name == Keep1 {
+			k, _ := l["kept"].(map[string]any)
+			jobs, _ := k["jobs"].(float64)
+			nodes, _ := k["nodes"].(float64)
+			released, _ := k["release_rate"].(float64)
+			size := map[string]float64{Keep: gangSize, Keep1: 1}[name]
+			if jobs <= 0 || nodes != jobs*size || released <= 0 {
+				t.Errorf("%s: kept %v, want jobs of %v nodes held to the end, then released (timed)", name, k, size)
+			}
+		}
+		if pgbench != "" && name != ListAll && name != Startup && name != Fill && name != Keep && name != Keep1 { // those have no pgbench script
 			p, _ := l["pgbench"].(map[string]any)
 			if tps, _ := p["tps"].(float64); tps <= 0 || p["error"] != nil {
 				t.Errorf("%s: pgbench %v, want a tps and no error", name, p)
@@ -736,5 +746,70 @@ esac
 	p, err := runPgbench(t.Context(), bin, dir, "postgres:///x", "retrieve.sql", 2, time.Second, &fleet{minPK: 1, maxPK: 8})
 	if err != nil || p.Processed != 50 || p.TPS != 25 {
 		t.Fatalf("runPgbench = %+v, %v; want the second run's 50 transactions", p, err)
+	}
+}
+
+// The sync seed imports the fleet through registryd sync --once from the
+// fake SCP: every host's 8 nodes, in fabrics of hostsPerFabric, with the
+// import's labels, at the SQL seed's addresses; a registry that holds
+// nodes is refused. waitSettled waits for a vacuum and an analyze of the
+// nodes table after a point in time, and no longer than it is told.
+func TestSeedThroughSync(t *testing.T) {
+	t.Parallel()
+	bin := registrydBinary(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	work := workDir(t)
+	srv, err := startServer(ctx, bin, work, []byte("bench-test-secret-0123456789abcdef"), 2*time.Minute, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.stop()
+	pool, err := pgxpool.New(ctx, srv.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, _, err := seedSync(ctx, "", srv.dbURL, pool, 8, work); err == nil || !strings.Contains(err.Error(), "binary") {
+		t.Errorf("seed sync without a binary = %v, want a refusal", err)
+	}
+	f, took, err := seedSync(ctx, bin, srv.dbURL, pool, 4004, work) // 501 hosts: two fabrics
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.nodes != 4008 || f.count != 4008 || f.maxPK-f.minPK != 4007 || len(f.agents) != 0 || took <= 0 {
+		t.Fatalf("fleet %+v, pass %s", f, took)
+	}
+	var hosts, fabrics, firstFabric, labelled, h100, free int64
+	var lastIP string
+	err = pool.QueryRow(ctx, `
+		SELECT count(DISTINCT ip), count(DISTINCT fabric),
+			(SELECT count(DISTINCT ip) FROM nodes WHERE fabric = (SELECT fabric FROM nodes ORDER BY ip LIMIT 1)),
+			count(*) FILTER (WHERE labels ? 'scp.registryd.io/region'),
+			count(*) FILTER (WHERE gpu_mem = 80 * 1024^3),
+			count(*) FILTER (WHERE current_job IS NULL),
+			host(max(ip))
+		FROM nodes`).Scan(&hosts, &fabrics, &firstFabric, &labelled, &h100, &free, &lastIP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Host 500 is 10.0.2.1: (500/250)*256 + 500%250 + 1 = 513.
+	if hosts != 501 || fabrics != 2 || firstFabric != hostsPerFabric || labelled != 4008 || h100 != 4008 || free != 4008 || lastIP != "10.0.2.1" {
+		t.Errorf("hosts %d (want 501), fabrics %d (2), hosts in the first %d (%d), labelled %d, 80 GiB %d, free %d (all 4008), last address %s (10.0.2.1)",
+			hosts, fabrics, firstFabric, hostsPerFabric, labelled, h100, free, lastIP)
+	}
+	if _, _, err := seedSync(ctx, bin, srv.dbURL, pool, 8, work); err == nil || !strings.Contains(err.Error(), "already") {
+		t.Errorf("a second seed = %v, want a refusal of the seeded registry", err)
+	}
+
+	since := time.Now()
+	if _, err := waitSettled(ctx, pool, since, 3*time.Second); err == nil || !strings.Contains(err.Error(), "not vacuumed") {
+		t.Errorf("waitSettled with nothing vacuumed since = %v, want it to give up", err)
+	}
+	if _, err := pool.Exec(ctx, `VACUUM ANALYZE nodes`); err != nil {
+		t.Fatal(err)
+	}
+	if waited, err := waitSettled(ctx, pool, since, time.Minute); err != nil || waited > 5*time.Second {
+		t.Errorf("waitSettled after VACUUM ANALYZE: %v after %s", err, waited)
 	}
 }

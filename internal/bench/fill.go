@@ -109,10 +109,7 @@ func runFill(ctx context.Context, t *target, pool *pgxpool.Pool, res *Result) Lo
 				fail("bad claim answer", err)
 				return
 			}
-			pks := make([]int64, len(got.Nodes))
-			for i, n := range got.Nodes {
-				pks[i] = n.PK
-			}
+			pks := pksOf(got.Nodes)
 			mu.Lock()
 			jobs = append(jobs, job) // released later, whatever the checks say
 			mu.Unlock()
@@ -153,13 +150,13 @@ func runFill(ctx context.Context, t *target, pool *pgxpool.Pool, res *Result) Lo
 			fail("gangs left", fmt.Errorf("%d of %d gangs placed; %d still fit after every scheduler was refused", st.Placed, st.Capacity, st.Left))
 		}
 	}
-	releaseAll(ctx, t, jobs, st, fail)
+	releaseAll(ctx, t, jobs, fabricHosts*gangSize, st, fail)
 	return l
 }
 
-// releaseAll releases jobs with gangClients schedulers, timing each
-// release into st.
-func releaseAll(ctx context.Context, t *target, jobs []int64, st *FillStats, fail func(string, error)) {
+// releaseAll releases jobs, each of size nodes, with gangClients
+// schedulers, timing each release into st.
+func releaseAll(ctx context.Context, t *target, jobs []int64, size int, st *FillStats, fail func(string, error)) {
 	next := make(chan int64)
 	var mu sync.Mutex
 	var times []time.Duration
@@ -179,7 +176,7 @@ func releaseAll(ctx context.Context, t *target, jobs []int64, st *FillStats, fai
 				var rel struct {
 					Released []claimedNode `json:"released"`
 				}
-				if err := json.Unmarshal(b, &rel); err != nil || len(rel.Released) != fabricHosts*gangSize {
+				if err := json.Unmarshal(b, &rel); err != nil || len(rel.Released) != size {
 					fail("bad release", fmt.Errorf("job %d: released %d nodes (%v)", job, len(rel.Released), err))
 				}
 				pks := make([]int64, len(rel.Released))

@@ -24,6 +24,10 @@ const requestTimeout = 30 * time.Second
 // checked out; the load generator times it.
 type op func(ctx context.Context, c *http.Client, rng *rand.Rand) error
 
+// errStop, returned by an op, ends its client's part of the load (the
+// fleet has nothing left for it): neither an op nor an error.
+var errStop = errors.New("bench: nothing left to do")
+
 // statusError is a non-2xx answer.
 type statusError struct {
 	method, path string
@@ -102,7 +106,7 @@ func generate(ctx context.Context, clients int, warmup, d time.Duration, do op) 
 				err := do(ctx, c, rng)
 				dt := time.Since(t0)
 				if err != nil { // counted during the warm-up too: an error is an error
-					if ctx.Err() != nil {
+					if ctx.Err() != nil || errors.Is(err, errStop) {
 						return
 					}
 					k := errorKind(err)

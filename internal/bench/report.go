@@ -13,8 +13,11 @@ func Markdown(rep *Report) string {
 	var b strings.Builder
 	m := rep.Machine
 	how := "seeded through SQL (server restarted on it)"
-	if rep.Seed == SeedAPI {
+	switch rep.Seed {
+	case SeedAPI:
 		how = "created through the API by the server measured (no restart)"
+	case SeedSync:
+		how = "imported from a fake SCP API by `registryd sync --once` while the server measured ran (no restart)"
 	}
 	fmt.Fprintf(&b, "%s UTC: %d nodes (%d hosts × 8 GPUs), %s in %.1f s.\n", rep.Started.Format("2006-01-02 15:04"), rep.Nodes, rep.Hosts, how, rep.SeedSeconds)
 	fmt.Fprintf(&b, "Machine: %s, %d cores, %d MiB, %s (kernel %s), %s, %s", orUnknown(m.CPU), m.Cores, m.MemoryMB, orUnknown(m.OS), orUnknown(m.Kernel), m.Go, orUnknown(m.PostgreSQL))
@@ -62,8 +65,12 @@ func Markdown(rep *Report) string {
 				}
 			}
 		}
+		path := r.Path + clientNote(r.Client)
+		if r.Phase != "" {
+			path = r.Phase + ": " + path
+		}
 		fmt.Fprintf(&b, "| %s | %d | %s | %.2f ms | %.2f ms | %.1f ms | %s | %s | %s | %s |\n",
-			r.Path+clientNote(r.Client), r.Clients, rate, r.P50MS, r.P99MS, r.MaxMS, errs, tps, lat, ratio)
+			path, r.Clients, rate, r.P50MS, r.P99MS, r.MaxMS, errs, tps, lat, ratio)
 	}
 	b.WriteString("\n")
 	for _, r := range rep.Results {
@@ -109,6 +116,10 @@ func Markdown(rep *Report) string {
 			}
 			fmt.Fprintf(&b, "- %s: %d of %d gangs placed, %d still fitting after the last refusal, %d refusals; claims by how full the fleet was: %s; then %s releases/s, p50 %.1f ms, p99 %.1f ms\n",
 				r.Workload, fl.Placed, fl.Capacity, fl.Left, fl.Refused, strings.Join(qs, "; "), thousands(fl.ReleaseRate), fl.ReleaseP50MS, fl.ReleaseP99MS)
+		}
+		if k := r.Kept; k != nil {
+			fmt.Fprintf(&b, "- %s: %d jobs held %d nodes at the end; then %s releases/s, p50 %.1f ms, p99 %.1f ms\n",
+				r.Workload, k.Jobs, k.Nodes, thousands(k.ReleaseRate), k.ReleaseP50MS, k.ReleaseP99MS)
 		}
 		if rn := r.Renew; rn != nil {
 			fmt.Fprintf(&b, "- %s: %d renewals of %d-node jobs: %d renewed events on the watch (%.2f per renewal, listing %d nodes), %.0f bytes of stream per renewal; %d other events meanwhile %v\n",

@@ -23,18 +23,23 @@ const (
 	Gang      = "gang"
 	Fabric    = "fabric"
 	Fill      = "fill"
-	Selector  = "selector"
-	Abandon   = "abandon"
-	Renew     = "renew"
-	ListAll   = "listall"
-	Replica   = "replica"
-	Startup   = "startup"
+	// Keep and Keep1 claim and keep what they claim (8 same_host, and
+	// single nodes), the fleet filling up; every job is released at the
+	// end of the workload.
+	Keep     = "keep"
+	Keep1    = "keep1"
+	Selector = "selector"
+	Abandon  = "abandon"
+	Renew    = "renew"
+	ListAll  = "listall"
+	Replica  = "replica"
+	Startup  = "startup"
 )
 
 // AllWorkloads is every workload, in run order. startup comes last: it
 // restarts the server (the workloads after it, if any, run on the
 // restarted one).
-var AllWorkloads = []string{Heartbeat, Retrieve, FreePage, Selector, Claim, Gang, Fabric, Fill, Abandon, Renew, ListAll, Replica, Startup}
+var AllWorkloads = []string{Heartbeat, Retrieve, FreePage, Selector, Claim, Gang, Fabric, Fill, Keep, Keep1, Abandon, Renew, ListAll, Replica, Startup}
 
 // gangClients is the number of concurrent schedulers of the gang workload,
 // whatever -clients says: the target is stated for 16.
@@ -79,12 +84,17 @@ type target struct {
 	// claims times the claim requests alone of the claim and gang
 	// workloads (an op is a claim and its release).
 	claims claimTimes
+	// kept are the jobs of a keep workload, released when it ends.
+	kept kept
 }
 
 func (t *target) workload(name string, clients int) (workload, error) {
 	f := t.fleet
 	switch name {
 	case Heartbeat:
+		if len(f.agents) == 0 {
+			return workload{}, fmt.Errorf("bench: heartbeat needs agent-owned nodes, which a fleet seeded with -seed %s has none of", SeedSync)
+		}
 		// As registryd's agent sends it: the Node-Id check takes the
 		// node cache as it is (Cache-Control: max-stale).
 		path := "heartbeat: GET /v1/nodes/ping + Node-Id, max-stale (agent, own node)"
@@ -137,6 +147,12 @@ func (t *target) workload(name string, clients int) (workload, error) {
 			op: func(ctx context.Context, c *http.Client, _ *rand.Rand) error {
 				return t.claimReleaseWith(ctx, c, claimShape{count: fabricHosts * gangSize, perHost: gangSize, sameFabric: true})
 			}}, nil
+	case Keep:
+		return workload{name: name, path: fmt.Sprintf("keep: claim %d same_host and keep it (the fleet fills); all released at the end", gangSize),
+			clients: gangClients, op: t.claimKeep(gangSize, true)}, nil
+	case Keep1:
+		return workload{name: name, path: "keep1: claim 1 and keep it (the fleet fills); all released at the end",
+			clients: gangClients, op: t.claimKeep(1, false)}, nil
 	case Fill:
 		// No op: Run drives it itself (runFill).
 		return workload{name: name, path: fmt.Sprintf("fabric fill: claim %d×%d per_host, same_fabric and keep them until none fits; then release all", fabricHosts, gangSize),
@@ -223,10 +239,7 @@ func (t *target) claimReleaseWith(ctx context.Context, c *http.Client, s claimSh
 	if err := json.Unmarshal(b, &got); err != nil {
 		return fmt.Errorf("POST /v1/nodes/claim: %w", err)
 	}
-	pks := make([]int64, len(got.Nodes))
-	for i, n := range got.Nodes {
-		pks[i] = n.PK
-	}
+	pks := pksOf(got.Nodes)
 	if err := t.holds.take(job, pks); err != nil {
 		return err // not released: a node two jobs hold is a finding to keep
 	}
@@ -253,6 +266,15 @@ func (t *target) claimReleaseWith(ctx context.Context, c *http.Client, s claimSh
 		return errors.Join(checkErr, fmt.Errorf("POST /v1/nodes/release: released %d of %d, not released %s", len(rel.Released), len(pks), rel.NotReleased))
 	}
 	return checkErr
+}
+
+// pksOf is the pks of nodes, in their order.
+func pksOf(nodes []claimedNode) []int64 {
+	pks := make([]int64, len(nodes))
+	for i, n := range nodes {
+		pks[i] = n.PK
+	}
+	return pks
 }
 
 func checkClaim(job int64, count int, sameHost bool, nodes []claimedNode) error {

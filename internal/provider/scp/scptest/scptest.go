@@ -140,6 +140,14 @@ type Server struct {
 // t.Cleanup closes it.
 func New(t testing.TB) *Server {
 	t.Helper()
+	s := Start()
+	t.Cleanup(s.Close)
+	return s
+}
+
+// Start is New outside a test (a benchmark harness): the caller closes
+// the server.
+func Start() *Server {
 	s := &Server{
 		AccessKey:      AccessKey,
 		SecretKey:      SecretKey,
@@ -151,7 +159,6 @@ func New(t testing.TB) *Server {
 		MalformedPage:  map[int]bool{},
 	}
 	s.Server = httptest.NewServer(http.HandlerFunc(s.serve))
-	t.Cleanup(s.Close)
 	return s
 }
 
