@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"regexp"
 	"runtime/debug"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -144,10 +145,14 @@ type Server struct {
 	renewer    TokenRenewer
 	heartbeats Heartbeats
 	nodes      NodeCache
-	events     Events
-	metrics    http.Handler
-	observer   Observer
-	router     chi.Router
+	// cacheBehind is set when a consistent read waited awaitBound for the
+	// node cache in vain; until the cache is current again to within
+	// awaitBound, consistent reads go to PostgreSQL without waiting.
+	cacheBehind atomic.Bool
+	events      Events
+	metrics     http.Handler
+	observer    Observer
+	router      chi.Router
 
 	watchKeepAlive time.Duration
 	watchRecheck   time.Duration

@@ -120,10 +120,25 @@ func (s *Server) cacheMayServe(r *http.Request, arrival time.Time) bool {
 
 // awaitCache waits, up to awaitBound, for the node cache to prove itself
 // current as of arrival: a consistent read may then be served from it.
+// Once a wait has run out, the cache is behind (working through an
+// import's million changes, or a mass release): reads then go to
+// PostgreSQL at once, without waiting, until the cache is current to
+// within awaitBound again. Without that, every consistent read waited
+// the whole second for 20 s and more after a million-node import.
 func (s *Server) awaitCache(r *http.Request, arrival time.Time) bool {
+	if s.cacheBehind.Load() {
+		if !s.nodes.Proven(arrival.Add(-awaitBound)) {
+			return false
+		}
+		s.cacheBehind.Store(false)
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), awaitBound)
 	defer cancel()
-	return s.nodes.Await(ctx, arrival)
+	ok := s.nodes.Await(ctx, arrival)
+	if !ok && r.Context().Err() == nil {
+		s.cacheBehind.Store(true)
+	}
+	return ok
 }
 
 // readNodeConsistent is node pk by a consistent read, whatever the
