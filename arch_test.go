@@ -60,9 +60,10 @@ var layers = map[string][]string{
 	"internal/provider/e2e/e2etest":  {""},
 	"internal/provider/scp/scptest":  {""},
 	// The benchmark harness (make bench-http): a tool around the server,
-	// never part of it. It seeds through SQL, mints tokens and finds
-	// pgbench next to the PostgreSQL server binaries.
-	"internal/bench": {"internal/auth", "internal/registry", "internal/jsonscan", "internal/pglocal"},
+	// never part of it. It seeds through SQL (or has registryd sync --once
+	// import from the SCP fake), mints tokens and finds pgbench next to
+	// the PostgreSQL server binaries.
+	"internal/bench": {"internal/auth", "internal/registry", "internal/jsonscan", "internal/pglocal", "internal/provider/scp/scptest"},
 }
 
 // stdlibOnly are the packages that import nothing but the standard
