@@ -146,8 +146,8 @@ type Server struct {
 	heartbeats Heartbeats
 	nodes      NodeCache
 	// cacheBehind is set when a consistent read waited awaitBound for the
-	// node cache in vain; until the cache is current again to within
-	// awaitBound, consistent reads go to PostgreSQL without waiting.
+	// node cache in vain; until a read proves the cache current again,
+	// consistent reads wait behindProbe only (see awaitCache).
 	cacheBehind atomic.Bool
 	events      Events
 	metrics     http.Handler

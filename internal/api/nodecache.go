@@ -121,25 +121,32 @@ func (s *Server) cacheMayServe(r *http.Request, arrival time.Time) bool {
 // awaitCache waits, up to awaitBound, for the node cache to prove itself
 // current as of arrival: a consistent read may then be served from it.
 // Once a wait has run out, the cache is behind (working through an
-// import's million changes, or a mass release): reads then go to
-// PostgreSQL at once, without waiting, until the cache is current to
-// within awaitBound again. Without that, every consistent read waited
-// the whole second for 20 s and more after a million-node import.
+// import's million changes, or a mass release): reads then wait only
+// behindProbe, which asks for a proof as every wait does, and go to
+// PostgreSQL when it fails, until one proves the cache current again.
+// Without that, every consistent read waited the whole second for 20 s
+// and more after a million-node import.
 func (s *Server) awaitCache(r *http.Request, arrival time.Time) bool {
-	if s.cacheBehind.Load() {
-		if !s.nodes.Proven(arrival.Add(-awaitBound)) {
-			return false
-		}
-		s.cacheBehind.Store(false)
+	bound, behind := awaitBound, s.cacheBehind.Load()
+	if behind {
+		bound = behindProbe
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), awaitBound)
+	ctx, cancel := context.WithTimeout(r.Context(), bound)
 	defer cancel()
 	ok := s.nodes.Await(ctx, arrival)
-	if !ok && r.Context().Err() == nil {
+	switch {
+	case ok && behind:
+		s.cacheBehind.Store(false)
+	case !ok && !behind && r.Context().Err() == nil:
 		s.cacheBehind.Store(true)
 	}
 	return ok
 }
+
+// behindProbe is how long a consistent read waits for a node cache known
+// to be behind: long enough for a current cache to prove itself (a
+// millisecond or two), short enough not to matter while it is not.
+const behindProbe = 10 * time.Millisecond
 
 // readNodeConsistent is node pk by a consistent read, whatever the
 // request's Cache-Control asks.

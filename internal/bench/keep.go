@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 )
@@ -22,6 +23,15 @@ func (k *kept) add(job int64) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.jobs = append(k.jobs, job)
+}
+
+// forget drops job, whose claim was refused: it holds nothing.
+func (k *kept) forget(job int64) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if i := slices.Index(k.jobs, job); i >= 0 {
+		k.jobs = slices.Delete(k.jobs, i, i+1)
+	}
 }
 
 // take returns the jobs kept so far and forgets them.
@@ -41,16 +51,19 @@ func (k *kept) take() []int64 {
 func (t *target) claimKeep(count int, sameHost bool) op {
 	return func(ctx context.Context, c *http.Client, _ *rand.Rand) error {
 		job := t.jobs.Add(1)
+		// Released at the end whatever the answer: a claim whose answer
+		// was lost (the run's end, a timeout) may still have taken nodes.
+		t.kept.add(job)
 		body := fmt.Appendf(nil, `{"job":%d,"count":%d,"same_host":%t}`, job, count, sameHost)
 		b, err := call(ctx, c, "POST", t.url+"/v1/nodes/claim", t.fleet.scheduler, body)
 		if se, ok := errors.AsType[*statusError](err); ok && se.code == http.StatusConflict &&
 			(strings.Contains(se.body, `"no_single_host"`) || strings.Contains(se.body, `"insufficient_capacity"`)) {
+			t.kept.forget(job)
 			return errStop // the fleet is full for this shape: this scheduler is done
 		}
 		if err != nil {
 			return err
 		}
-		t.kept.add(job)
 		var got struct {
 			Nodes []claimedNode `json:"nodes"`
 		}

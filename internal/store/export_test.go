@@ -32,6 +32,9 @@ func WithFoldChunk(ctx context.Context, n int64) context.Context {
 	return context.WithValue(ctx, foldChunkKey{}, n)
 }
 
+// FoldLockID is the advisory lock every fold of host_free_delta holds.
+const FoldLockID = foldLockID
+
 // HostCandidatesQuery exposes the statement a gang claim's try runs, for
 // plans.
 var HostCandidatesQuery = hostCandidatesQuery

@@ -8,28 +8,35 @@ import (
 
 // FoldHostFree folds the committed deltas of host_free_delta into host_free
 // (migration 00013), keeping the claims' read of the counts short. The
-// lifecycle sweeper calls it on every pass; it is safe at any time, also
-// concurrently (a delta is deleted, and so added, once). A count that falls
-// below zero means a write bypassed the triggers: an error.
+// lifecycle sweeper calls it on every pass. Folds never run at once: each
+// transaction of one takes foldLockID without waiting, and a fold that
+// finds it taken (an import folding its own deltas, another replica's
+// sweeper) leaves the deltas to the next pass. A count that falls below
+// zero means a write bypassed the triggers: an error.
 //
-// It folds foldChunk deltas a transaction, so that a backlog (an import's
-// or a mass cordon's: one delta a host) never becomes one long transaction
-// that outlives the sweeper's lease and is rolled back, leaving every gang
-// claim to sum the backlog on its own.
+// It folds a chunk of classes a transaction (every delta of each), so that
+// a backlog (an import's or a mass cordon's: one delta a host) never
+// becomes one long transaction that outlives the sweeper's lease and is
+// rolled back, leaving every gang claim to sum the backlog on its own.
 func (s *Store) FoldHostFree(ctx context.Context) error {
 	var moved int64
 	for {
 		var n int64
 		err := s.WithTx(ctx, func(tx *Store) error {
+			var locked bool
+			if err := tx.db.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1)`, int64(foldLockID)).Scan(&locked); err != nil || !locked {
+				return err
+			}
 			var err error
 			n, err = tx.foldDeltas(ctx, foldChunkOf(ctx))
 			return err
 		})
 		if err != nil {
+			s.countFolded(moved) // what the chunks before moved is folded
 			return fmt.Errorf("store: fold host_free: %w", translate(err))
 		}
 		moved += n
-		if n < foldChunkOf(ctx) {
+		if n == 0 {
 			break
 		}
 	}
@@ -38,26 +45,47 @@ func (s *Store) FoldHostFree(ctx context.Context) error {
 
 // foldAllDeltas folds every delta visible to the transaction of s, its own
 // included, and returns how many it moved: an import folds what it wrote
-// before it commits, so that no claim ever sums its deltas.
+// before it commits, so that no claim ever sums its deltas. It waits for
+// foldLockID, which it then holds until the transaction ends.
 func (s *Store) foldAllDeltas(ctx context.Context) (int64, error) {
+	if _, err := s.db.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(foldLockID)); err != nil {
+		return 0, err
+	}
 	var moved int64
 	for {
 		n, err := s.foldDeltas(ctx, foldChunkOf(ctx))
 		moved += n
-		if err != nil || n < foldChunkOf(ctx) {
+		if err != nil || n == 0 {
 			return moved, err
 		}
 	}
 }
 
-// foldDeltas moves at most limit deltas into host_free and fabric_free in
-// the transaction of s, and returns how many it moved.
+// foldLockID serializes the folds of host_free_delta (transaction-level
+// advisory lock): two at once could each hold a row lock the other waits
+// for (a fabric_free bucket and a delta), and one that skipped the
+// other's rows would stop before it had folded its own.
+const foldLockID = 0x7265676973746664
+
+// foldDeltas moves into host_free and fabric_free every delta of at most
+// limit classes (every delta of a class at once: a part of a class's
+// deltas can sum below zero, a claim's -1 without the release before it,
+// since rows lie in no particular order), in the transaction of s, and
+// returns how many it moved.
 func (s *Store) foldDeltas(ctx context.Context, limit int64) (int64, error) {
 	var lowest *int64
 	var moved int64
+	// Classes by rank, rows by ctid: no join with host_free_delta, which
+	// has no index and whose statistics swing from an import's hundred
+	// thousand rows to a handful, so a join could be planned as a scan of
+	// the table per class.
 	err := s.db.QueryRow(ctx, `
 		WITH moved AS (
-			DELETE FROM host_free_delta WHERE ctid = ANY (ARRAY(SELECT ctid FROM host_free_delta LIMIT $1))
+			DELETE FROM host_free_delta WHERE ctid = ANY (ARRAY(
+				SELECT ctid FROM (
+					SELECT ctid, dense_rank() OVER (ORDER BY ip, hardware_generation, gpu_mem, cpu_mem, source, fabric) AS class
+					FROM host_free_delta) d
+				WHERE class <= $1))
 			RETURNING ip, hardware_generation, gpu_mem, cpu_mem, source, fabric, delta
 		), sums AS (
 			SELECT ip, hardware_generation, gpu_mem, cpu_mem, source, fabric, sum(delta)::integer AS delta
@@ -128,7 +156,15 @@ func (s *Store) vacuumDeltas(ctx context.Context, moved int64) error {
 	return nil
 }
 
-// foldChunk is how many deltas one transaction of a fold moves at most.
+// countFolded adds moved to the deltas folded since the last vacuum.
+func (s *Store) countFolded(moved int64) {
+	if s.unvacuumed != nil {
+		s.unvacuumed.Add(moved)
+	}
+}
+
+// foldChunk is how many classes one transaction of a fold moves the deltas
+// of.
 const foldChunk = 20_000
 
 type foldChunkKey struct{}

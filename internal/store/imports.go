@@ -128,20 +128,9 @@ func (s *Store) ApplyImport(ctx context.Context, actor registry.Actor, source st
 		}
 		// What the pass wrote is made ready for the claims before anyone
 		// sees it: its free counts folded (else every gang claim sums the
-		// pass's one delta a host until the sweeper has folded them), and,
-		// after a pass that wrote a chunk's worth of nodes or more, the
-		// nodes table's statistics taken again
-		// (else the planner plans for the fleet before it; autovacuum
-		// would, a minute or more later).
-		if folded, err = tx.foldAllDeltas(ctx); err != nil {
-			return err
-		}
-		if res.Added+res.Updated+res.Removed >= chunk {
-			if _, err := tx.db.Exec(ctx, `ANALYZE nodes`); err != nil {
-				return err
-			}
-		}
-		return nil
+		// pass's one delta a host until the sweeper has folded them).
+		folded, err = tx.foldAllDeltas(ctx)
+		return err
 	})
 	if err != nil {
 		if _, ok := err.(*registry.Error); ok {
@@ -153,6 +142,12 @@ func (s *Store) ApplyImport(ctx context.Context, actor registry.Actor, source st
 	// fails (a role that does not own the table): the pass itself is done.
 	_ = s.vacuumDeltas(ctx, folded)
 	if written := res.Added + res.Updated + res.Removed; written >= chunk && !s.inTx {
+		// A pass that wrote a chunk's worth of nodes has the nodes table's
+		// statistics taken again at once (else the planner plans for the
+		// fleet before it until autovacuum's analyze, a minute or more
+		// later). After the commit: ANALYZE's figures are not undone by a
+		// rollback, and it may wait for a vacuum of the table. Best effort.
+		_, _ = s.db.Exec(ctx, `ANALYZE nodes`)
 		// A pass that wrote a fifth of the fleet or more (a first import)
 		// has the nodes table vacuumed now rather than by autovacuum a
 		// minute or more later, throttled: until then the first read of
