@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -148,11 +149,19 @@ func auditList(ctx context.Context, e *cliEnv, c command, args []string) error {
 		return err
 	}
 	var entries []client.AuditEntry
+	var raws []json.RawMessage // the entries as the API sent them, while every page's are known
+	rawKnown := true
 	total := 0
 	err = pageThrough(f.After, func() int { return auditPage },
 		func(after *int64, n int) ([]client.AuditEntry, error) {
 			f.After, f.Limit = after, &n
-			return cl.ListAudit(ctx, f)
+			page, err := cl.ListAudit(ctx, f)
+			if raw := e.docs.lastList(len(page)); raw != nil {
+				raws = append(raws, raw...)
+			} else {
+				rawKnown = false
+			}
+			return page, err
 		},
 		func(a client.AuditEntry) int64 { return a.ID },
 		func(page []client.AuditEntry) bool {
@@ -160,6 +169,9 @@ func auditList(ctx context.Context, e *cliEnv, c command, args []string) error {
 			entries = append(entries, page...)
 			if o.limit > 0 && len(entries) > o.limit {
 				entries = slices.Delete(entries, 0, len(entries)-o.limit)
+				if rawKnown {
+					raws = slices.Delete(raws, 0, len(raws)-o.limit)
+				}
 			}
 			return true
 		})
@@ -170,6 +182,9 @@ func auditList(ctx context.Context, e *cliEnv, c command, args []string) error {
 		fmt.Fprintf(e.stderr, "showing the newest %d of %d entries; --limit 0 shows every one, --after ID those after one, --since a span\n", len(entries), total)
 	}
 	if o.output != outTable {
+		if rawKnown && len(raws) == len(entries) {
+			return writeRaw(e.stdout, o.output, jsonList(raws))
+		}
 		if entries == nil {
 			entries = []client.AuditEntry{}
 		}
@@ -229,6 +244,9 @@ func fabricsList(ctx context.Context, e *cliEnv, c command, args []string) error
 		return err
 	}
 	if v.output != outTable {
+		if raw := e.docs.lastList(len(fabrics)); raw != nil {
+			return writeRaw(e.stdout, v.output, jsonList(raw))
+		}
 		return writeDocument(e.stdout, v.output, fabrics)
 	}
 	t := &table{header: []string{"FABRIC", "HOSTS", "FREE", "BUSY", "CORDONED", "DRAINING", "LOST", "GONE", "FREE:HOSTS"}}
@@ -271,6 +289,9 @@ func hardwareList(ctx context.Context, e *cliEnv, c command, args []string) erro
 		return err
 	}
 	if v.output != outTable {
+		if raw := e.docs.lastList(len(hw)); raw != nil {
+			return writeRaw(e.stdout, v.output, jsonList(raw))
+		}
 		return writeDocument(e.stdout, v.output, hw)
 	}
 	t := &table{header: []string{"PK", "NAME", "NODES", "AGE"}}

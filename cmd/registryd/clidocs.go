@@ -22,6 +22,23 @@ import (
 type nodeDocs struct {
 	mu   sync.Mutex
 	byPK map[int64]json.RawMessage
+	// last is the body of the last JSON answer read whole.
+	last []byte
+}
+
+// lastList is the elements of the last JSON answer, as the API sent them,
+// when it was a list of n; else nil. A command that prints what one
+// request (a page) returned prints these rather than the client's
+// decoding of them: the API's members in its order, unknown ones kept.
+func (d *nodeDocs) lastList(n int) []json.RawMessage {
+	d.mu.Lock()
+	last := d.last
+	d.mu.Unlock()
+	var list []json.RawMessage
+	if json.Unmarshal(last, &list) != nil || len(list) != n {
+		return nil
+	}
+	return list
 }
 
 // nodeKeys are the members that make an object a node document.
@@ -55,6 +72,7 @@ func (d *nodeDocs) add(body []byte) {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.last = body
 	for _, c := range candidates {
 		var k nodeKeys
 		if json.Unmarshal(c, &k) != nil || k.PK == nil || k.IP == nil || k.Version == nil {
