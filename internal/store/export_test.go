@@ -32,6 +32,12 @@ func WithFoldChunk(ctx context.Context, n int64) context.Context {
 	return context.WithValue(ctx, foldChunkKey{}, n)
 }
 
+// WithFoldObserver has each transaction of the folds run under ctx call
+// f once it has committed.
+func WithFoldObserver(ctx context.Context, f func()) context.Context {
+	return context.WithValue(ctx, foldObserverKey{}, f)
+}
+
 // FoldLockID is the advisory lock every fold of host_free_delta holds.
 const FoldLockID = foldLockID
 

@@ -21,14 +21,14 @@ import (
 func (s *Store) FoldHostFree(ctx context.Context) error {
 	var moved int64
 	for {
-		var n int64
+		var n, classes int64
 		err := s.WithTx(ctx, func(tx *Store) error {
 			var locked bool
 			if err := tx.db.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1)`, int64(foldLockID)).Scan(&locked); err != nil || !locked {
 				return err
 			}
 			var err error
-			n, err = tx.foldDeltas(ctx, foldChunkOf(ctx))
+			n, classes, err = tx.foldDeltas(ctx, foldChunkOf(ctx))
 			return err
 		})
 		if err != nil {
@@ -36,7 +36,13 @@ func (s *Store) FoldHostFree(ctx context.Context) error {
 			return fmt.Errorf("store: fold host_free: %w", translate(err))
 		}
 		moved += n
-		if n == 0 {
+		if f, ok := ctx.Value(foldObserverKey{}).(func()); ok {
+			f()
+		}
+		// Fewer classes than a chunk: the table is folded as it was when
+		// this transaction began. Not "until none is left": under steady
+		// claims new deltas keep coming, and the pass would never end.
+		if classes < foldChunkOf(ctx) {
 			break
 		}
 	}
@@ -53,9 +59,9 @@ func (s *Store) foldAllDeltas(ctx context.Context) (int64, error) {
 	}
 	var moved int64
 	for {
-		n, err := s.foldDeltas(ctx, foldChunkOf(ctx))
+		n, classes, err := s.foldDeltas(ctx, foldChunkOf(ctx))
 		moved += n
-		if err != nil || n == 0 {
+		if err != nil || classes < foldChunkOf(ctx) {
 			return moved, err
 		}
 	}
@@ -72,14 +78,13 @@ const foldLockID = 0x7265676973746664
 // deltas can sum below zero, a claim's -1 without the release before it,
 // since rows lie in no particular order), in the transaction of s, and
 // returns how many it moved.
-func (s *Store) foldDeltas(ctx context.Context, limit int64) (int64, error) {
+func (s *Store) foldDeltas(ctx context.Context, limit int64) (moved, classes int64, err error) {
 	var lowest *int64
-	var moved int64
 	// Classes by rank, rows by ctid: no join with host_free_delta, which
 	// has no index and whose statistics swing from an import's hundred
 	// thousand rows to a handful, so a join could be planned as a scan of
 	// the table per class.
-	err := s.db.QueryRow(ctx, `
+	err = s.db.QueryRow(ctx, `
 		WITH moved AS (
 			DELETE FROM host_free_delta WHERE ctid = ANY (ARRAY(
 				SELECT ctid FROM (
@@ -109,21 +114,23 @@ func (s *Store) foldDeltas(ctx context.Context, limit int64) (int64, error) {
 			ON CONFLICT (fabric, hardware_generation, gpu_mem, cpu_mem, source, free) DO UPDATE SET hosts = x.hosts + excluded.hosts
 			RETURNING hosts
 		)
-		SELECT least((SELECT min(free) FROM folded), (SELECT min(hosts) FROM summed)), (SELECT count(*) FROM moved)`, limit).Scan(&lowest, &moved)
+		SELECT least((SELECT min(free) FROM folded), (SELECT min(hosts) FROM summed)), (SELECT count(*) FROM moved),
+			(SELECT count(*) FROM (SELECT DISTINCT ip, hardware_generation, gpu_mem, cpu_mem, source, fabric FROM moved) c)`,
+		limit).Scan(&lowest, &moved, &classes)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	if lowest == nil || *lowest > 0 {
-		return moved, nil
+		return moved, classes, nil
 	}
 	if *lowest < 0 {
-		return 0, errors.New("a free count fell below zero: a write to nodes bypassed host_free's triggers")
+		return 0, 0, errors.New("a free count fell below zero: a write to nodes bypassed host_free's triggers")
 	}
 	if _, err := s.db.Exec(ctx, `DELETE FROM host_free WHERE free <= 0`); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	_, err = s.db.Exec(ctx, `DELETE FROM fabric_free WHERE hosts <= 0`)
-	return moved, err
+	return moved, classes, err
 }
 
 // vacuumDeltas has host_free_delta vacuumed once folds have moved enough
@@ -168,6 +175,10 @@ func (s *Store) countFolded(moved int64) {
 const foldChunk = 20_000
 
 type foldChunkKey struct{}
+
+// foldObserverKey carries a test's func, called after each transaction
+// of FoldHostFree (export_test.go).
+type foldObserverKey struct{}
 
 // foldChunkOf is the fold chunk of the folds run under ctx: foldChunk, or
 // a test's own (export_test.go).

@@ -484,3 +484,31 @@ func TestFoldsTakeTurns(t *testing.T) {
 		t.Errorf("free counts: %v", d)
 	}
 }
+
+// A fold ends once it has folded the table as it found it, not when the
+// table is empty: under steady claims new deltas keep coming, and a fold
+// that waited for none left never ended (nor did the sweeper's pass).
+// Here a new delta commits after every transaction of the fold.
+func TestFoldEndsUnderSteadyWrites(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(store.WithFoldChunk(context.Background(), 100))
+	defer cancel()
+	st := pgtest.Open(t, pgtest.New(t), store.Options{})
+	if _, err := st.Pool().Exec(ctx, `INSERT INTO nodes (ip, gpu_index, cpu_mem, driver_version) VALUES ('10.8.0.1', 0, 1024, '')`); err != nil {
+		t.Fatal(err)
+	}
+	transactions := 0
+	ctx = store.WithFoldObserver(ctx, func() {
+		if transactions++; transactions == 50 {
+			cancel()
+			return
+		}
+		cordon := map[bool]any{true: "x", false: nil}[transactions%2 == 1]
+		if _, err := st.Pool().Exec(context.Background(), `UPDATE nodes SET cordon_reason = $1`, cordon); err != nil {
+			t.Error(err)
+		}
+	})
+	if err := st.FoldHostFree(ctx); err != nil || transactions != 1 {
+		t.Fatalf("a fold with a delta committed after each of its transactions: %v after %d transactions; want done after the first", err, transactions)
+	}
+}
