@@ -380,15 +380,10 @@ func (c *laggingCache) ListsFromMemory(registry.NodeFilter) bool {
 	return c.whole
 }
 
-// A consistent list that the node cache could not answer from memory
-// anyway (it does not hold the whole fleet) reads PostgreSQL at once,
-// however far behind the cache is: after a million-node import every
-// list waited the full second for a cache that could not serve it. One
-// the cache could answer still waits for it to prove itself current.
-// Each kind of list gets a server of its own: the first wait in vain
-// marks the cache as behind for the server's later reads.
-func TestListDoesNotWaitForACacheThatCannotServeIt(t *testing.T) {
-	t.Parallel()
+// oneNode is a fresh database with one node (driver 550), its store and a
+// token verifier.
+func oneNode(t *testing.T) (string, *store.Store, *auth.Verifier, registry.Node) {
+	t.Helper()
 	dbURL := pgtest.New(t)
 	st := pgtest.Open(t, dbURL, store.Options{})
 	verifier, err := auth.NewVerifier(auth.Config{Secret: testSecret})
@@ -400,6 +395,19 @@ func TestListDoesNotWaitForACacheThatCannotServeIt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return dbURL, st, verifier, n
+}
+
+// A consistent list that the node cache could not answer from memory
+// anyway (it does not hold the whole fleet) reads PostgreSQL at once,
+// however far behind the cache is: after a million-node import every
+// list waited the full second for a cache that could not serve it. One
+// the cache could answer still waits for it to prove itself current.
+// Each kind of list gets a server of its own: the first wait in vain
+// marks the cache as behind for the server's later reads.
+func TestListDoesNotWaitForACacheThatCannotServeIt(t *testing.T) {
+	t.Parallel()
+	dbURL, st, verifier, n := oneNode(t)
 	hub := startHub(t, st)
 	for _, whole := range []bool{false, true} {
 		cache := &laggingCache{whole: whole}
@@ -430,23 +438,13 @@ func TestListDoesNotWaitForACacheThatCannotServeIt(t *testing.T) {
 }
 
 // Once a consistent read has waited the whole bound for a node cache that
-// is behind (working through an import's changes), the reads after it go
-// to PostgreSQL at once until the cache is current again; then they are
-// the cache's again. After a million-node import every GET by pk waited
+// is behind (working through an import's changes), the reads after it
+// wait only a moment (a proof asked for) and go to PostgreSQL, until the
+// cache is current again; then they are the cache's again. After a million-node import every GET by pk waited
 // the full second for 20 s and more.
 func TestReadsStopWaitingForACacheThatIsBehind(t *testing.T) {
 	t.Parallel()
-	dbURL := pgtest.New(t)
-	st := pgtest.Open(t, dbURL, store.Options{})
-	verifier, err := auth.NewVerifier(auth.Config{Secret: testSecret})
-	if err != nil {
-		t.Fatal(err)
-	}
-	n, _, err := st.CreateNode(context.Background(), registry.Actor{Principal: registry.Principal{Sub: "admin", Role: registry.RoleAdmin}},
-		registry.NodeSpec{IP: "10.9.0.1", DriverVersion: "550"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	dbURL, st, verifier, n := oneNode(t)
 	cached := n
 	cached.DriverVersion = "from-the-cache"
 	cache := &laggingCache{node: cached}
