@@ -526,7 +526,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 					}
 					var fs FillStats
 					jobs := t.kept.take()
-					releaseAll(ctx, t, jobs, -size, &fs, func(kind string, err error) {
+					releaseAll(ctx, t, jobs, size, true, &fs, func(kind string, err error) {
 						if l.ErrorKinds[kind] == 0 {
 							l.ErrorSamples[kind] = err.Error()
 						}

@@ -150,14 +150,14 @@ func runFill(ctx context.Context, t *target, pool *pgxpool.Pool, res *Result) Lo
 			fail("gangs left", fmt.Errorf("%d of %d gangs placed; %d still fit after every scheduler was refused", st.Placed, st.Capacity, st.Left))
 		}
 	}
-	releaseAll(ctx, t, jobs, fabricHosts*gangSize, st, fail)
+	releaseAll(ctx, t, jobs, fabricHosts*gangSize, false, st, fail)
 	return l
 }
 
-// releaseAll releases jobs, each of size nodes (or, when size is
-// negative, of -size or none: a claim whose answer was lost), with
+// releaseAll releases jobs, each holding size nodes (or, with orNone, size
+// or none: a claim whose answer was lost may have taken nothing), with
 // gangClients schedulers, timing each release into st.
-func releaseAll(ctx context.Context, t *target, jobs []int64, size int, st *FillStats, fail func(string, error)) {
+func releaseAll(ctx context.Context, t *target, jobs []int64, size int, orNone bool, st *FillStats, fail func(string, error)) {
 	next := make(chan int64)
 	var mu sync.Mutex
 	var times []time.Duration
@@ -177,7 +177,7 @@ func releaseAll(ctx context.Context, t *target, jobs []int64, size int, st *Fill
 				var rel struct {
 					Released []claimedNode `json:"released"`
 				}
-				if err := json.Unmarshal(b, &rel); err != nil || len(rel.Released) != abs(size) && !(size < 0 && len(rel.Released) == 0) {
+				if err := json.Unmarshal(b, &rel); err != nil || len(rel.Released) != size && !(orNone && len(rel.Released) == 0) {
 					fail("bad release", fmt.Errorf("job %d: released %d nodes (%v)", job, len(rel.Released), err))
 				}
 				pks := make([]int64, len(rel.Released))
@@ -217,5 +217,3 @@ func schedulers(fn func(c *http.Client)) time.Duration {
 	wg.Wait()
 	return time.Since(start)
 }
-
-func abs(n int) int { return max(n, -n) }
